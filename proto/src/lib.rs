@@ -5,5 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod ids;
+pub mod record;
 
 pub use ids::{CoreId, Offset, ShardId};
+pub use record::{AckMode, Record};

@@ -1,0 +1,2 @@
+//! The per-core QUIC endpoint: SO_REUSEPORT sockets, connection-ID steering and the sans-IO
+//! quinn-proto driver.

@@ -5,3 +5,4 @@
 //! cores exchange owned messages only.
 
 pub mod net;
+pub mod sys;

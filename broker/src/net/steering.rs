@@ -1,0 +1,1 @@
+//! SO_REUSEPORT steering: eBPF, classic BPF, or off.

@@ -1,0 +1,1 @@
+//! Raw-fd plumbing between socket2, quinn-udp and glommio.

@@ -1,1 +1,313 @@
 //! Connection-ID layout: every CID the broker issues names the core that owns the connection.
+//!
+//! The layout follows the QUIC-LB draft's idea of config-rotation bits in the first octet
+//! (byte-exact description with examples in `docs/connection-ids.md`):
+//!
+//! ```text
+//! byte 0      bits 7..5  config rotation id (Felix: CONFIG_ID = 0b000; 0b111 = unroutable)
+//!             bits 4..0  random
+//! byte 1      owning core index (0..=254; 0xFF is reserved and never issued)
+//! bytes 2..8  random
+//! ```
+//!
+//! The SO_REUSEPORT programs in [`crate::sys::bpf`] read the same two bytes from the packet;
+//! [`core_of_datagram`] is the software copy of their decision, used by the driver as the safety
+//! net for datagrams that reached the wrong core.
+//!
+//! This module performs no I/O. Random bytes come from a per-generator CSPRNG
+//! ([`rand::rngs::StdRng`], ChaCha12) seeded from the operating system.
+
+use std::time::Duration;
+
+use felix_proto::CoreId;
+use quinn_proto::{ConnectionId, ConnectionIdGenerator, InvalidCid};
+use rand::rngs::StdRng;
+use rand::{RngCore, SeedableRng};
+
+/// Length in bytes of every connection ID the broker issues.
+pub const CID_LEN: usize = 8;
+
+/// The config rotation id Felix writes into bits 7..5 of the first CID octet.
+pub const CONFIG_ID: u8 = 0b000;
+
+/// The config rotation id that QUIC-LB reserves for "unroutable" CIDs; Felix never issues it.
+pub const CONFIG_ID_UNROUTABLE: u8 = 0b111;
+
+/// Shift of the config rotation id within the first CID octet.
+pub const CONFIG_ID_SHIFT: u32 = 5;
+
+/// Mask of the random bits within the first CID octet (bits 4..0).
+pub const FIRST_OCTET_RANDOM_MASK: u8 = 0b0001_1111;
+
+/// Index of the CID byte that names the owning core.
+pub const CORE_BYTE_INDEX: usize = 1;
+
+/// Core byte value that is reserved (never issued, decodes to `None`).
+pub const CORE_BYTE_RESERVED: u8 = 0xFF;
+
+/// The most cores whose connections can be steered: the core byte is one octet and 0xFF is
+/// reserved, so cores `0..=254`.
+pub const MAX_STEERABLE_CORES: usize = 255;
+
+/// First-byte bit that marks a QUIC long header (RFC 9000 §17.2).
+pub const LONG_HEADER_BIT: u8 = 0x80;
+
+const _: () = assert!(CID_LEN <= 20, "QUIC limits connection IDs to 20 bytes");
+const _: () = assert!(CORE_BYTE_INDEX < CID_LEN);
+const _: () = assert!(CONFIG_ID != CONFIG_ID_UNROUTABLE);
+const _: () = assert!(CONFIG_ID >> 3 == 0, "the config id has three bits");
+const _: () = assert!(MAX_STEERABLE_CORES == CORE_BYTE_RESERVED as usize);
+
+/// Errors of the CID layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum CidError {
+    /// The core index does not fit the one-octet core byte (`0..MAX_STEERABLE_CORES`).
+    #[error("{core} cannot be encoded in a connection ID: at most {MAX_STEERABLE_CORES} cores are steerable")]
+    CoreOutOfRange {
+        /// The core that was asked for.
+        core: CoreId,
+    },
+    /// The broker was configured with more cores than CIDs can name.
+    #[error(
+        "{cores} cores configured: connection-ID steering supports at most {MAX_STEERABLE_CORES}"
+    )]
+    TooManyCores {
+        /// The configured number of cores.
+        cores: usize,
+    },
+}
+
+/// Checks at start-up that `cores` cores can all be named by the CID core byte.
+pub fn check_core_count(cores: usize) -> Result<(), CidError> {
+    if cores > MAX_STEERABLE_CORES {
+        return Err(CidError::TooManyCores { cores });
+    }
+    Ok(())
+}
+
+/// A quinn-proto [`ConnectionIdGenerator`] that writes its core's index into every CID.
+///
+/// One per core (per quinn-proto `Endpoint`); never shared between cores.
+#[derive(Debug)]
+pub struct CoreCidGenerator {
+    core_byte: u8,
+    lifetime: Option<Duration>,
+    rng: StdRng,
+}
+
+impl CoreCidGenerator {
+    /// A generator for `core`, seeded from the operating system's entropy.
+    pub fn new(core: CoreId) -> Result<Self, CidError> {
+        Self::with_rng(core, StdRng::from_entropy())
+    }
+
+    /// A generator for `core` with a given RNG (deterministic tests and benchmarks; production
+    /// code uses [`CoreCidGenerator::new`] so that CIDs are unpredictable).
+    pub fn with_rng(core: CoreId, rng: StdRng) -> Result<Self, CidError> {
+        let core_byte = u8::try_from(core.0)
+            .ok()
+            .filter(|b| usize::from(*b) < MAX_STEERABLE_CORES)
+            .ok_or(CidError::CoreOutOfRange { core })?;
+        Ok(Self { core_byte, lifetime: None, rng })
+    }
+
+    /// Sets the lifetime after which quinn-proto retires issued CIDs (default: none).
+    pub fn with_lifetime(mut self, lifetime: Duration) -> Self {
+        self.lifetime = Some(lifetime);
+        self
+    }
+
+    /// The core this generator encodes.
+    pub fn core(&self) -> CoreId {
+        CoreId(u16::from(self.core_byte))
+    }
+
+    /// Produces the raw bytes of a new CID.
+    pub fn generate_bytes(&mut self) -> [u8; CID_LEN] {
+        let mut bytes = [0u8; CID_LEN];
+        self.rng.fill_bytes(&mut bytes);
+        bytes[0] = (CONFIG_ID << CONFIG_ID_SHIFT) | (bytes[0] & FIRST_OCTET_RANDOM_MASK);
+        bytes[CORE_BYTE_INDEX] = self.core_byte;
+        bytes
+    }
+}
+
+impl ConnectionIdGenerator for CoreCidGenerator {
+    fn generate_cid(&mut self) -> ConnectionId {
+        ConnectionId::new(&self.generate_bytes())
+    }
+
+    /// Rejects CIDs that cannot be ours (wrong length, config bits or reserved core byte), so
+    /// quinn-proto drops them without answering with a stateless reset.
+    fn validate(&self, cid: &ConnectionId) -> Result<(), InvalidCid> {
+        if cid.len() == CID_LEN && core_of(cid).is_some() {
+            Ok(())
+        } else {
+            Err(InvalidCid)
+        }
+    }
+
+    fn cid_len(&self) -> usize {
+        CID_LEN
+    }
+
+    fn cid_lifetime(&self) -> Option<Duration> {
+        self.lifetime
+    }
+}
+
+/// The core named by a destination CID, or `None` when the CID is shorter than [`CID_LEN`],
+/// carries other config bits than [`CONFIG_ID`], or has the reserved core byte.
+pub fn core_of(dcid: &[u8]) -> Option<CoreId> {
+    if dcid.len() < CID_LEN {
+        return None;
+    }
+    if dcid[0] >> CONFIG_ID_SHIFT != CONFIG_ID {
+        return None;
+    }
+    let core_byte = dcid[CORE_BYTE_INDEX];
+    if core_byte == CORE_BYTE_RESERVED {
+        return None;
+    }
+    Some(CoreId(u16::from(core_byte)))
+}
+
+/// The core named by a received UDP payload: short-header packets only (first byte & 0x80 ==
+/// 0), whose DCID of `cid_len` bytes starts at byte 1. Long headers, truncated datagrams and
+/// foreign CIDs give `None` (the receiving core keeps or drops them).
+pub fn core_of_datagram(datagram: &[u8], cid_len: usize) -> Option<CoreId> {
+    let (&first, rest) = datagram.split_first()?;
+    if first & LONG_HEADER_BIT != 0 {
+        return None;
+    }
+    core_of(rest.get(..cid_len)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn short_header(cid: &[u8]) -> Vec<u8> {
+        let mut d = vec![0x40];
+        d.extend_from_slice(cid);
+        d.extend_from_slice(&[0xAA; 20]);
+        d
+    }
+
+    #[test]
+    fn layout_bytes() {
+        let mut g = CoreCidGenerator::with_rng(CoreId(3), StdRng::seed_from_u64(7)).unwrap();
+        for _ in 0..1000 {
+            let b = g.generate_bytes();
+            assert_eq!(b[0] >> 5, CONFIG_ID);
+            assert_eq!(b[1], 3);
+        }
+        assert_eq!(g.cid_len(), CID_LEN);
+        assert_eq!(g.cid_lifetime(), None);
+        let g = g.with_lifetime(Duration::from_secs(60));
+        assert_eq!(g.cid_lifetime(), Some(Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn cids_are_not_repeated() {
+        let mut g = CoreCidGenerator::new(CoreId(0)).unwrap();
+        let set: std::collections::HashSet<_> = (0..10_000).map(|_| g.generate_cid()).collect();
+        assert_eq!(set.len(), 10_000);
+    }
+
+    #[test]
+    fn random_bits_vary() {
+        // Every random bit position takes both values over many CIDs: no counters, no zeros.
+        let mut g = CoreCidGenerator::new(CoreId(9)).unwrap();
+        let (mut ones, mut zeros) = ([0u8; CID_LEN], [0u8; CID_LEN]);
+        for _ in 0..512 {
+            let b = g.generate_bytes();
+            for i in 0..CID_LEN {
+                ones[i] |= b[i];
+                zeros[i] |= !b[i];
+            }
+        }
+        assert_eq!(ones[0] & FIRST_OCTET_RANDOM_MASK, FIRST_OCTET_RANDOM_MASK);
+        assert_eq!(zeros[0] & FIRST_OCTET_RANDOM_MASK, FIRST_OCTET_RANDOM_MASK);
+        for i in 2..CID_LEN {
+            assert_eq!((ones[i], zeros[i]), (0xFF, 0xFF), "byte {i}");
+        }
+    }
+
+    #[test]
+    fn core_range() {
+        assert!(CoreCidGenerator::new(CoreId(254)).is_ok());
+        assert_eq!(
+            CoreCidGenerator::new(CoreId(255)).unwrap_err(),
+            CidError::CoreOutOfRange { core: CoreId(255) }
+        );
+        assert!(CoreCidGenerator::new(CoreId(1000)).is_err());
+        assert!(check_core_count(255).is_ok());
+        assert_eq!(check_core_count(256), Err(CidError::TooManyCores { cores: 256 }));
+    }
+
+    #[test]
+    fn hex_example_from_docs() {
+        // docs/connection-ids.md, "Example".
+        let cid = [0x1b, 0x02, 0x9f, 0x4c, 0x07, 0xe1, 0x5a, 0x33];
+        assert_eq!(core_of(&cid), Some(CoreId(2)));
+        let datagram = [0x41, 0x1b, 0x02, 0x9f, 0x4c, 0x07, 0xe1, 0x5a, 0x33, 0x8e, 0x01];
+        assert_eq!(core_of_datagram(&datagram, CID_LEN), Some(CoreId(2)));
+        // The same CID with QUIC-LB's "unroutable" config bits.
+        let unroutable = [0xfb, 0x02, 0x9f, 0x4c, 0x07, 0xe1, 0x5a, 0x33];
+        assert_eq!(core_of(&unroutable), None);
+    }
+
+    #[test]
+    fn decode_rejects() {
+        assert_eq!(core_of(&[]), None);
+        assert_eq!(core_of(&[0x00, 0x01, 0, 0, 0, 0, 0]), None); // 7 bytes
+        assert_eq!(core_of(&[0x00, 0xFF, 0, 0, 0, 0, 0, 0]), None); // reserved core
+        assert_eq!(core_of_datagram(&[], CID_LEN), None);
+        assert_eq!(core_of_datagram(&[0x40, 0x00, 0x01], CID_LEN), None);
+        // Long header whose bytes would otherwise decode.
+        let mut long = short_header(&[0x00, 0x01, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(core_of_datagram(&long, CID_LEN), Some(CoreId(1)));
+        long[0] = 0xC0;
+        assert_eq!(core_of_datagram(&long, CID_LEN), None);
+    }
+
+    #[test]
+    fn validate_matches_core_of() {
+        let mut g = CoreCidGenerator::new(CoreId(5)).unwrap();
+        let cid = g.generate_cid();
+        assert!(g.validate(&cid).is_ok());
+        assert!(g.validate(&ConnectionId::new(&[0xE0; CID_LEN])).is_err());
+        assert!(g.validate(&ConnectionId::new(&[0x00; 4])).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn generated_cids_decode_to_their_core(core in 0u16..255, seed: u64) {
+            let mut g = CoreCidGenerator::with_rng(CoreId(core), StdRng::seed_from_u64(seed))
+                .unwrap();
+            let cid = g.generate_cid();
+            prop_assert_eq!(cid.len(), CID_LEN);
+            prop_assert_eq!(core_of(&cid), Some(CoreId(core)));
+            prop_assert_eq!(core_of_datagram(&short_header(&cid), CID_LEN), Some(CoreId(core)));
+            prop_assert!(g.validate(&cid).is_ok());
+        }
+
+        #[test]
+        fn other_config_bits_decode_to_none(
+            config in 1u8..8,
+            mut cid in proptest::array::uniform8(any::<u8>()),
+        ) {
+            cid[0] = (config << CONFIG_ID_SHIFT) | (cid[0] & FIRST_OCTET_RANDOM_MASK);
+            prop_assert_eq!(core_of(&cid), None);
+            prop_assert_eq!(core_of_datagram(&short_header(&cid), CID_LEN), None);
+        }
+
+        #[test]
+        fn never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64), len in 0usize..40) {
+            let _ = core_of(&bytes);
+            let _ = core_of_datagram(&bytes, len);
+        }
+    }
+}

@@ -1,11 +1,32 @@
 //! felix-proto: the Felix wire protocol.
 //!
-//! Owns: frame layouts, their encoding and decoding, limits and wire error codes.
-//! Never does: any I/O, clock reads or allocation beyond what a decoded frame needs.
+//! Owns: frame layouts, their encoding and decoding, limits, wire error codes, stream names and
+//! the key-to-shard hash. Never does: any I/O, clock reads, or allocation beyond what a decoded
+//! frame needs. `docs/protocol.md` is the byte-exact description; the vectors under
+//! `proto/tests/vectors` keep the two in step.
 #![forbid(unsafe_code)]
 
+pub mod codec;
+pub mod decoder;
+pub mod error;
+pub mod frame;
+pub mod hash;
+pub mod header;
 pub mod ids;
+pub mod limits;
 pub mod record;
+pub mod stream_name;
 
+pub use decoder::{decode_frame, FrameDecoder};
+pub use error::{DecodeError, ErrorCode, FrameError};
+pub use frame::{
+    encode_event_batch, AckRequest, CommitOffset, CreateStream, DescribeStream, ErrorBody,
+    EventBatch, Frame, Hello, HelloOk, ListStreams, Publish, PublishAck, RequestId, Retention,
+    StartAt, StreamInfo, StreamList, Subscribe, SubscribeOk, SubscriptionId,
+};
+pub use hash::{key_hash, shard_for_key};
+pub use header::{Capabilities, Flags, FrameHeader, FrameType, ALPN, HEADER_LEN, PROTOCOL_VERSION};
 pub use ids::{CoreId, Offset, ShardId};
+pub use limits::Limits;
 pub use record::{AckMode, Record};
+pub use stream_name::{StreamName, StreamNameError};

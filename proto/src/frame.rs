@@ -1,0 +1,797 @@
+//! Frames: the typed bodies, and their encoding and decoding.
+//!
+//! Every body layout is documented byte-exact in `docs/protocol.md`. Decoding is zero-copy
+//! (payloads and keys are slices of the frame's buffer), bounded by [`Limits`] and total: any
+//! input yields a frame or a [`DecodeError`].
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use crate::codec::{Reader, WriteExt};
+use crate::error::{DecodeError, ErrorCode};
+use crate::header::{Capabilities, Flags, FrameHeader, FrameType, HEADER_LEN};
+use crate::limits::{self, Limits};
+use crate::{AckMode, CoreId, Offset, Record, ShardId};
+
+/// Correlates a request with its answer. Chosen by the client; 0 means "no request".
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct RequestId(pub u64);
+
+/// Names a subscription on a connection. Chosen by the broker.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
+pub struct SubscriptionId(pub u64);
+
+/// One frame.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frame {
+    /// Opens the control stream.
+    Hello(Hello),
+    /// Answers Hello.
+    HelloOk(HelloOk),
+    /// Creates a stream.
+    CreateStream(CreateStream),
+    /// Asks for one stream's settings.
+    DescribeStream(DescribeStream),
+    /// A stream's settings.
+    StreamInfo(StreamInfo),
+    /// Lists streams by prefix.
+    ListStreams(ListStreams),
+    /// Answers ListStreams.
+    StreamList(StreamList),
+    /// A batch of records to store.
+    Publish(Publish),
+    /// A batch was stored.
+    PublishAck(PublishAck),
+    /// A batch was refused.
+    PublishError(ErrorBody),
+    /// Starts a subscription.
+    Subscribe(Subscribe),
+    /// The subscription started.
+    SubscribeOk(SubscribeOk),
+    /// Opens a subscription's unidirectional stream.
+    SubscriptionStart(SubscriptionId),
+    /// Records of one shard.
+    EventBatch(EventBatch),
+    /// Stores a consumer group's position.
+    CommitOffset(CommitOffset),
+    /// The position was stored durably.
+    CommitOk(RequestId),
+    /// A request, or the connection, failed.
+    Error(ErrorBody),
+    /// Liveness probe.
+    Ping(u64),
+    /// Answers Ping.
+    Pong(u64),
+}
+
+/// Hello: the first frame on the control stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Hello {
+    /// The protocol version the client speaks.
+    pub version: u16,
+    /// The client's capabilities.
+    pub capabilities: Capabilities,
+    /// A bearer token, if the client has one.
+    pub token: Option<Bytes>,
+}
+
+/// HelloOk: the broker accepted Hello.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HelloOk {
+    /// The protocol version the broker speaks.
+    pub version: u16,
+    /// The broker's capabilities.
+    pub capabilities: Capabilities,
+    /// The limits the broker enforces.
+    pub limits: Limits,
+    /// The core that owns this connection.
+    pub core: CoreId,
+    /// How many cores the broker runs (so a client can spread connections over them).
+    pub core_count: u16,
+}
+
+/// Retention of a stream. `None` is unlimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Retention {
+    /// Bytes kept per shard before the oldest segments are deleted.
+    pub bytes_max: Option<u64>,
+    /// Age in milliseconds after which segments are deleted.
+    pub age_max_ms: Option<u64>,
+}
+
+/// CreateStream: create `stream` with `shards` shards.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreateStream {
+    /// Correlation.
+    pub request_id: RequestId,
+    /// `tenant/namespace/stream`.
+    pub stream: String,
+    /// Shard count, 1..=MAX_SHARDS_PER_STREAM.
+    pub shards: u32,
+    /// Retention.
+    pub retention: Retention,
+}
+
+/// DescribeStream: ask for a stream's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DescribeStream {
+    /// Correlation.
+    pub request_id: RequestId,
+    /// `tenant/namespace/stream`.
+    pub stream: String,
+}
+
+/// StreamInfo: a stream's settings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamInfo {
+    /// Correlation.
+    pub request_id: RequestId,
+    /// `tenant/namespace/stream`.
+    pub stream: String,
+    /// Shard count.
+    pub shards: u32,
+    /// Retention.
+    pub retention: Retention,
+}
+
+/// ListStreams: names of the streams starting with `prefix` that the caller may see.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ListStreams {
+    /// Correlation.
+    pub request_id: RequestId,
+    /// Name prefix; empty lists all.
+    pub prefix: String,
+}
+
+/// StreamList: answers ListStreams.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamList {
+    /// Correlation.
+    pub request_id: RequestId,
+    /// Stream names.
+    pub streams: Vec<String>,
+}
+
+/// Asks for an ack (the ACKED prefix of Publish).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckRequest {
+    /// Correlation: the ack or error carries it.
+    pub request_id: RequestId,
+    /// When to ack.
+    pub mode: AckMode,
+}
+
+/// Publish: a batch of records for one stream.
+///
+/// Body: `[ACKED: request_id u64, ack_mode u8] [KEYED: key_len u16, key] stream, count u32,
+/// count x (len u32, payload)`. The request id stays at offset 0 so that even a malformed body
+/// can be answered with a correlated error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Publish {
+    /// Present when an ack (or a correlated error) is wanted.
+    pub ack: Option<AckRequest>,
+    /// The batch's key: all records go to `shard_for_key(key)`. An empty key is a key.
+    pub key: Option<Bytes>,
+    /// `tenant/namespace/stream`.
+    pub stream: String,
+    /// Payloads.
+    pub records: Vec<Bytes>,
+}
+
+/// PublishAck: the batch was stored in `shard` at `base_offset..base_offset + count`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PublishAck {
+    /// Correlation.
+    pub request_id: RequestId,
+    /// The shard.
+    pub shard: ShardId,
+    /// The first record's offset.
+    pub base_offset: Offset,
+    /// The record count.
+    pub count: u32,
+}
+
+/// The body of PublishError and Error.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ErrorBody {
+    /// Correlation; `RequestId(0)` for a connection-level error.
+    pub request_id: RequestId,
+    /// What went wrong.
+    pub code: ErrorCode,
+    /// A human-readable explanation.
+    pub message: String,
+}
+
+/// Where a subscription starts, per shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartAt {
+    /// The oldest retained record.
+    Earliest,
+    /// The next record to be stored.
+    Latest,
+    /// This offset.
+    Offset(Offset),
+    /// The first record stored at or after this Unix time in milliseconds.
+    Timestamp(u64),
+}
+
+/// Subscribe: start receiving `stream`'s records.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subscribe {
+    /// Correlation.
+    pub request_id: RequestId,
+    /// `tenant/namespace/stream`.
+    pub stream: String,
+    /// The shards to read; `None` reads all.
+    pub shards: Option<Vec<ShardId>>,
+    /// Where to start when the group has no committed position.
+    pub start: StartAt,
+    /// A consumer group: resume from its committed positions.
+    pub group: Option<String>,
+}
+
+/// SubscribeOk: the subscription started; EventBatches follow on a unidirectional stream that
+/// opens with SubscriptionStart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubscribeOk {
+    /// Correlation.
+    pub request_id: RequestId,
+    /// The subscription.
+    pub subscription_id: SubscriptionId,
+    /// The shards it reads.
+    pub shards: Vec<ShardId>,
+}
+
+/// EventBatch: records `base_offset..` of `shard`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventBatch {
+    /// The shard.
+    pub shard: ShardId,
+    /// The first record's offset.
+    pub base_offset: Offset,
+    /// When the batch was stored (Unix ms).
+    pub timestamp_ms: u64,
+    /// The records, with their keys.
+    pub records: Vec<Record>,
+}
+
+/// CommitOffset: `group` has consumed `shard` of `stream` up to (not including) `offset`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CommitOffset {
+    /// Correlation.
+    pub request_id: RequestId,
+    /// `tenant/namespace/stream`.
+    pub stream: String,
+    /// The consumer group.
+    pub group: String,
+    /// The shard.
+    pub shard: ShardId,
+    /// The next offset the group will read.
+    pub offset: Offset,
+}
+
+impl Frame {
+    /// The frame's type.
+    pub fn frame_type(&self) -> FrameType {
+        match self {
+            Self::Hello(_) => FrameType::Hello,
+            Self::HelloOk(_) => FrameType::HelloOk,
+            Self::CreateStream(_) => FrameType::CreateStream,
+            Self::DescribeStream(_) => FrameType::DescribeStream,
+            Self::StreamInfo(_) => FrameType::StreamInfo,
+            Self::ListStreams(_) => FrameType::ListStreams,
+            Self::StreamList(_) => FrameType::StreamList,
+            Self::Publish(_) => FrameType::Publish,
+            Self::PublishAck(_) => FrameType::PublishAck,
+            Self::PublishError(_) => FrameType::PublishError,
+            Self::Subscribe(_) => FrameType::Subscribe,
+            Self::SubscribeOk(_) => FrameType::SubscribeOk,
+            Self::SubscriptionStart(_) => FrameType::SubscriptionStart,
+            Self::EventBatch(_) => FrameType::EventBatch,
+            Self::CommitOffset(_) => FrameType::CommitOffset,
+            Self::CommitOk(_) => FrameType::CommitOk,
+            Self::Error(_) => FrameType::Error,
+            Self::Ping(_) => FrameType::Ping,
+            Self::Pong(_) => FrameType::Pong,
+        }
+    }
+
+    /// The flag bits this frame is encoded with.
+    pub fn flags(&self) -> Flags {
+        match self {
+            Self::Publish(p) => {
+                let mut bits = 0;
+                if p.ack.is_some() {
+                    bits |= Flags::ACKED.0;
+                }
+                if p.key.is_some() {
+                    bits |= Flags::KEYED.0;
+                }
+                Flags(bits)
+            }
+            _ => Flags::NONE,
+        }
+    }
+
+    /// Appends the frame, header included, to `dst`.
+    ///
+    /// The caller keeps the frame within the protocol's fixed limits (names, messages, tokens);
+    /// longer text fields are cut at their limit rather than corrupting the framing.
+    pub fn encode(&self, dst: &mut BytesMut) {
+        let start = dst.len();
+        dst.put_slice(&[0u8; HEADER_LEN]);
+        self.encode_body(dst);
+        let body_len = dst.len() - start - HEADER_LEN;
+        let header = FrameHeader {
+            frame_type: self.frame_type(),
+            flags: self.flags(),
+            body_len: u32::try_from(body_len).unwrap_or(u32::MAX),
+        };
+        dst[start..start + HEADER_LEN].copy_from_slice(&header.encode());
+    }
+
+    /// The frame encoded into a fresh buffer.
+    pub fn to_bytes(&self) -> Bytes {
+        let mut buf = BytesMut::new();
+        self.encode(&mut buf);
+        buf.freeze()
+    }
+
+    fn encode_body(&self, dst: &mut BytesMut) {
+        match self {
+            Self::Hello(h) => {
+                dst.put_u16(h.version);
+                dst.put_u64(h.capabilities.0);
+                match &h.token {
+                    Some(t) => {
+                        dst.put_u8(1);
+                        dst.put_bytes_u16(t);
+                    }
+                    None => dst.put_u8(0),
+                }
+            }
+            Self::HelloOk(h) => {
+                dst.put_u16(h.version);
+                dst.put_u64(h.capabilities.0);
+                dst.put_u32(h.limits.max_frame_bytes);
+                dst.put_u32(h.limits.max_batch_records);
+                dst.put_u16(h.limits.max_key_bytes);
+                dst.put_u16(h.core.0);
+                dst.put_u16(h.core_count);
+            }
+            Self::CreateStream(c) => {
+                dst.put_u64(c.request_id.0);
+                dst.put_bytes_u16(c.stream.as_bytes());
+                dst.put_u32(c.shards);
+                put_retention(dst, c.retention);
+            }
+            Self::DescribeStream(d) => {
+                dst.put_u64(d.request_id.0);
+                dst.put_bytes_u16(d.stream.as_bytes());
+            }
+            Self::StreamInfo(s) => {
+                dst.put_u64(s.request_id.0);
+                dst.put_bytes_u16(s.stream.as_bytes());
+                dst.put_u32(s.shards);
+                put_retention(dst, s.retention);
+            }
+            Self::ListStreams(l) => {
+                dst.put_u64(l.request_id.0);
+                dst.put_bytes_u16(l.prefix.as_bytes());
+            }
+            Self::StreamList(l) => {
+                dst.put_u64(l.request_id.0);
+                dst.put_u32(len_u32(l.streams.len()));
+                for s in &l.streams {
+                    dst.put_bytes_u16(s.as_bytes());
+                }
+            }
+            Self::Publish(p) => {
+                if let Some(ack) = p.ack {
+                    dst.put_u64(ack.request_id.0);
+                    dst.put_u8(ack.mode as u8);
+                }
+                if let Some(key) = &p.key {
+                    dst.put_bytes_u16(key);
+                }
+                dst.put_bytes_u16(p.stream.as_bytes());
+                dst.put_u32(len_u32(p.records.len()));
+                for r in &p.records {
+                    dst.put_u32(len_u32(r.len()));
+                    dst.put_slice(r);
+                }
+            }
+            Self::PublishAck(a) => {
+                dst.put_u64(a.request_id.0);
+                dst.put_u32(a.shard.0);
+                dst.put_u64(a.base_offset.0);
+                dst.put_u32(a.count);
+            }
+            Self::PublishError(e) | Self::Error(e) => {
+                dst.put_u64(e.request_id.0);
+                dst.put_u16(e.code.as_u16());
+                dst.put_bytes_u16(truncate_utf8(&e.message, limits::MAX_MESSAGE_BYTES));
+            }
+            Self::Subscribe(s) => {
+                dst.put_u64(s.request_id.0);
+                dst.put_bytes_u16(s.stream.as_bytes());
+                match &s.shards {
+                    None => dst.put_u8(0),
+                    Some(shards) => {
+                        dst.put_u8(1);
+                        put_shards(dst, shards);
+                    }
+                }
+                match s.start {
+                    StartAt::Earliest => dst.put_u8(0),
+                    StartAt::Latest => dst.put_u8(1),
+                    StartAt::Offset(o) => {
+                        dst.put_u8(2);
+                        dst.put_u64(o.0);
+                    }
+                    StartAt::Timestamp(t) => {
+                        dst.put_u8(3);
+                        dst.put_u64(t);
+                    }
+                }
+                match &s.group {
+                    None => dst.put_u8(0),
+                    Some(g) => {
+                        dst.put_u8(1);
+                        dst.put_bytes_u16(g.as_bytes());
+                    }
+                }
+            }
+            Self::SubscribeOk(s) => {
+                dst.put_u64(s.request_id.0);
+                dst.put_u64(s.subscription_id.0);
+                put_shards(dst, &s.shards);
+            }
+            Self::SubscriptionStart(id) => dst.put_u64(id.0),
+            Self::EventBatch(b) => encode_event_batch_body(b, dst),
+            Self::CommitOffset(c) => {
+                dst.put_u64(c.request_id.0);
+                dst.put_bytes_u16(c.stream.as_bytes());
+                dst.put_bytes_u16(c.group.as_bytes());
+                dst.put_u32(c.shard.0);
+                dst.put_u64(c.offset.0);
+            }
+            Self::CommitOk(id) => dst.put_u64(id.0),
+            Self::Ping(n) | Self::Pong(n) => dst.put_u64(*n),
+        }
+    }
+
+    /// Decodes the body of a frame whose header was already checked (`flags` known for
+    /// `frame_type` and allowed). `body` is exactly the body's bytes.
+    pub fn decode_body(
+        frame_type: FrameType,
+        flags: Flags,
+        body: Bytes,
+        limits: &Limits,
+    ) -> Result<Frame, DecodeError> {
+        let mut r = Reader::new(body);
+        let frame = match frame_type {
+            FrameType::Hello => {
+                let version = r.u16("version")?;
+                let capabilities = Capabilities(r.u64("capabilities")?);
+                let token = match presence(&mut r, "token presence")? {
+                    false => None,
+                    true => Some(r.bytes_u16(limits::MAX_TOKEN_BYTES, "token")?),
+                };
+                Frame::Hello(Hello { version, capabilities, token })
+            }
+            FrameType::HelloOk => Frame::HelloOk(HelloOk {
+                version: r.u16("version")?,
+                capabilities: Capabilities(r.u64("capabilities")?),
+                limits: Limits {
+                    max_frame_bytes: r.u32("max_frame_bytes")?,
+                    max_batch_records: r.u32("max_batch_records")?,
+                    max_key_bytes: r.u16("max_key_bytes")?,
+                },
+                core: CoreId(r.u16("core")?),
+                core_count: r.u16("core_count")?,
+            }),
+            FrameType::CreateStream => Frame::CreateStream(CreateStream {
+                request_id: RequestId(r.u64("request_id")?),
+                stream: stream_name(&mut r)?,
+                shards: r.u32("shards")?,
+                retention: retention(&mut r)?,
+            }),
+            FrameType::DescribeStream => Frame::DescribeStream(DescribeStream {
+                request_id: RequestId(r.u64("request_id")?),
+                stream: stream_name(&mut r)?,
+            }),
+            FrameType::StreamInfo => Frame::StreamInfo(StreamInfo {
+                request_id: RequestId(r.u64("request_id")?),
+                stream: stream_name(&mut r)?,
+                shards: r.u32("shards")?,
+                retention: retention(&mut r)?,
+            }),
+            FrameType::ListStreams => Frame::ListStreams(ListStreams {
+                request_id: RequestId(r.u64("request_id")?),
+                prefix: r.string_u16(limits::MAX_STREAM_NAME_BYTES, "prefix")?,
+            }),
+            FrameType::StreamList => {
+                let request_id = RequestId(r.u64("request_id")?);
+                // Each name takes at least its 2-byte length.
+                let count = bounded_count(&mut r, limits::MAX_LISTED_STREAMS, 2, "stream count")?;
+                let mut streams = Vec::with_capacity(count);
+                for _ in 0..count {
+                    streams.push(stream_name(&mut r)?);
+                }
+                Frame::StreamList(StreamList { request_id, streams })
+            }
+            FrameType::Publish => Frame::Publish(decode_publish(&mut r, flags, limits)?),
+            FrameType::PublishAck => Frame::PublishAck(PublishAck {
+                request_id: RequestId(r.u64("request_id")?),
+                shard: ShardId(r.u32("shard")?),
+                base_offset: Offset(r.u64("base_offset")?),
+                count: r.u32("count")?,
+            }),
+            FrameType::PublishError => Frame::PublishError(error_body(&mut r)?),
+            FrameType::Subscribe => Frame::Subscribe(decode_subscribe(&mut r)?),
+            FrameType::SubscribeOk => Frame::SubscribeOk(SubscribeOk {
+                request_id: RequestId(r.u64("request_id")?),
+                subscription_id: SubscriptionId(r.u64("subscription_id")?),
+                shards: shard_list(&mut r)?,
+            }),
+            FrameType::SubscriptionStart => {
+                Frame::SubscriptionStart(SubscriptionId(r.u64("subscription_id")?))
+            }
+            FrameType::EventBatch => Frame::EventBatch(decode_event_batch(&mut r, limits)?),
+            FrameType::CommitOffset => Frame::CommitOffset(CommitOffset {
+                request_id: RequestId(r.u64("request_id")?),
+                stream: stream_name(&mut r)?,
+                group: r.string_u16(limits::MAX_GROUP_NAME_BYTES, "group")?,
+                shard: ShardId(r.u32("shard")?),
+                offset: Offset(r.u64("offset")?),
+            }),
+            FrameType::CommitOk => Frame::CommitOk(RequestId(r.u64("request_id")?)),
+            FrameType::Error => Frame::Error(error_body(&mut r)?),
+            FrameType::Ping => Frame::Ping(r.u64("nonce")?),
+            FrameType::Pong => Frame::Pong(r.u64("nonce")?),
+        };
+        r.expect_end()?;
+        Ok(frame)
+    }
+}
+
+/// Encodes an EventBatch frame (header included) straight from its parts, so a broker can
+/// encode a batch once and send the same bytes to every subscriber.
+pub fn encode_event_batch(batch: &EventBatch, dst: &mut BytesMut) {
+    let start = dst.len();
+    dst.put_slice(&[0u8; HEADER_LEN]);
+    encode_event_batch_body(batch, dst);
+    let body_len = u32::try_from(dst.len() - start - HEADER_LEN).unwrap_or(u32::MAX);
+    let header = FrameHeader { frame_type: FrameType::EventBatch, flags: Flags::NONE, body_len };
+    dst[start..start + HEADER_LEN].copy_from_slice(&header.encode());
+}
+
+fn encode_event_batch_body(b: &EventBatch, dst: &mut BytesMut) {
+    dst.put_u32(b.shard.0);
+    dst.put_u64(b.base_offset.0);
+    dst.put_u64(b.timestamp_ms);
+    dst.put_u32(len_u32(b.records.len()));
+    for rec in &b.records {
+        match &rec.key {
+            Some(k) => {
+                dst.put_u8(1);
+                dst.put_bytes_u16(k);
+            }
+            None => dst.put_u8(0),
+        }
+        dst.put_u32(len_u32(rec.value.len()));
+        dst.put_slice(&rec.value);
+    }
+}
+
+fn decode_publish(r: &mut Reader, flags: Flags, limits: &Limits) -> Result<Publish, DecodeError> {
+    let ack = if flags.contains(Flags::ACKED) {
+        let request_id = RequestId(r.u64("request_id")?);
+        let raw = r.u8("ack_mode")?;
+        let mode = AckMode::from_u8(raw)
+            .ok_or(DecodeError::InvalidValue { what: "ack_mode", value: u64::from(raw) })?;
+        Some(AckRequest { request_id, mode })
+    } else {
+        None
+    };
+    let key = if flags.contains(Flags::KEYED) { Some(key(r, limits)?) } else { None };
+    let stream = stream_name(r)?;
+    let records = payloads(r, limits)?;
+    Ok(Publish { ack, key, stream, records })
+}
+
+fn decode_subscribe(r: &mut Reader) -> Result<Subscribe, DecodeError> {
+    let request_id = RequestId(r.u64("request_id")?);
+    let stream = stream_name(r)?;
+    let shards = match presence(r, "shards presence")? {
+        false => None,
+        true => Some(shard_list(r)?),
+    };
+    let start = match r.u8("start kind")? {
+        0 => StartAt::Earliest,
+        1 => StartAt::Latest,
+        2 => StartAt::Offset(Offset(r.u64("start offset")?)),
+        3 => StartAt::Timestamp(r.u64("start timestamp")?),
+        other => {
+            return Err(DecodeError::InvalidValue { what: "start kind", value: u64::from(other) })
+        }
+    };
+    let group = match presence(r, "group presence")? {
+        false => None,
+        true => Some(r.string_u16(limits::MAX_GROUP_NAME_BYTES, "group")?),
+    };
+    Ok(Subscribe { request_id, stream, shards, start, group })
+}
+
+fn decode_event_batch(r: &mut Reader, limits: &Limits) -> Result<EventBatch, DecodeError> {
+    let shard = ShardId(r.u32("shard")?);
+    let base_offset = Offset(r.u64("base_offset")?);
+    let timestamp_ms = r.u64("timestamp_ms")?;
+    // A record takes at least 5 bytes: key presence and value length.
+    let count = record_count(r, limits, 5)?;
+    let mut records = Vec::with_capacity(count);
+    for _ in 0..count {
+        let key = match presence(r, "key presence")? {
+            false => None,
+            true => Some(key(r, limits)?),
+        };
+        let len = r.u32("record length")? as usize;
+        let value = r.bytes(len, "record")?;
+        records.push(Record { key, value });
+    }
+    Ok(EventBatch { shard, base_offset, timestamp_ms, records })
+}
+
+fn payloads(r: &mut Reader, limits: &Limits) -> Result<Vec<Bytes>, DecodeError> {
+    // A record takes at least its 4-byte length.
+    let count = record_count(r, limits, 4)?;
+    let mut records = Vec::with_capacity(count);
+    for _ in 0..count {
+        let len = r.u32("record length")? as usize;
+        records.push(r.bytes(len, "record")?);
+    }
+    Ok(records)
+}
+
+/// Reads a record count, checked against the limit and against what the body can hold, so the
+/// vector allocated for it is bounded by the input's size.
+fn record_count(r: &mut Reader, limits: &Limits, min_bytes: usize) -> Result<usize, DecodeError> {
+    let count = r.u32("record count")?;
+    if count > limits.max_batch_records {
+        return Err(DecodeError::TooManyRecords {
+            count: u64::from(count),
+            max: limits.max_batch_records,
+        });
+    }
+    let count = count as usize;
+    if count.saturating_mul(min_bytes) > r.remaining() {
+        return Err(DecodeError::Truncated { what: "records" });
+    }
+    Ok(count)
+}
+
+fn bounded_count(
+    r: &mut Reader,
+    max: usize,
+    min_bytes: usize,
+    what: &'static str,
+) -> Result<usize, DecodeError> {
+    let count = r.u32(what)? as usize;
+    if count > max {
+        return Err(DecodeError::FieldTooLong { what, len: count, max });
+    }
+    if count.saturating_mul(min_bytes) > r.remaining() {
+        return Err(DecodeError::Truncated { what });
+    }
+    Ok(count)
+}
+
+fn key(r: &mut Reader, limits: &Limits) -> Result<Bytes, DecodeError> {
+    let len = usize::from(r.u16("key length")?);
+    if len > usize::from(limits.max_key_bytes) {
+        return Err(DecodeError::KeyTooLong { len, max: limits.max_key_bytes });
+    }
+    r.bytes(len, "key")
+}
+
+fn presence(r: &mut Reader, what: &'static str) -> Result<bool, DecodeError> {
+    match r.u8(what)? {
+        0 => Ok(false),
+        1 => Ok(true),
+        other => Err(DecodeError::InvalidValue { what, value: u64::from(other) }),
+    }
+}
+
+fn stream_name(r: &mut Reader) -> Result<String, DecodeError> {
+    r.string_u16(limits::MAX_STREAM_NAME_BYTES, "stream")
+}
+
+fn shard_list(r: &mut Reader) -> Result<Vec<ShardId>, DecodeError> {
+    let count = usize::from(r.u16("shard count")?);
+    if count > limits::MAX_SUBSCRIBE_SHARDS {
+        return Err(DecodeError::FieldTooLong {
+            what: "shard list",
+            len: count,
+            max: limits::MAX_SUBSCRIBE_SHARDS,
+        });
+    }
+    if count.saturating_mul(4) > r.remaining() {
+        return Err(DecodeError::Truncated { what: "shard list" });
+    }
+    let mut shards = Vec::with_capacity(count);
+    for _ in 0..count {
+        shards.push(ShardId(r.u32("shard")?));
+    }
+    Ok(shards)
+}
+
+fn put_shards(dst: &mut BytesMut, shards: &[ShardId]) {
+    let n = shards.len().min(limits::MAX_SUBSCRIBE_SHARDS);
+    dst.put_u16(n as u16);
+    for s in &shards[..n] {
+        dst.put_u32(s.0);
+    }
+}
+
+fn retention(r: &mut Reader) -> Result<Retention, DecodeError> {
+    let bytes = r.u64("retention bytes")?;
+    let age = r.u64("retention age")?;
+    Ok(Retention {
+        bytes_max: (bytes != 0).then_some(bytes),
+        age_max_ms: (age != 0).then_some(age),
+    })
+}
+
+fn put_retention(dst: &mut BytesMut, retention: Retention) {
+    dst.put_u64(retention.bytes_max.unwrap_or(0));
+    dst.put_u64(retention.age_max_ms.unwrap_or(0));
+}
+
+fn error_body(r: &mut Reader) -> Result<ErrorBody, DecodeError> {
+    Ok(ErrorBody {
+        request_id: RequestId(r.u64("request_id")?),
+        code: ErrorCode::from_u16(r.u16("code")?),
+        message: r.string_u16(limits::MAX_MESSAGE_BYTES, "message")?,
+    })
+}
+
+fn len_u32(len: usize) -> u32 {
+    u32::try_from(len).unwrap_or(u32::MAX)
+}
+
+/// The longest prefix of `s` of at most `max` bytes that ends on a character boundary.
+fn truncate_utf8(s: &str, max: usize) -> &[u8] {
+    if s.len() <= max {
+        return s.as_bytes();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s.as_bytes()[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_messages_are_cut_on_a_char_boundary() {
+        let s = "é".repeat(limits::MAX_MESSAGE_BYTES);
+        let cut = truncate_utf8(&s, limits::MAX_MESSAGE_BYTES);
+        assert_eq!(cut.len(), limits::MAX_MESSAGE_BYTES);
+        assert!(std::str::from_utf8(cut).is_ok());
+    }
+
+    #[test]
+    fn record_count_larger_than_body_is_rejected_before_allocating() {
+        let limits = Limits::default();
+        // stream "a/b/c", count 4000, no records.
+        let mut body = BytesMut::new();
+        body.put_bytes_u16(b"a/b/c");
+        body.put_u32(4000);
+        let err = Frame::decode_body(FrameType::Publish, Flags::NONE, body.freeze(), &limits)
+            .unwrap_err();
+        assert_eq!(err, DecodeError::Truncated { what: "records" });
+    }
+}

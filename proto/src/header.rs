@@ -1,0 +1,264 @@
+//! The fixed frame header, frame types, flag bits and capability bits.
+//!
+//! ```text
+//! 0      2         3      4       6                10
+//! +------+---------+------+-------+-----------------+----------
+//! | 'FX' | version | type | flags | body length u32 | body ...
+//! +------+---------+------+-------+-----------------+----------
+//! ```
+//! All integers are big-endian. The body length excludes the header.
+
+use crate::error::DecodeError;
+
+/// The two magic bytes that open every frame: ASCII "FX".
+pub const MAGIC: u16 = 0x4658;
+/// The frame format version this build speaks.
+pub const FRAME_VERSION: u8 = 1;
+/// The protocol version carried in Hello / HelloOk.
+pub const PROTOCOL_VERSION: u16 = 1;
+/// The header's length in bytes.
+pub const HEADER_LEN: usize = 10;
+/// The QUIC ALPN protocol id.
+pub const ALPN: &[u8] = b"felix/1";
+
+/// Every frame type. The byte values are stable; a retired value is never reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum FrameType {
+    /// Client → broker: opens the control stream.
+    Hello = 0x01,
+    /// Broker → client: answers Hello.
+    HelloOk = 0x02,
+    /// Client → broker: create a stream.
+    CreateStream = 0x03,
+    /// Client → broker: describe one stream.
+    DescribeStream = 0x04,
+    /// Broker → client: a stream's settings (answers CreateStream and DescribeStream).
+    StreamInfo = 0x05,
+    /// Client → broker: list streams by prefix.
+    ListStreams = 0x06,
+    /// Broker → client: answers ListStreams.
+    StreamList = 0x07,
+    /// Client → broker: a batch of records.
+    Publish = 0x10,
+    /// Broker → client: a batch was stored.
+    PublishAck = 0x11,
+    /// Broker → client: a batch was refused.
+    PublishError = 0x12,
+    /// Client → broker: start a subscription.
+    Subscribe = 0x20,
+    /// Broker → client: the subscription started.
+    SubscribeOk = 0x21,
+    /// Broker → client: first frame of a subscription's unidirectional stream.
+    SubscriptionStart = 0x22,
+    /// Broker → client: records of one shard.
+    EventBatch = 0x23,
+    /// Client → broker: store a consumer group's position.
+    CommitOffset = 0x24,
+    /// Broker → client: the position was stored durably.
+    CommitOk = 0x25,
+    /// Either way: a request or the connection failed.
+    Error = 0x30,
+    /// Either way: liveness probe.
+    Ping = 0x31,
+    /// Either way: answers Ping.
+    Pong = 0x32,
+}
+
+impl FrameType {
+    /// Every frame type.
+    pub const ALL: [FrameType; 19] = [
+        Self::Hello,
+        Self::HelloOk,
+        Self::CreateStream,
+        Self::DescribeStream,
+        Self::StreamInfo,
+        Self::ListStreams,
+        Self::StreamList,
+        Self::Publish,
+        Self::PublishAck,
+        Self::PublishError,
+        Self::Subscribe,
+        Self::SubscribeOk,
+        Self::SubscriptionStart,
+        Self::EventBatch,
+        Self::CommitOffset,
+        Self::CommitOk,
+        Self::Error,
+        Self::Ping,
+        Self::Pong,
+    ];
+
+    /// The type for a wire byte.
+    pub fn from_u8(byte: u8) -> Option<Self> {
+        Self::ALL.iter().copied().find(|t| *t as u8 == byte)
+    }
+
+    /// The flag bits defined for this frame type.
+    pub fn known_flags(self) -> Flags {
+        match self {
+            Self::Publish => Flags(Flags::ACKED.0 | Flags::KEYED.0),
+            _ => Flags::NONE,
+        }
+    }
+
+    /// Whether the body of this type starts with a u64 request id (so errors can be correlated).
+    pub fn has_request_id(self) -> bool {
+        matches!(
+            self,
+            Self::CreateStream
+                | Self::DescribeStream
+                | Self::StreamInfo
+                | Self::ListStreams
+                | Self::StreamList
+                | Self::PublishAck
+                | Self::PublishError
+                | Self::Subscribe
+                | Self::SubscribeOk
+                | Self::CommitOffset
+                | Self::CommitOk
+                | Self::Error
+        )
+    }
+}
+
+/// Flag bits of the frame header. Their meaning depends on the frame type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Flags(pub u16);
+
+impl Flags {
+    /// No flags.
+    pub const NONE: Flags = Flags(0);
+    /// Publish: the body starts with a request id (u64) and an ack mode (u8).
+    pub const ACKED: Flags = Flags(0x0001);
+    /// Publish: after the acked prefix, a u16 key length and the key.
+    pub const KEYED: Flags = Flags(0x0002);
+
+    /// Whether every bit of `other` is set.
+    pub fn contains(self, other: Flags) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+/// Capability bits exchanged in Hello / HelloOk. A peer sets a flag bit, or sends a frame that
+/// needs a capability, only after the other side advertised the capability.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Capabilities(pub u64);
+
+impl Capabilities {
+    /// No capabilities.
+    pub const NONE: Capabilities = Capabilities(0);
+    /// Publish may carry [`Flags::ACKED`].
+    pub const PUBLISH_ACKED: Capabilities = Capabilities(1 << 0);
+    /// Publish may carry [`Flags::KEYED`].
+    pub const PUBLISH_KEYED: Capabilities = Capabilities(1 << 1);
+    /// Subscribe may name a consumer group; CommitOffset is accepted.
+    pub const CONSUMER_GROUPS: Capabilities = Capabilities(1 << 2);
+    /// Everything this build knows.
+    pub const ALL: Capabilities = Capabilities(0b111);
+
+    /// Whether every bit of `other` is set.
+    pub fn contains(self, other: Capabilities) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    /// The bits both sides have.
+    pub fn intersect(self, other: Capabilities) -> Capabilities {
+        Capabilities(self.0 & other.0)
+    }
+
+    /// The flag bits of `frame_type` that these capabilities allow a peer to send.
+    pub fn allowed_flags(self, frame_type: FrameType) -> Flags {
+        let mut bits = 0;
+        if frame_type == FrameType::Publish {
+            if self.contains(Self::PUBLISH_ACKED) {
+                bits |= Flags::ACKED.0;
+            }
+            if self.contains(Self::PUBLISH_KEYED) {
+                bits |= Flags::KEYED.0;
+            }
+        }
+        Flags(bits)
+    }
+}
+
+/// A decoded frame header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// The frame type.
+    pub frame_type: FrameType,
+    /// The flag bits.
+    pub flags: Flags,
+    /// The body length in bytes (the header excluded).
+    pub body_len: u32,
+}
+
+impl FrameHeader {
+    /// Decodes a header from the first [`HEADER_LEN`] bytes of `buf`.
+    ///
+    /// Errors from this function are framing errors, except `UnknownFrameType` which leaves the
+    /// framing intact (the body can be skipped by its length).
+    pub fn decode(buf: &[u8; HEADER_LEN]) -> Result<RawHeader, DecodeError> {
+        let magic = u16::from_be_bytes([buf[0], buf[1]]);
+        if magic != MAGIC {
+            return Err(DecodeError::BadMagic(magic));
+        }
+        if buf[2] != FRAME_VERSION {
+            return Err(DecodeError::UnsupportedVersion(buf[2]));
+        }
+        Ok(RawHeader {
+            frame_type: buf[3],
+            flags: Flags(u16::from_be_bytes([buf[4], buf[5]])),
+            body_len: u32::from_be_bytes([buf[6], buf[7], buf[8], buf[9]]),
+        })
+    }
+
+    /// Encodes the header.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut out = [0u8; HEADER_LEN];
+        out[0..2].copy_from_slice(&MAGIC.to_be_bytes());
+        out[2] = FRAME_VERSION;
+        out[3] = self.frame_type as u8;
+        out[4..6].copy_from_slice(&self.flags.0.to_be_bytes());
+        out[6..10].copy_from_slice(&self.body_len.to_be_bytes());
+        out
+    }
+}
+
+/// A header whose magic and version were checked but whose type is not yet interpreted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawHeader {
+    /// The frame type byte.
+    pub frame_type: u8,
+    /// The flag bits.
+    pub flags: Flags,
+    /// The body length.
+    pub body_len: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_round_trips() {
+        let h = FrameHeader { frame_type: FrameType::Publish, flags: Flags::KEYED, body_len: 77 };
+        let raw = FrameHeader::decode(&h.encode()).unwrap();
+        assert_eq!(raw, RawHeader { frame_type: 0x10, flags: Flags::KEYED, body_len: 77 });
+    }
+
+    #[test]
+    fn every_type_round_trips_through_its_byte() {
+        for t in FrameType::ALL {
+            assert_eq!(FrameType::from_u8(t as u8), Some(t));
+        }
+        assert_eq!(FrameType::from_u8(0xee), None);
+    }
+
+    #[test]
+    fn capabilities_gate_flags() {
+        assert_eq!(Capabilities::NONE.allowed_flags(FrameType::Publish), Flags::NONE);
+        assert_eq!(Capabilities::PUBLISH_ACKED.allowed_flags(FrameType::Publish), Flags::ACKED);
+        assert_eq!(Capabilities::ALL.allowed_flags(FrameType::Ping), Flags::NONE);
+    }
+}

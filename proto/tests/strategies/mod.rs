@@ -1,0 +1,167 @@
+//! proptest strategies for every frame, shared by the property tests.
+
+use bytes::Bytes;
+use felix_proto::*;
+use proptest::collection::vec;
+use proptest::option;
+use proptest::prelude::*;
+
+fn bytes(max: usize) -> impl Strategy<Value = Bytes> {
+    vec(any::<u8>(), 0..=max).prop_map(Bytes::from)
+}
+
+fn name() -> impl Strategy<Value = String> {
+    "[a-z0-9._-]{1,12}/[a-z0-9._-]{1,12}/[a-zA-Z0-9._-]{1,20}"
+}
+
+fn text(max: usize) -> impl Strategy<Value = String> {
+    proptest::string::string_regex(&format!(".{{0,{max}}}")).unwrap()
+}
+
+fn request_id() -> impl Strategy<Value = RequestId> {
+    any::<u64>().prop_map(RequestId)
+}
+
+fn retention() -> impl Strategy<Value = Retention> {
+    (option::of(1u64..), option::of(1u64..))
+        .prop_map(|(bytes_max, age_max_ms)| Retention { bytes_max, age_max_ms })
+}
+
+fn ack_mode() -> impl Strategy<Value = AckMode> {
+    prop_oneof![Just(AckMode::None), Just(AckMode::Written), Just(AckMode::Durable)]
+}
+
+fn code() -> impl Strategy<Value = ErrorCode> {
+    proptest::sample::select(ErrorCode::ALL.to_vec())
+}
+
+fn shards() -> impl Strategy<Value = Vec<ShardId>> {
+    vec(any::<u32>().prop_map(ShardId), 0..8)
+}
+
+fn start() -> impl Strategy<Value = StartAt> {
+    prop_oneof![
+        Just(StartAt::Earliest),
+        Just(StartAt::Latest),
+        any::<u64>().prop_map(|o| StartAt::Offset(Offset(o))),
+        any::<u64>().prop_map(StartAt::Timestamp),
+    ]
+}
+
+fn record() -> impl Strategy<Value = Record> {
+    (option::of(bytes(32)), bytes(64)).prop_map(|(key, value)| Record { key, value })
+}
+
+fn error_body() -> impl Strategy<Value = ErrorBody> {
+    (request_id(), code(), text(40)).prop_map(|(request_id, code, message)| ErrorBody {
+        request_id,
+        code,
+        message,
+    })
+}
+
+/// Any frame within the default limits.
+pub fn frame() -> impl Strategy<Value = Frame> {
+    prop_oneof![
+        (any::<u16>(), any::<u64>(), option::of(bytes(64))).prop_map(|(v, c, token)| {
+            Frame::Hello(Hello { version: v, capabilities: Capabilities(c), token })
+        }),
+        (
+            any::<u16>(),
+            any::<u64>(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u16>(),
+            any::<u16>(),
+            any::<u16>()
+        )
+            .prop_map(|(v, c, f, r, k, core, n)| Frame::HelloOk(HelloOk {
+                version: v,
+                capabilities: Capabilities(c),
+                limits: Limits { max_frame_bytes: f, max_batch_records: r, max_key_bytes: k },
+                core: CoreId(core),
+                core_count: n,
+            })),
+        (request_id(), name(), any::<u32>(), retention()).prop_map(
+            |(request_id, stream, shards, retention)| {
+                Frame::CreateStream(CreateStream { request_id, stream, shards, retention })
+            }
+        ),
+        (request_id(), name()).prop_map(|(request_id, stream)| Frame::DescribeStream(
+            DescribeStream { request_id, stream }
+        )),
+        (request_id(), name(), any::<u32>(), retention()).prop_map(
+            |(request_id, stream, shards, retention)| {
+                Frame::StreamInfo(StreamInfo { request_id, stream, shards, retention })
+            }
+        ),
+        (request_id(), text(20)).prop_map(|(request_id, prefix)| Frame::ListStreams(ListStreams {
+            request_id,
+            prefix
+        })),
+        (request_id(), vec(name(), 0..5)).prop_map(|(request_id, streams)| Frame::StreamList(
+            StreamList { request_id, streams }
+        )),
+        (
+            option::of((request_id(), ack_mode())),
+            option::of(bytes(40)),
+            name(),
+            vec(bytes(100), 0..20)
+        )
+            .prop_map(|(ack, key, stream, records)| Frame::Publish(Publish {
+                ack: ack.map(|(request_id, mode)| AckRequest { request_id, mode }),
+                key,
+                stream,
+                records,
+            })),
+        (request_id(), any::<u32>(), any::<u64>(), any::<u32>()).prop_map(
+            |(request_id, s, o, count)| {
+                Frame::PublishAck(PublishAck {
+                    request_id,
+                    shard: ShardId(s),
+                    base_offset: Offset(o),
+                    count,
+                })
+            }
+        ),
+        error_body().prop_map(Frame::PublishError),
+        (request_id(), name(), option::of(shards()), start(), option::of(text(20))).prop_map(
+            |(request_id, stream, shards, start, group)| Frame::Subscribe(Subscribe {
+                request_id,
+                stream,
+                shards,
+                start,
+                group,
+            })
+        ),
+        (request_id(), any::<u64>(), shards()).prop_map(|(request_id, id, shards)| {
+            Frame::SubscribeOk(SubscribeOk {
+                request_id,
+                subscription_id: SubscriptionId(id),
+                shards,
+            })
+        }),
+        any::<u64>().prop_map(|id| Frame::SubscriptionStart(SubscriptionId(id))),
+        (any::<u32>(), any::<u64>(), any::<u64>(), vec(record(), 0..20)).prop_map(
+            |(s, o, timestamp_ms, records)| Frame::EventBatch(EventBatch {
+                shard: ShardId(s),
+                base_offset: Offset(o),
+                timestamp_ms,
+                records,
+            })
+        ),
+        (request_id(), name(), text(20), any::<u32>(), any::<u64>()).prop_map(
+            |(request_id, stream, group, s, o)| Frame::CommitOffset(CommitOffset {
+                request_id,
+                stream,
+                group,
+                shard: ShardId(s),
+                offset: Offset(o),
+            })
+        ),
+        request_id().prop_map(Frame::CommitOk),
+        error_body().prop_map(Frame::Error),
+        any::<u64>().prop_map(Frame::Ping),
+        any::<u64>().prop_map(Frame::Pong),
+    ]
+}

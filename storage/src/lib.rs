@@ -1,5 +1,39 @@
 //! felix-storage: the durable logs of the shards that one core owns.
 //!
-//! Owns: the on-disk format, group commit, recovery, per-shard indexes and retention.
+//! Owns: the on-disk format ([`format`], byte-exact in `docs/storage-format.md`), group
+//! commit, recovery, per-shard indexes and retention.
 //! Never does: talk to the network, or share any state with another core. Everything in
-//! this crate runs inside one glommio executor.
+//! this crate runs inside one glommio executor; nothing is `Send` on purpose.
+//!
+//! Layout: one physical log per (stream, core) holding all of that core's shards of the
+//! stream, so shard count never multiplies fdatasyncs; a per-shard in-memory index maps
+//! offsets to log positions and is rebuilt on recovery.
+//!
+//! Code map: [`format`] and [`index`] are pure; `log` (appends, reads, group commit),
+//! `recovery` and `retention` hold the logic; `io` is the only module that touches glommio,
+//! files and clocks; `sys` holds syscalls (none needed so far).
+
+mod config;
+mod error;
+pub mod format;
+pub mod index;
+mod io;
+mod log;
+mod recovery;
+mod retention;
+mod scan;
+mod stats;
+mod store;
+mod sync;
+mod sys;
+
+pub use config::{
+    stream_dir_name, RetentionConfig, StorageConfig, BATCH_BYTES_LIMIT, STREAM_NAME_BYTES_MAX,
+    WRITE_BYTES_MAX,
+};
+pub use error::{Result, StorageError};
+pub use io::BackgroundQueue;
+pub use log::{AppendOutcome, RetentionOutcome, StoredBatch, StreamLog, READ_GAP_BYTES_MAX};
+pub use recovery::{RecoveryReport, RepairReport, SEGMENT_SUFFIX};
+pub use stats::StorageStats;
+pub use store::{CoreStore, BACKGROUND_SHARES};

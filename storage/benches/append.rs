@@ -1,0 +1,2 @@
+//! Placeholder replaced in the benchmark stage.
+fn main() {}

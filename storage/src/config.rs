@@ -1,0 +1,146 @@
+//! Configuration, limits, and the mapping of stream names to directory names.
+
+use std::path::PathBuf;
+
+use crate::error::{Result, StorageError};
+use crate::format::{FORMAT_ALIGN_BYTES, SEGMENT_HEADER_BYTES};
+
+/// The most bytes one write to a segment carries (several batches, padded). It is also the
+/// torn-tail window of recovery: damage followed by valid data more than this far away
+/// cannot be the one write that was in flight at a crash, so it is corruption.
+pub const WRITE_BYTES_MAX: usize = 4 << 20;
+/// Upper bound for `StorageConfig::batch_bytes_max` (a batch must fit one write).
+pub const BATCH_BYTES_LIMIT: usize = WRITE_BYTES_MAX - FORMAT_ALIGN_BYTES as usize;
+/// Longest stream name accepted, in bytes.
+pub const STREAM_NAME_BYTES_MAX: usize = 200;
+
+/// Retention of one stream log: segments are deleted, oldest first, while either rule says
+/// so. The active (last) segment is never deleted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetentionConfig {
+    /// Keep at most about this many bytes (whole segments are deleted).
+    pub bytes_max: Option<u64>,
+    /// Delete segments whose newest batch is older than this.
+    pub age_ms_max: Option<u64>,
+}
+
+/// Configuration of the store of one core.
+#[derive(Clone, Debug)]
+pub struct StorageConfig {
+    /// Data directory of the whole process; the core's logs live in `<dir>/core-<n>/`.
+    pub dir: PathBuf,
+    /// A segment rolls when the next write would make it larger than this.
+    pub segment_bytes_max: u64,
+    /// Largest encoded batch accepted (header included).
+    pub batch_bytes_max: usize,
+    /// Most records accepted in one batch.
+    pub batch_records_max: usize,
+    /// Most encoded bytes queued for writing per stream log before appends get `QueueFull`.
+    pub queue_bytes_max: usize,
+    /// Repair corruption found before the tail by truncating there (reported), instead of
+    /// refusing to open.
+    pub repair: bool,
+    /// Default retention of stream logs.
+    pub retention: RetentionConfig,
+}
+
+impl StorageConfig {
+    /// Defaults for `dir`: 256 MiB segments, 1 MiB batches, 10 000 records, 64 MiB queue.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            segment_bytes_max: 256 << 20,
+            batch_bytes_max: 1 << 20,
+            batch_records_max: 10_000,
+            queue_bytes_max: 64 << 20,
+            repair: false,
+            retention: RetentionConfig::default(),
+        }
+    }
+
+    /// Check the limits against each other.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |reason| Err(StorageError::InvalidConfig { reason });
+        if self.batch_bytes_max > BATCH_BYTES_LIMIT || self.batch_bytes_max < 64 {
+            return bad("batch_bytes_max must be in 64..=BATCH_BYTES_LIMIT");
+        }
+        if self.segment_bytes_max < SEGMENT_HEADER_BYTES + WRITE_BYTES_MAX as u64 {
+            return bad("segment_bytes_max must hold a header block and one full write");
+        }
+        if self.batch_records_max == 0 || self.batch_records_max > u32::MAX as usize {
+            return bad("batch_records_max must be in 1..=u32::MAX");
+        }
+        if self.queue_bytes_max < self.batch_bytes_max {
+            return bad("queue_bytes_max must hold at least one batch");
+        }
+        Ok(())
+    }
+}
+
+/// Map a broker stream name ("tenant/namespace/stream") to one directory name.
+///
+/// Bytes `[A-Za-z0-9_-]` are kept; every other byte (including `/`, `.` and `%`) becomes
+/// `%XX` with two upper-case hex digits. The mapping is injective, the result never
+/// contains `/`, never starts with `.`, and is at most 3 * `STREAM_NAME_BYTES_MAX` bytes.
+/// Rejected: empty names, names longer than `STREAM_NAME_BYTES_MAX`, empty components
+/// (leading, trailing or doubled `/`), and control characters.
+pub fn stream_dir_name(name: &str) -> Result<String> {
+    let reject = |reason| Err(StorageError::InvalidStreamName { name: name.to_owned(), reason });
+    if name.is_empty() {
+        return reject("empty");
+    }
+    if name.len() > STREAM_NAME_BYTES_MAX {
+        return reject("longer than STREAM_NAME_BYTES_MAX bytes");
+    }
+    if name.split('/').any(str::is_empty) {
+        return reject("empty path component");
+    }
+    if name.chars().any(char::is_control) {
+        return reject("control character");
+    }
+    let mut out = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'_' || b == b'-' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_escape_to_one_safe_component() {
+        assert_eq!(stream_dir_name("t/ns/s-1_x").unwrap(), "t%2Fns%2Fs-1_x");
+        assert_eq!(stream_dir_name("..").unwrap(), "%2E%2E");
+        assert_eq!(stream_dir_name("a%2F").unwrap(), "a%252F");
+        assert_eq!(stream_dir_name("é").unwrap(), "%C3%A9");
+        // Injective on a pair that would collide under naive escaping.
+        assert_ne!(stream_dir_name("a/b").unwrap(), stream_dir_name("a%2Fb").unwrap());
+    }
+
+    #[test]
+    fn bad_names_are_typed_errors() {
+        for bad in ["", "/a", "a/", "a//b", "a\nb", &"x".repeat(201)] {
+            assert!(
+                matches!(stream_dir_name(bad), Err(StorageError::InvalidStreamName { .. })),
+                "{bad:?} accepted"
+            );
+        }
+    }
+
+    #[test]
+    fn config_limits_are_checked() {
+        let mut c = StorageConfig::new("/tmp/x");
+        assert!(c.validate().is_ok());
+        c.batch_bytes_max = BATCH_BYTES_LIMIT + 1;
+        assert!(matches!(c.validate(), Err(StorageError::InvalidConfig { .. })));
+        let mut c = StorageConfig::new("/tmp/x");
+        c.segment_bytes_max = 4096;
+        assert!(c.validate().is_err());
+    }
+}

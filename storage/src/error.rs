@@ -1,0 +1,148 @@
+//! The one error type of the crate. Every variant is documented; no input from disk or
+//! from a caller panics the store.
+
+use std::path::PathBuf;
+
+use felix_proto::{Offset, ShardId};
+
+/// Everything that can go wrong in `felix-storage`.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// The stream log does not own this shard (the broker routed a batch to the wrong core,
+    /// or the shard id is out of range).
+    #[error("stream {stream:?} on this core does not own {shard}")]
+    UnknownShard {
+        /// The stream's name as the broker gave it.
+        stream: String,
+        /// The shard that was asked for.
+        shard: ShardId,
+    },
+    /// A stream name that cannot be stored (empty, too long, empty component, control chars).
+    #[error("invalid stream name {name:?}: {reason}")]
+    InvalidStreamName {
+        /// The rejected name.
+        name: String,
+        /// Why it was rejected.
+        reason: &'static str,
+    },
+    /// A configuration value is out of its allowed range.
+    #[error("invalid storage configuration: {reason}")]
+    InvalidConfig {
+        /// Which rule was broken.
+        reason: &'static str,
+    },
+    /// The encoded batch exceeds `StorageConfig::batch_bytes_max`.
+    #[error("batch of {bytes} encoded bytes exceeds the limit of {limit}")]
+    BatchTooLarge {
+        /// The encoded size of the batch, header included.
+        bytes: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// The batch has more records than `StorageConfig::batch_records_max`.
+    #[error("batch of {count} records exceeds the limit of {limit}")]
+    TooManyRecords {
+        /// Records in the batch.
+        count: usize,
+        /// The configured limit.
+        limit: usize,
+    },
+    /// A batch with no records was offered.
+    #[error("a batch must hold at least one record")]
+    EmptyBatch,
+    /// More shards were given to one stream log than a segment header can describe.
+    #[error("{count} shards exceed the per-log limit of {limit}")]
+    TooManyShards {
+        /// Shards asked for.
+        count: usize,
+        /// `SHARDS_PER_LOG_MAX`.
+        limit: usize,
+    },
+    /// Too many bytes are queued for writing; the caller should back off and retry.
+    #[error("{queued_bytes} bytes already queued, limit {limit}")]
+    QueueFull {
+        /// Bytes queued and not yet written.
+        queued_bytes: usize,
+        /// `StorageConfig::queue_bytes_max`.
+        limit: usize,
+    },
+    /// The requested offset was deleted by retention (or never existed below the start).
+    #[error("{shard} offset {requested} is below the log start {start}")]
+    OffsetBeforeStart {
+        /// The shard read.
+        shard: ShardId,
+        /// The offset asked for.
+        requested: Offset,
+        /// The first offset still stored.
+        start: Offset,
+    },
+    /// The file system is full (ENOSPC). The batches of the failed write and every batch
+    /// queued behind it were rejected; nothing acknowledged before was touched and the log
+    /// stays readable and appendable once space is freed.
+    #[error("no space left on device writing {path}")]
+    NoSpace {
+        /// The segment file being written.
+        path: PathBuf,
+    },
+    /// Recovery found damage before the tail of the log and `repair` was not requested.
+    #[error("corrupt log {path} at byte {position}: {reason}")]
+    Corrupt {
+        /// The damaged file.
+        path: PathBuf,
+        /// Byte position inside that file of the first invalid batch (or header).
+        position: u64,
+        /// What was wrong.
+        reason: String,
+    },
+    /// An earlier fdatasync or truncate failed; the log refuses further work because the
+    /// state of the file is unknown (see "fsync errors" in docs/storage-format.md).
+    #[error("stream log is poisoned: {reason}")]
+    Poisoned {
+        /// The first failure.
+        reason: String,
+    },
+    /// The log was closed (or dropped) before the operation completed.
+    #[error("stream log closed")]
+    Closed,
+    /// Any other I/O error.
+    #[error("{context} {path:?}: {source}")]
+    Io {
+        /// The operation.
+        context: &'static str,
+        /// The file or directory involved.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl StorageError {
+    /// Classify an I/O error: ENOSPC becomes [`StorageError::NoSpace`].
+    pub(crate) fn io(context: &'static str, path: PathBuf, source: std::io::Error) -> Self {
+        if source.raw_os_error() == Some(libc::ENOSPC)
+            || source.kind() == std::io::ErrorKind::StorageFull
+        {
+            StorageError::NoSpace { path }
+        } else {
+            StorageError::Io { context, path, source }
+        }
+    }
+
+    /// A copy good enough to hand to every waiter of a failed write or flush.
+    pub(crate) fn duplicate(&self) -> Self {
+        match self {
+            StorageError::NoSpace { path } => StorageError::NoSpace { path: path.clone() },
+            StorageError::Closed => StorageError::Closed,
+            StorageError::Io { context, path, source } => StorageError::Io {
+                context,
+                path: path.clone(),
+                source: std::io::Error::new(source.kind(), source.to_string()),
+            },
+            other => StorageError::Poisoned { reason: other.to_string() },
+        }
+    }
+}
+
+/// Result alias of the crate.
+pub type Result<T> = std::result::Result<T, StorageError>;

@@ -1,0 +1,442 @@
+//! The on-disk format, byte-exact as documented in `docs/storage-format.md`.
+//!
+//! Pure code: bytes in, bytes out, no I/O and no clock. All integers are little-endian.
+//!
+//! A segment file is a 4096-byte segment header block followed by batches. Every write
+//! ends on a [`FORMAT_ALIGN_BYTES`] boundary; the gap after the last batch of a write is
+//! zero padding. A zero magic where a batch header is expected therefore means "padding,
+//! skip to the next alignment boundary".
+
+use bytes::{Buf, Bytes};
+use felix_proto::{Offset, Record, ShardId};
+
+/// Every write starts and ends on this boundary (O_DIRECT alignment of any device we support).
+pub const FORMAT_ALIGN_BYTES: u64 = 4096;
+/// Size of the segment header block at the start of each segment file.
+pub const SEGMENT_HEADER_BYTES: u64 = 4096;
+/// Magic of a segment header: "FXS1".
+pub const SEGMENT_MAGIC: u32 = u32::from_le_bytes(*b"FXS1");
+/// Magic of a batch header: "FXB1".
+pub const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"FXB1");
+/// The only format version written and read.
+pub const FORMAT_VERSION: u8 = 1;
+/// Bytes of a batch header.
+pub const BATCH_HEADER_BYTES: usize = 48;
+/// Bytes of a record header (flags, key length, value length).
+pub const RECORD_HEADER_BYTES: usize = 9;
+/// Bytes of one shard entry in a segment header.
+const SEGMENT_ENTRY_BYTES: usize = 16;
+/// Bytes before the first shard entry of a segment header.
+const SEGMENT_FIXED_BYTES: usize = 32;
+/// Shards one stream log (and so one segment header) can describe.
+pub const SHARDS_PER_LOG_MAX: usize =
+    (SEGMENT_HEADER_BYTES as usize - SEGMENT_FIXED_BYTES) / SEGMENT_ENTRY_BYTES;
+/// Record flag: the record has a key.
+const RECORD_FLAG_KEY: u8 = 1;
+
+const _: () = assert!(SEGMENT_HEADER_BYTES % FORMAT_ALIGN_BYTES == 0);
+const _: () = assert!(SHARDS_PER_LOG_MAX == 254);
+const _: () = assert!(BATCH_HEADER_BYTES % 8 == 0);
+
+/// The fixed header of a batch, decoded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchHeader {
+    /// Total length of the batch in bytes, header included.
+    pub len: u32,
+    /// The shard the batch belongs to.
+    pub shard: ShardId,
+    /// Records in the batch (at least 1).
+    pub record_count: u32,
+    /// Offset of the first record.
+    pub base_offset: Offset,
+    /// Timestamp of the first record, ms since the Unix epoch.
+    pub first_timestamp_ms: u64,
+    /// Timestamp of the last record, ms since the Unix epoch.
+    pub last_timestamp_ms: u64,
+}
+
+impl BatchHeader {
+    /// The offset after the last record of this batch.
+    pub fn next_offset(&self) -> u64 {
+        self.base_offset.0 + u64::from(self.record_count)
+    }
+}
+
+/// Why bytes are not a valid batch or segment header.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FormatError {
+    /// The magic is neither a batch magic nor zero padding.
+    BadMagic(u32),
+    /// An unknown version byte.
+    BadVersion(u8),
+    /// The length field is smaller than a header or larger than the limit.
+    BadLength(u32),
+    /// The stored CRC32C does not match the bytes.
+    BadCrc {
+        /// CRC stored in the header.
+        stored: u32,
+        /// CRC computed over the bytes.
+        computed: u32,
+    },
+    /// The record area does not hold exactly `record_count` well-formed records.
+    BadRecords,
+    /// A segment header that is not valid.
+    BadSegmentHeader(&'static str),
+}
+
+impl std::fmt::Display for FormatError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FormatError::BadMagic(m) => write!(f, "bad magic {m:#010x}"),
+            FormatError::BadVersion(v) => write!(f, "unknown version {v}"),
+            FormatError::BadLength(l) => write!(f, "bad batch length {l}"),
+            FormatError::BadCrc { stored, computed } => {
+                write!(f, "crc32c mismatch: stored {stored:#010x}, computed {computed:#010x}")
+            }
+            FormatError::BadRecords => write!(f, "records do not match the batch header"),
+            FormatError::BadSegmentHeader(why) => write!(f, "bad segment header: {why}"),
+        }
+    }
+}
+
+/// What the bytes at a batch position are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Probe {
+    /// A zero magic: padding up to the next alignment boundary.
+    Padding,
+    /// A plausible header; the whole batch is `len` bytes (not yet verified).
+    Header(BatchHeader),
+    /// Fewer bytes than a header are available.
+    Short,
+    /// Not a batch.
+    Invalid(FormatError),
+}
+
+/// The encoded size of a batch holding `records`.
+pub fn batch_encoded_len(records: &[Record]) -> usize {
+    BATCH_HEADER_BYTES
+        + records
+            .iter()
+            .map(|r| RECORD_HEADER_BYTES + r.key.as_ref().map_or(0, |k| k.len()) + r.value.len())
+            .sum::<usize>()
+}
+
+/// Encode a batch into `out`, which must be exactly `batch_encoded_len(records)` long.
+///
+/// The caller has checked the limits (record count fits u32, length fits u32).
+pub fn encode_batch(
+    out: &mut [u8],
+    shard: ShardId,
+    base_offset: Offset,
+    timestamp_ms: u64,
+    records: &[Record],
+) {
+    debug_assert_eq!(out.len(), batch_encoded_len(records));
+    let len = out.len() as u32;
+    out[0..4].copy_from_slice(&BATCH_MAGIC.to_le_bytes());
+    out[4] = FORMAT_VERSION;
+    out[5] = 0;
+    out[6..8].copy_from_slice(&[0, 0]);
+    out[12..16].copy_from_slice(&len.to_le_bytes());
+    out[16..20].copy_from_slice(&shard.0.to_le_bytes());
+    out[20..24].copy_from_slice(&(records.len() as u32).to_le_bytes());
+    out[24..32].copy_from_slice(&base_offset.0.to_le_bytes());
+    out[32..40].copy_from_slice(&timestamp_ms.to_le_bytes());
+    out[40..48].copy_from_slice(&timestamp_ms.to_le_bytes());
+    let mut at = BATCH_HEADER_BYTES;
+    for r in records {
+        let key = r.key.as_deref().unwrap_or(&[]);
+        out[at] = if r.key.is_some() { RECORD_FLAG_KEY } else { 0 };
+        out[at + 1..at + 5].copy_from_slice(&(key.len() as u32).to_le_bytes());
+        out[at + 5..at + 9].copy_from_slice(&(r.value.len() as u32).to_le_bytes());
+        at += RECORD_HEADER_BYTES;
+        out[at..at + key.len()].copy_from_slice(key);
+        at += key.len();
+        out[at..at + r.value.len()].copy_from_slice(&r.value);
+        at += r.value.len();
+    }
+    let crc = batch_crc(out);
+    out[8..12].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// CRC32C of a batch: bytes 0..8 followed by bytes 12..len (everything but the CRC field).
+fn batch_crc(batch: &[u8]) -> u32 {
+    crc32c::crc32c_append(crc32c::crc32c(&batch[0..8]), &batch[12..])
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut x = [0u8; 8];
+    x.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(x)
+}
+
+/// Look at the bytes at a batch position: padding, a plausible header, or garbage.
+///
+/// `batch_bytes_limit` bounds the length field so that garbage never makes a reader
+/// allocate or read more than a batch can be.
+pub fn probe(buf: &[u8], batch_bytes_limit: usize) -> Probe {
+    if buf.len() < 4 {
+        return if buf.iter().all(|b| *b == 0) { Probe::Padding } else { Probe::Short };
+    }
+    let magic = u32_at(buf, 0);
+    if magic == 0 {
+        return Probe::Padding;
+    }
+    if magic != BATCH_MAGIC {
+        return Probe::Invalid(FormatError::BadMagic(magic));
+    }
+    if buf.len() < BATCH_HEADER_BYTES {
+        return Probe::Short;
+    }
+    if buf[4] != FORMAT_VERSION {
+        return Probe::Invalid(FormatError::BadVersion(buf[4]));
+    }
+    let len = u32_at(buf, 12);
+    if (len as usize) < BATCH_HEADER_BYTES + RECORD_HEADER_BYTES || len as usize > batch_bytes_limit
+    {
+        return Probe::Invalid(FormatError::BadLength(len));
+    }
+    Probe::Header(BatchHeader {
+        len,
+        shard: ShardId(u32_at(buf, 16)),
+        record_count: u32_at(buf, 20),
+        base_offset: Offset(u64_at(buf, 24)),
+        first_timestamp_ms: u64_at(buf, 32),
+        last_timestamp_ms: u64_at(buf, 40),
+    })
+}
+
+/// Verify a whole batch (exactly `header.len` bytes): CRC and record structure.
+pub fn verify_batch(batch: &[u8], batch_bytes_limit: usize) -> Result<BatchHeader, FormatError> {
+    let header = match probe(batch, batch_bytes_limit) {
+        Probe::Header(h) => h,
+        Probe::Invalid(e) => return Err(e),
+        Probe::Padding => return Err(FormatError::BadMagic(0)),
+        Probe::Short => return Err(FormatError::BadLength(batch.len() as u32)),
+    };
+    if header.len as usize != batch.len() {
+        return Err(FormatError::BadLength(header.len));
+    }
+    let stored = u32_at(batch, 8);
+    let computed = batch_crc(batch);
+    if stored != computed {
+        return Err(FormatError::BadCrc { stored, computed });
+    }
+    // Walk the records once so that decode_records cannot fail on a verified batch.
+    let mut at = BATCH_HEADER_BYTES;
+    for _ in 0..header.record_count {
+        if batch.len() - at < RECORD_HEADER_BYTES || batch[at] & !RECORD_FLAG_KEY != 0 {
+            return Err(FormatError::BadRecords);
+        }
+        let key_len = u32_at(batch, at + 1) as usize;
+        let value_len = u32_at(batch, at + 5) as usize;
+        if batch[at] & RECORD_FLAG_KEY == 0 && key_len != 0 {
+            return Err(FormatError::BadRecords);
+        }
+        at += RECORD_HEADER_BYTES;
+        if batch.len() - at < key_len || batch.len() - at - key_len < value_len {
+            return Err(FormatError::BadRecords);
+        }
+        at += key_len + value_len;
+    }
+    if at != batch.len() || header.record_count == 0 {
+        return Err(FormatError::BadRecords);
+    }
+    Ok(header)
+}
+
+/// Split a verified batch into records whose keys and values are zero-copy slices of it.
+pub fn decode_records(batch: &Bytes, header: &BatchHeader) -> Result<Vec<Record>, FormatError> {
+    let mut records = Vec::with_capacity(header.record_count as usize);
+    let mut rest = batch.slice(BATCH_HEADER_BYTES..);
+    for _ in 0..header.record_count {
+        if rest.len() < RECORD_HEADER_BYTES {
+            return Err(FormatError::BadRecords);
+        }
+        let flags = rest.get_u8();
+        let key_len = rest.get_u32_le() as usize;
+        let value_len = rest.get_u32_le() as usize;
+        if rest.len() < key_len || rest.len() - key_len < value_len {
+            return Err(FormatError::BadRecords);
+        }
+        let key = rest.split_to(key_len);
+        let value = rest.split_to(value_len);
+        let key = if flags & RECORD_FLAG_KEY != 0 { Some(key) } else { None };
+        records.push(Record { key, value });
+    }
+    Ok(records)
+}
+
+/// The header block of a segment file: where the segment sits in the log and the next
+/// offset of every shard when it was created (so offsets survive retention deleting
+/// every batch of a shard).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentHeader {
+    /// Log position of byte 0 of this file.
+    pub base_position: u64,
+    /// Creation time, ms since the Unix epoch.
+    pub created_ms: u64,
+    /// (shard, next offset) for every shard of the log, sorted by shard.
+    pub next_offsets: Vec<(ShardId, Offset)>,
+}
+
+impl SegmentHeader {
+    /// Encode into a `SEGMENT_HEADER_BYTES` block. `next_offsets.len() <= SHARDS_PER_LOG_MAX`.
+    pub fn encode(&self, out: &mut [u8]) {
+        assert!(out.len() == SEGMENT_HEADER_BYTES as usize);
+        assert!(self.next_offsets.len() <= SHARDS_PER_LOG_MAX);
+        out.fill(0);
+        out[0..4].copy_from_slice(&SEGMENT_MAGIC.to_le_bytes());
+        out[4] = FORMAT_VERSION;
+        out[12..16].copy_from_slice(&(self.next_offsets.len() as u32).to_le_bytes());
+        out[16..24].copy_from_slice(&self.base_position.to_le_bytes());
+        out[24..32].copy_from_slice(&self.created_ms.to_le_bytes());
+        for (i, (shard, next)) in self.next_offsets.iter().enumerate() {
+            let at = SEGMENT_FIXED_BYTES + i * SEGMENT_ENTRY_BYTES;
+            out[at..at + 4].copy_from_slice(&shard.0.to_le_bytes());
+            out[at + 8..at + 16].copy_from_slice(&next.0.to_le_bytes());
+        }
+        let crc = batch_crc(out);
+        out[8..12].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Decode and verify a segment header block.
+    pub fn decode(block: &[u8]) -> Result<Self, FormatError> {
+        if block.len() < SEGMENT_HEADER_BYTES as usize {
+            return Err(FormatError::BadSegmentHeader("short"));
+        }
+        let block = &block[..SEGMENT_HEADER_BYTES as usize];
+        if u32_at(block, 0) != SEGMENT_MAGIC {
+            return Err(FormatError::BadSegmentHeader("bad magic"));
+        }
+        if block[4] != FORMAT_VERSION {
+            return Err(FormatError::BadSegmentHeader("unknown version"));
+        }
+        if u32_at(block, 8) != batch_crc(block) {
+            return Err(FormatError::BadSegmentHeader("crc32c mismatch"));
+        }
+        let count = u32_at(block, 12) as usize;
+        if count > SHARDS_PER_LOG_MAX {
+            return Err(FormatError::BadSegmentHeader("too many shards"));
+        }
+        let next_offsets = (0..count)
+            .map(|i| {
+                let at = SEGMENT_FIXED_BYTES + i * SEGMENT_ENTRY_BYTES;
+                (ShardId(u32_at(block, at)), Offset(u64_at(block, at + 8)))
+            })
+            .collect();
+        Ok(SegmentHeader {
+            base_position: u64_at(block, 16),
+            created_ms: u64_at(block, 24),
+            next_offsets,
+        })
+    }
+}
+
+/// Round up to the format alignment.
+pub fn align_up(x: u64) -> u64 {
+    x.div_ceil(FORMAT_ALIGN_BYTES) * FORMAT_ALIGN_BYTES
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Vec<Record> {
+        vec![Record::unkeyed(&b"hello"[..]), Record::keyed(&b""[..], &b"v"[..])]
+    }
+
+    fn encoded(records: &[Record]) -> Vec<u8> {
+        let mut out = vec![0u8; batch_encoded_len(records)];
+        encode_batch(&mut out, ShardId(3), Offset(42), 1_000, records);
+        out
+    }
+
+    #[test]
+    fn batch_round_trip_keeps_keys_distinct_from_no_key() {
+        let records = sample();
+        let buf = encoded(&records);
+        let header = verify_batch(&buf, 1 << 20).unwrap();
+        assert_eq!(header.shard, ShardId(3));
+        assert_eq!(header.base_offset, Offset(42));
+        assert_eq!(header.record_count, 2);
+        assert_eq!(header.next_offset(), 44);
+        assert_eq!(header.first_timestamp_ms, 1_000);
+        let decoded = decode_records(&Bytes::from(buf), &header).unwrap();
+        assert_eq!(decoded, records);
+        assert_eq!(decoded[1].key, Some(Bytes::new()));
+    }
+
+    #[test]
+    fn header_layout_is_byte_exact() {
+        let buf = encoded(&[Record::unkeyed(&b"ab"[..])]);
+        assert_eq!(&buf[0..4], b"FXB1");
+        assert_eq!(buf[4], 1);
+        assert_eq!(u32_at(&buf, 12) as usize, buf.len());
+        assert_eq!(buf.len(), 48 + 9 + 2);
+        assert_eq!(u32_at(&buf, 16), 3);
+        assert_eq!(u64_at(&buf, 24), 42);
+        assert_eq!(&buf[48..57], &[0, 0, 0, 0, 0, 2, 0, 0, 0]);
+    }
+
+    #[test]
+    fn every_single_bit_flip_is_detected() {
+        let buf = encoded(&sample());
+        for byte in 0..buf.len() {
+            for bit in 0..8 {
+                let mut bad = buf.clone();
+                bad[byte] ^= 1 << bit;
+                assert!(verify_batch(&bad, 1 << 20).is_err(), "flip {byte}:{bit} undetected");
+            }
+        }
+    }
+
+    #[test]
+    fn zero_magic_is_padding_and_garbage_is_invalid() {
+        assert_eq!(probe(&[0u8; 64], 1 << 20), Probe::Padding);
+        assert!(matches!(probe(&[7u8; 64], 1 << 20), Probe::Invalid(FormatError::BadMagic(_))));
+        let buf = encoded(&sample());
+        assert_eq!(probe(&buf[..20], 1 << 20), Probe::Short);
+        assert!(matches!(probe(&buf, 10), Probe::Invalid(FormatError::BadLength(_))));
+    }
+
+    #[test]
+    fn segment_header_round_trip_and_crc() {
+        let h = SegmentHeader {
+            base_position: 1 << 30,
+            created_ms: 7,
+            next_offsets: vec![(ShardId(0), Offset(5)), (ShardId(9), Offset(0))],
+        };
+        let mut block = vec![0u8; SEGMENT_HEADER_BYTES as usize];
+        h.encode(&mut block);
+        assert_eq!(&block[0..4], b"FXS1");
+        assert_eq!(SegmentHeader::decode(&block).unwrap(), h);
+        block[40] ^= 1;
+        assert!(SegmentHeader::decode(&block).is_err());
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_batch_round_trips(
+            values in proptest::collection::vec(
+                (proptest::option::of(proptest::collection::vec(0u8.., 0..20)),
+                 proptest::collection::vec(0u8.., 0..100)), 1..20),
+            base in 0u64..u64::MAX / 2,
+        ) {
+            let records: Vec<Record> = values
+                .into_iter()
+                .map(|(k, v)| Record { key: k.map(Bytes::from), value: Bytes::from(v) })
+                .collect();
+            let mut out = vec![0u8; batch_encoded_len(&records)];
+            encode_batch(&mut out, ShardId(1), Offset(base), 5, &records);
+            let header = verify_batch(&out, 1 << 20).unwrap();
+            proptest::prop_assert_eq!(header.base_offset, Offset(base));
+            let decoded = decode_records(&Bytes::from(out), &header).unwrap();
+            proptest::prop_assert_eq!(decoded, records);
+        }
+    }
+}

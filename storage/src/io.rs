@@ -1,0 +1,252 @@
+//! The driver: the only module that touches glommio, files, directories and clocks.
+//!
+//! Segment files are glommio `DmaFile`s (O_DIRECT, reads, writes and fdatasync through the
+//! core's io_uring). On a file system without O_DIRECT (tmpfs) glommio opens the file
+//! without it and the same code runs buffered; alignment rules are kept either way.
+//! Swapping the runtime means rewriting this module only.
+
+use std::future::Future;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use glommio::io::{Directory, DmaBuffer, DmaFile, OpenOptions};
+use glommio::{GlommioError, Latency, Shares, TaskQueueHandle};
+
+use crate::error::{Result, StorageError};
+use crate::format::FORMAT_ALIGN_BYTES;
+
+fn to_io<T>(e: GlommioError<T>) -> io::Error {
+    match e {
+        GlommioError::EnhancedIoError { source, .. } => source,
+        GlommioError::IoError(e) => e,
+        other => other.into(),
+    }
+}
+
+/// An aligned buffer for one write.
+pub(crate) struct WriteBuf(DmaBuffer);
+
+impl WriteBuf {
+    pub(crate) fn as_mut(&mut self) -> &mut [u8] {
+        self.0.as_bytes_mut()
+    }
+}
+
+/// One segment file.
+pub(crate) struct LogFile {
+    file: DmaFile,
+    path: PathBuf,
+}
+
+impl LogFile {
+    /// Create a new file (it must not exist) holding `first_block`, fdatasync it, and open
+    /// it for direct I/O.
+    ///
+    /// The first block is written through a buffered handle because glommio probes
+    /// io_uring polled-I/O support by reading the start of the file when it opens a DMA
+    /// file: on an empty file that read succeeds trivially and the file is wrongly marked
+    /// pollable, after which reads fail with EOPNOTSUPP on devices without polling.
+    pub(crate) async fn create(path: &Path, first_block: Vec<u8>) -> Result<LogFile> {
+        let err = |context, e| StorageError::io(context, path.to_owned(), to_io(e));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .buffered_open(path)
+            .await
+            .map_err(|e| err("creating segment", e))?;
+        let len = first_block.len();
+        let n = file.write_at(first_block, 0).await.map_err(|e| err("writing", e))?;
+        if n != len {
+            return Err(StorageError::io(
+                "short write",
+                path.to_owned(),
+                io::Error::from_raw_os_error(libc::ENOSPC),
+            ));
+        }
+        file.fdatasync().await.map_err(|e| err("fdatasync", e))?;
+        file.close().await.map_err(|e| err("closing", e))?;
+        Self::open(path).await
+    }
+
+    /// Open an existing file for reading and writing.
+    pub(crate) async fn open(path: &Path) -> Result<LogFile> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .dma_open(path)
+            .await
+            .map_err(|e| StorageError::io("opening segment", path.to_owned(), to_io(e)))?;
+        Self::checked(file, path)
+    }
+
+    fn checked(file: DmaFile, path: &Path) -> Result<LogFile> {
+        if FORMAT_ALIGN_BYTES % file.alignment() != 0 {
+            return Err(StorageError::InvalidConfig {
+                reason: "device O_DIRECT alignment does not divide FORMAT_ALIGN_BYTES",
+            });
+        }
+        Ok(LogFile { file, path: path.to_owned() })
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// An aligned buffer of `len` bytes (a multiple of the format alignment).
+    pub(crate) fn alloc(&self, len: usize) -> WriteBuf {
+        debug_assert!(len as u64 % FORMAT_ALIGN_BYTES == 0);
+        WriteBuf(self.file.alloc_dma_buffer(len))
+    }
+
+    /// Write all of `buf` at `pos` (aligned); a short write is an error.
+    pub(crate) async fn write_at(&self, buf: WriteBuf, pos: u64) -> Result<()> {
+        let len = buf.0.len();
+        let n = self
+            .file
+            .write_at(buf.0, pos)
+            .await
+            .map_err(|e| StorageError::io("writing", self.path.clone(), to_io(e)))?;
+        if n != len {
+            // A short O_DIRECT write: the kernel ran out of space (or the device failed)
+            // after part of the buffer. Report it as ENOSPC-like so the caller truncates.
+            return Err(StorageError::io(
+                "short write",
+                self.path.clone(),
+                io::Error::from_raw_os_error(libc::ENOSPC),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Read up to `len` bytes at `pos` (any alignment); fewer at the end of the file.
+    pub(crate) async fn read_at(&self, pos: u64, len: usize) -> Result<Vec<u8>> {
+        let r = self
+            .file
+            .read_at(pos, len)
+            .await
+            .map_err(|e| StorageError::io("reading", self.path.clone(), to_io(e)))?;
+        Ok(r.to_vec())
+    }
+
+    pub(crate) async fn fdatasync(&self) -> Result<()> {
+        self.file
+            .fdatasync()
+            .await
+            .map_err(|e| StorageError::io("fdatasync", self.path.clone(), to_io(e)))
+    }
+
+    pub(crate) async fn truncate(&self, size: u64) -> Result<()> {
+        self.file
+            .truncate(size)
+            .await
+            .map_err(|e| StorageError::io("truncating", self.path.clone(), to_io(e)))
+    }
+
+    pub(crate) async fn size(&self) -> Result<u64> {
+        self.file
+            .file_size()
+            .await
+            .map_err(|e| StorageError::io("stat", self.path.clone(), to_io(e)))
+    }
+
+    /// Unlink the file (open handles stay readable).
+    pub(crate) async fn remove(&self) -> Result<()> {
+        self.file
+            .remove()
+            .await
+            .map_err(|e| StorageError::io("removing", self.path.clone(), to_io(e)))
+    }
+}
+
+/// Create `path` and its parents if missing; fsync the parent of each created directory.
+pub(crate) async fn create_dir_all(path: &Path) -> Result<()> {
+    let mut missing = Vec::new();
+    let mut p = path;
+    while !p.exists() {
+        missing.push(p.to_owned());
+        match p.parent() {
+            Some(parent) => p = parent,
+            None => break,
+        }
+    }
+    for dir in missing.iter().rev() {
+        Directory::create(dir)
+            .await
+            .map_err(|e| StorageError::io("creating directory", dir.clone(), to_io(e)))?;
+        if let Some(parent) = dir.parent() {
+            sync_dir(parent).await?;
+        }
+    }
+    Ok(())
+}
+
+/// fsync a directory (after a file in it was created, renamed or deleted).
+pub(crate) async fn sync_dir(path: &Path) -> Result<()> {
+    let err = |e| StorageError::io("syncing directory", path.to_owned(), to_io(e));
+    let dir = Directory::open(path).await.map_err(err)?;
+    dir.sync().await.map_err(err)?;
+    dir.close().await.map_err(err)
+}
+
+/// Names of the entries of a directory (a blocking readdir: only used when opening a log).
+pub(crate) fn list_dir(path: &Path) -> Result<Vec<String>> {
+    let err = |e| StorageError::io("listing directory", path.to_owned(), e);
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(err)? {
+        names.push(entry.map_err(err)?.file_name().to_string_lossy().into_owned());
+    }
+    Ok(names)
+}
+
+/// Run a task on the current executor, in the current (foreground) task queue.
+pub(crate) fn spawn(fut: impl Future<Output = ()> + 'static) {
+    glommio::spawn_local(fut).detach();
+}
+
+/// A background task queue with `shares` (the foreground default is 1000).
+#[derive(Clone, Copy, Debug)]
+pub struct BackgroundQueue(TaskQueueHandle);
+
+impl BackgroundQueue {
+    /// Create a throughput-oriented queue with few shares on the current executor.
+    pub(crate) fn create(name: &str, shares: usize) -> BackgroundQueue {
+        BackgroundQueue(glommio::executor().create_task_queue(
+            Shares::Static(shares),
+            Latency::NotImportant,
+            name,
+        ))
+    }
+
+    /// Run `fut` in this queue.
+    pub(crate) fn spawn(&self, fut: impl Future<Output = ()> + 'static) -> Result<()> {
+        glommio::spawn_local_into(fut, self.0)
+            .map(|t| t.detach())
+            .map(|_| ())
+            .map_err(|e| StorageError::io("spawning background task", PathBuf::new(), to_io(e)))
+    }
+}
+
+/// Sleep on the executor's timer.
+pub(crate) async fn sleep(d: Duration) {
+    glommio::timer::sleep(d).await;
+}
+
+/// Wall clock, ms since the Unix epoch (background tasks only).
+pub(crate) fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A monotonic stopwatch for latency histograms.
+pub(crate) struct Stopwatch(Instant);
+
+impl Stopwatch {
+    pub(crate) fn start() -> Self {
+        Stopwatch(Instant::now())
+    }
+
+    pub(crate) fn elapsed_us(&self) -> u64 {
+        self.0.elapsed().as_micros() as u64
+    }
+}

@@ -1,0 +1,736 @@
+//! `StreamLog`: one physical log per (stream, core) holding all of that core's shards of
+//! the stream, with a per-shard index. Appends, group commit, reads and tail notification.
+//!
+//! Call order: [`StreamLog::open`] (recovers) -> any number of concurrent
+//! [`StreamLog::append`], [`StreamLog::read`], [`StreamLog::wait_for`] from tasks of the
+//! same executor -> optionally [`StreamLog::close`]. Two background tasks run per log: the
+//! writer (turns queued batches into aligned writes, one write in flight) and the flusher
+//! (group commit: one fdatasync covers every write completed before it was issued, and the
+//! next starts as soon as the previous ends while durable appends wait).
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::rc::{Rc, Weak};
+
+use bytes::Bytes;
+use felix_proto::{AckMode, Offset, Record, ShardId};
+
+use crate::config::{RetentionConfig, StorageConfig, WRITE_BYTES_MAX};
+use crate::error::{Result, StorageError};
+use crate::format::{
+    align_up, batch_encoded_len, decode_records, encode_batch, verify_batch, SEGMENT_HEADER_BYTES,
+    SHARDS_PER_LOG_MAX,
+};
+use crate::index::{IndexEntry, Lookup, ShardIndex};
+use crate::io::{self, LogFile, Stopwatch};
+use crate::scan::{scan_segment, ScanEnd};
+use crate::stats::StorageStats;
+use crate::sync::{completion, Completer, Signal};
+
+/// Two batches of one shard closer than this are read with one I/O.
+pub const READ_GAP_BYTES_MAX: u64 = 64 << 10;
+
+/// What a successful append returns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AppendOutcome {
+    /// Offset of the batch's first record.
+    pub base_offset: Offset,
+    /// Records appended.
+    pub record_count: u32,
+}
+
+/// One batch returned by a read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredBatch {
+    /// The shard.
+    pub shard: ShardId,
+    /// Offset of the first record.
+    pub base_offset: Offset,
+    /// Timestamp of the first record (ms since the Unix epoch).
+    pub first_timestamp_ms: u64,
+    /// Timestamp of the last record.
+    pub last_timestamp_ms: u64,
+    /// The records; keys and values are slices of one read buffer.
+    pub records: Vec<Record>,
+}
+
+/// What retention did in one pass.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RetentionOutcome {
+    /// Segments deleted.
+    pub segments_deleted: u64,
+    /// Bytes deleted.
+    pub bytes_deleted: u64,
+}
+
+/// One segment file of the log.
+pub(crate) struct Segment {
+    /// Log position of byte 0 of the file.
+    pub(crate) base_position: u64,
+    pub(crate) file: Rc<LogFile>,
+    /// File position after the last completed write (aligned).
+    pub(crate) end: u64,
+    /// Newest batch timestamp (or creation time if empty).
+    pub(crate) last_timestamp_ms: u64,
+    /// Next offset of every shard when the segment was created.
+    pub(crate) start_offsets: Vec<(ShardId, Offset)>,
+}
+
+/// A shard of the log.
+pub(crate) struct ShardState {
+    /// The broker gave this shard to this core (others were only found on disk).
+    pub(crate) owned: bool,
+    /// Next offset to hand out (>= the index's next offset while batches are queued).
+    pub(crate) next_offset: u64,
+    pub(crate) index: ShardIndex,
+    tail_waiters: Vec<(u64, Completer<()>)>,
+}
+
+impl ShardState {
+    pub(crate) fn new(owned: bool, index: ShardIndex) -> Self {
+        Self { owned, next_offset: index.next_offset(), index, tail_waiters: Vec::new() }
+    }
+}
+
+struct Pending {
+    shard: ShardId,
+    base_offset: u64,
+    records: Vec<Record>,
+    timestamp_ms: u64,
+    len: usize,
+    ack: AckMode,
+    done: Option<Completer<Result<()>>>,
+}
+
+pub(crate) struct State {
+    pub(crate) shards: BTreeMap<ShardId, ShardState>,
+    /// Oldest first; the last one is active.
+    pub(crate) segments: Vec<Segment>,
+    queue: VecDeque<Pending>,
+    queued_bytes: usize,
+    written_pos: u64,
+    durable_pos: u64,
+    durable_waiters: VecDeque<(u64, Completer<Result<()>>)>,
+    poisoned: Option<String>,
+    pub(crate) stats: StorageStats,
+}
+
+pub(crate) struct Inner {
+    pub(crate) name: String,
+    pub(crate) dir: PathBuf,
+    pub(crate) config: StorageConfig,
+    pub(crate) retention: RetentionConfig,
+    pub(crate) state: RefCell<State>,
+    writer: Signal,
+    flusher: Signal,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.writer.close();
+        self.flusher.close();
+    }
+}
+
+/// A handle to one stream log; clones share the log.
+#[derive(Clone)]
+pub struct StreamLog {
+    pub(crate) inner: Rc<Inner>,
+}
+
+impl StreamLog {
+    /// Open (or create) the log in `dir`, recovering it, for a core owning `shards`.
+    ///
+    /// Must run inside a glommio executor; spawns the writer and flusher tasks there.
+    pub async fn open(
+        name: &str,
+        dir: &Path,
+        shards: &[ShardId],
+        config: &StorageConfig,
+        retention: RetentionConfig,
+    ) -> Result<(StreamLog, crate::recovery::RecoveryReport)> {
+        config.validate()?;
+        if shards.len() > SHARDS_PER_LOG_MAX {
+            return Err(StorageError::TooManyShards {
+                count: shards.len(),
+                limit: SHARDS_PER_LOG_MAX,
+            });
+        }
+        let rec = crate::recovery::recover(dir, config, shards).await?;
+        let mut stats = StorageStats::new();
+        stats.torn_bytes_dropped = rec.report.torn_bytes_dropped;
+        stats.repaired_bytes_dropped = rec.report.repaired.as_ref().map_or(0, |r| r.bytes_dropped);
+        stats.flushes += rec.flushes;
+        stats.segments_created += rec.segments_created;
+        let written_pos = rec.segments.last().map_or(0, |s| s.base_position + s.end);
+        let state = State {
+            shards: rec.shards,
+            segments: rec.segments,
+            queue: VecDeque::new(),
+            queued_bytes: 0,
+            written_pos,
+            durable_pos: written_pos,
+            durable_waiters: VecDeque::new(),
+            poisoned: None,
+            stats,
+        };
+        let inner = Rc::new(Inner {
+            name: name.to_owned(),
+            dir: dir.to_owned(),
+            config: config.clone(),
+            retention,
+            state: RefCell::new(state),
+            writer: Signal::new(),
+            flusher: Signal::new(),
+        });
+        io::spawn(writer_loop(Rc::downgrade(&inner), inner.writer.clone()));
+        io::spawn(flusher_loop(Rc::downgrade(&inner), inner.flusher.clone()));
+        Ok((StreamLog { inner }, rec.report))
+    }
+
+    /// The stream's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Append one batch to `shard`. Returns once `ack` is satisfied: immediately for
+    /// `AckMode::None` (the base offset is then provisional: if the write fails, e.g. with
+    /// ENOSPC, the offsets are handed out again), after the write for `Written`, after the
+    /// covering fdatasync for `Durable`.
+    pub async fn append(
+        &self,
+        shard: ShardId,
+        records: &[Record],
+        timestamp_ms: u64,
+        ack: AckMode,
+    ) -> Result<AppendOutcome> {
+        let (outcome, done) = {
+            let mut st = self.inner.state.borrow_mut();
+            match self.enqueue(&mut st, shard, records, timestamp_ms, ack) {
+                Ok(x) => x,
+                Err(e) => {
+                    st.stats.append_errors += 1;
+                    return Err(e);
+                }
+            }
+        };
+        self.inner.writer.notify();
+        match done {
+            None => Ok(outcome),
+            Some(done) => match done.await {
+                Some(Ok(())) => Ok(outcome),
+                Some(Err(e)) => Err(e),
+                None => Err(StorageError::Closed),
+            },
+        }
+    }
+
+    fn enqueue(
+        &self,
+        st: &mut State,
+        shard: ShardId,
+        records: &[Record],
+        timestamp_ms: u64,
+        ack: AckMode,
+    ) -> Result<(AppendOutcome, Option<crate::sync::Completion<Result<()>>>)> {
+        if let Some(reason) = &st.poisoned {
+            return Err(StorageError::Poisoned { reason: reason.clone() });
+        }
+        let config = &self.inner.config;
+        if records.is_empty() {
+            return Err(StorageError::EmptyBatch);
+        }
+        if records.len() > config.batch_records_max {
+            return Err(StorageError::TooManyRecords {
+                count: records.len(),
+                limit: config.batch_records_max,
+            });
+        }
+        let len = batch_encoded_len(records);
+        if len > config.batch_bytes_max {
+            return Err(StorageError::BatchTooLarge { bytes: len, limit: config.batch_bytes_max });
+        }
+        if st.queued_bytes + len > config.queue_bytes_max {
+            return Err(StorageError::QueueFull {
+                queued_bytes: st.queued_bytes,
+                limit: config.queue_bytes_max,
+            });
+        }
+        let s = owned_shard(&self.inner.name, &mut st.shards, shard)?;
+        let base_offset = s.next_offset;
+        s.next_offset += records.len() as u64;
+        let (tx, rx) = match ack {
+            AckMode::None => (None, None),
+            _ => {
+                let (tx, rx) = completion();
+                (Some(tx), Some(rx))
+            }
+        };
+        st.queue.push_back(Pending {
+            shard,
+            base_offset,
+            records: records.to_vec(),
+            timestamp_ms,
+            len,
+            ack,
+            done: tx,
+        });
+        st.queued_bytes += len;
+        st.stats.appends += 1;
+        st.stats.records += records.len() as u64;
+        let outcome =
+            AppendOutcome { base_offset: Offset(base_offset), record_count: records.len() as u32 };
+        Ok((outcome, rx))
+    }
+
+    /// Read batches of `shard` starting with the one that holds `from`, up to about
+    /// `max_bytes` of encoded batches (always at least one batch if any exists). Returns an
+    /// empty vector if nothing at or after `from` is written yet. Only written batches are
+    /// visible (acked `Written` or better, possibly not yet durable).
+    pub async fn read(
+        &self,
+        shard: ShardId,
+        from: Offset,
+        max_bytes: usize,
+    ) -> Result<Vec<StoredBatch>> {
+        let lookup = {
+            let mut st = self.inner.state.borrow_mut();
+            let s = owned_shard(&self.inner.name, &mut st.shards, shard)?;
+            s.index.lookup(from.0, max_bytes)
+        };
+        match lookup {
+            Lookup::BeforeStart(start) => Err(StorageError::OffsetBeforeStart {
+                shard,
+                requested: from,
+                start: Offset(start),
+            }),
+            Lookup::AtEnd => Ok(Vec::new()),
+            Lookup::Recent(entries) => self.read_entries(shard, from, &entries).await,
+            Lookup::Scan { from_position, until } => {
+                self.read_scan(shard, from, max_bytes, from_position, until).await
+            }
+        }
+    }
+
+    async fn read_entries(
+        &self,
+        shard: ShardId,
+        from: Offset,
+        entries: &[IndexEntry],
+    ) -> Result<Vec<StoredBatch>> {
+        let limit = crate::config::BATCH_BYTES_LIMIT;
+        let mut out = Vec::with_capacity(entries.len());
+        let mut i = 0;
+        while i < entries.len() {
+            let (seg_base, seg_end, file) = self.segment_at(shard, from, entries[i].position)?;
+            let start = entries[i].position;
+            let mut j = i + 1;
+            while j < entries.len()
+                && entries[j].position < seg_end
+                && entries[j].position - (entries[j - 1].position + u64::from(entries[j - 1].len))
+                    <= READ_GAP_BYTES_MAX
+            {
+                j += 1;
+            }
+            let end = entries[j - 1].position + u64::from(entries[j - 1].len);
+            let buf = Bytes::from(file.read_at(start - seg_base, (end - start) as usize).await?);
+            for e in &entries[i..j] {
+                let at = (e.position - start) as usize;
+                let bytes = buf.slice(at..(at + e.len as usize).min(buf.len()));
+                let corrupt = |reason: String| StorageError::Corrupt {
+                    path: file.path().to_owned(),
+                    position: e.position - seg_base,
+                    reason,
+                };
+                let header = verify_batch(&bytes, limit).map_err(|e| corrupt(e.to_string()))?;
+                if header.shard != shard || header.base_offset.0 != e.base_offset {
+                    return Err(corrupt("batch does not match the index".into()));
+                }
+                out.push(stored(&bytes, &header).map_err(|e| corrupt(e.to_string()))?);
+            }
+            i = j;
+        }
+        Ok(out)
+    }
+
+    async fn read_scan(
+        &self,
+        shard: ShardId,
+        from: Offset,
+        max_bytes: usize,
+        from_position: Option<u64>,
+        until: Option<u64>,
+    ) -> Result<Vec<StoredBatch>> {
+        let segments: Vec<(u64, u64, Rc<LogFile>)> = {
+            let st = self.inner.state.borrow();
+            st.segments.iter().map(|s| (s.base_position, s.end, s.file.clone())).collect()
+        };
+        let start = from_position.unwrap_or(segments.first().map_or(0, |s| s.0));
+        let until = until.unwrap_or(u64::MAX);
+        let limit = crate::config::BATCH_BYTES_LIMIT;
+        let mut out = Vec::new();
+        let mut bytes_out = 0usize;
+        let mut failed = None;
+        for (base, end, file) in &segments {
+            if base + end <= start || *base >= until {
+                continue;
+            }
+            let from_rel = start.saturating_sub(*base).max(SEGMENT_HEADER_BYTES);
+            let to_rel = (*end).min(until.saturating_sub(*base));
+            let done = scan_segment(file, from_rel, to_rel, limit, |_, h, bytes| {
+                if h.shard != shard || h.next_offset() <= from.0 {
+                    return ControlFlow::Continue(());
+                }
+                if !out.is_empty() && bytes_out + bytes.len() > max_bytes {
+                    return ControlFlow::Break(());
+                }
+                bytes_out += bytes.len();
+                match stored(&Bytes::copy_from_slice(bytes), h) {
+                    Ok(b) => out.push(b),
+                    Err(e) => failed = Some(e),
+                }
+                ControlFlow::Continue(())
+            })
+            .await?;
+            if let ScanEnd::Invalid(pos, e) = done {
+                return Err(StorageError::Corrupt {
+                    path: file.path().to_owned(),
+                    position: pos,
+                    reason: e.to_string(),
+                });
+            }
+            if bytes_out >= max_bytes {
+                break;
+            }
+        }
+        if let Some(e) = failed {
+            return Err(StorageError::Corrupt {
+                path: self.inner.dir.clone(),
+                position: 0,
+                reason: e.to_string(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn segment_at(
+        &self,
+        shard: ShardId,
+        from: Offset,
+        position: u64,
+    ) -> Result<(u64, u64, Rc<LogFile>)> {
+        let st = self.inner.state.borrow();
+        let i = st.segments.partition_point(|s| s.base_position <= position);
+        match i.checked_sub(1).map(|i| &st.segments[i]) {
+            Some(s) => Ok((s.base_position, s.base_position + s.end, s.file.clone())),
+            None => {
+                let start = st.shards.get(&shard).map_or(0, |s| s.index.start_offset());
+                Err(StorageError::OffsetBeforeStart {
+                    shard,
+                    requested: from,
+                    start: Offset(start),
+                })
+            }
+        }
+    }
+
+    /// Resolve once `shard` holds a written record at `offset` (tail readers).
+    pub async fn wait_for(&self, shard: ShardId, offset: Offset) -> Result<()> {
+        let rx = {
+            let mut st = self.inner.state.borrow_mut();
+            if let Some(reason) = &st.poisoned {
+                return Err(StorageError::Poisoned { reason: reason.clone() });
+            }
+            let s = owned_shard(&self.inner.name, &mut st.shards, shard)?;
+            if s.index.next_offset() > offset.0 {
+                return Ok(());
+            }
+            let (tx, rx) = completion();
+            s.tail_waiters.push((offset.0, tx));
+            rx
+        };
+        rx.await.ok_or(StorageError::Closed)
+    }
+
+    /// The next offset of `shard` that will be written (the end of its written data).
+    pub fn next_offset(&self, shard: ShardId) -> Result<Offset> {
+        let mut st = self.inner.state.borrow_mut();
+        let s = owned_shard(&self.inner.name, &mut st.shards, shard)?;
+        Ok(Offset(s.index.next_offset()))
+    }
+
+    /// The first offset of `shard` still stored.
+    pub fn start_offset(&self, shard: ShardId) -> Result<Offset> {
+        let mut st = self.inner.state.borrow_mut();
+        let s = owned_shard(&self.inner.name, &mut st.shards, shard)?;
+        Ok(Offset(s.index.start_offset()))
+    }
+
+    /// Make everything written so far durable (one fdatasync, shared with group commit).
+    pub async fn flush(&self) -> Result<()> {
+        let rx = {
+            let mut st = self.inner.state.borrow_mut();
+            if let Some(reason) = &st.poisoned {
+                return Err(StorageError::Poisoned { reason: reason.clone() });
+            }
+            if st.written_pos <= st.durable_pos {
+                return Ok(());
+            }
+            let (tx, rx) = completion();
+            let pos = st.written_pos;
+            st.durable_waiters.push_back((pos, tx));
+            rx
+        };
+        self.inner.flusher.notify();
+        rx.await.unwrap_or(Err(StorageError::Closed))
+    }
+
+    /// A snapshot of the counters and histograms.
+    pub fn stats(&self) -> StorageStats {
+        self.inner.state.borrow().stats.clone()
+    }
+
+    /// Bytes stored in segment files (header blocks and padding included).
+    pub fn stored_bytes(&self) -> u64 {
+        self.inner.state.borrow().segments.iter().map(|s| s.end).sum()
+    }
+
+    /// Number of segment files.
+    pub fn segment_count(&self) -> usize {
+        self.inner.state.borrow().segments.len()
+    }
+
+    /// Wait for queued writes, flush, and stop the background tasks. Other handles get
+    /// `Closed` afterwards.
+    pub async fn close(self) -> Result<()> {
+        loop {
+            let idle = self.inner.state.borrow().queue.is_empty();
+            if idle {
+                break;
+            }
+            io::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        let r = self.flush().await;
+        self.inner.writer.close();
+        self.inner.flusher.close();
+        r
+    }
+}
+
+fn stored(
+    bytes: &Bytes,
+    h: &crate::format::BatchHeader,
+) -> std::result::Result<StoredBatch, crate::format::FormatError> {
+    Ok(StoredBatch {
+        shard: h.shard,
+        base_offset: h.base_offset,
+        first_timestamp_ms: h.first_timestamp_ms,
+        last_timestamp_ms: h.last_timestamp_ms,
+        records: decode_records(bytes, h)?,
+    })
+}
+
+fn owned_shard<'a>(
+    stream: &str,
+    shards: &'a mut BTreeMap<ShardId, ShardState>,
+    shard: ShardId,
+) -> Result<&'a mut ShardState> {
+    match shards.get_mut(&shard) {
+        Some(s) if s.owned => Ok(s),
+        _ => Err(StorageError::UnknownShard { stream: stream.to_owned(), shard }),
+    }
+}
+
+async fn writer_loop(weak: Weak<Inner>, signal: Signal) {
+    while signal.wait().await {
+        loop {
+            let Some(inner) = weak.upgrade() else { return };
+            if !write_once(&inner).await {
+                break;
+            }
+        }
+    }
+}
+
+/// Take queued batches, write them with one aligned write, complete their acks.
+/// Returns false when there was nothing to do.
+async fn write_once(inner: &Rc<Inner>) -> bool {
+    let (first_len, active_end) = {
+        let st = inner.state.borrow();
+        let Some(first) = st.queue.front() else { return false };
+        let active = st.segments.last().expect("a log always has an active segment");
+        (first.len, active.end)
+    };
+    if active_end > SEGMENT_HEADER_BYTES
+        && active_end + align_up(first_len as u64) > inner.config.segment_bytes_max
+    {
+        if let Err(e) = crate::recovery::roll(inner).await {
+            fail_queue(inner, Vec::new(), &e);
+            return true;
+        }
+    }
+    let (file, file_pos, base_position, taken, buf, write_len) = {
+        let mut st = inner.state.borrow_mut();
+        let st = &mut *st;
+        let active = st.segments.last().expect("a log always has an active segment");
+        let (file, file_pos, base_position) =
+            (active.file.clone(), active.end, active.base_position);
+        let room = (inner.config.segment_bytes_max - file_pos).min(WRITE_BYTES_MAX as u64);
+        let mut taken = Vec::new();
+        let mut total = 0usize;
+        while let Some(p) = st.queue.front() {
+            if !taken.is_empty() && align_up((total + p.len) as u64) > room {
+                break;
+            }
+            total += p.len;
+            taken.push(st.queue.pop_front().expect("front exists"));
+        }
+        st.queued_bytes -= total;
+        let write_len = align_up(total as u64) as usize;
+        let mut buf = file.alloc(write_len);
+        let out = buf.as_mut();
+        let mut at = 0usize;
+        for p in &taken {
+            let batch = &mut out[at..at + p.len];
+            encode_batch(batch, p.shard, Offset(p.base_offset), p.timestamp_ms, &p.records);
+            at += p.len;
+        }
+        out[at..].fill(0);
+        (file, file_pos, base_position, taken, buf, write_len)
+    };
+    let result = file.write_at(buf, file_pos).await;
+    match result {
+        Ok(()) => {
+            let mut st = inner.state.borrow_mut();
+            let st = &mut *st;
+            let end_pos = base_position + file_pos + write_len as u64;
+            let mut pos = base_position + file_pos;
+            let mut any_durable = false;
+            for p in taken {
+                let s = st.shards.get_mut(&p.shard).expect("queued shards exist");
+                s.index.push(IndexEntry {
+                    base_offset: p.base_offset,
+                    record_count: p.records.len() as u32,
+                    len: p.len as u32,
+                    position: pos,
+                });
+                pos += p.len as u64;
+                let next = s.index.next_offset();
+                for (_, w) in extract(&mut s.tail_waiters, |o| *o < next) {
+                    w.complete(());
+                }
+                let active = st.segments.last_mut().expect("active segment");
+                active.last_timestamp_ms = active.last_timestamp_ms.max(p.timestamp_ms);
+                st.stats.batch_bytes += p.len as u64;
+                match (p.ack, p.done) {
+                    (AckMode::Durable, Some(done)) => {
+                        st.durable_waiters.push_back((end_pos, done));
+                        any_durable = true;
+                    }
+                    (_, Some(done)) => done.complete(Ok(())),
+                    (_, None) => {}
+                }
+            }
+            let active = st.segments.last_mut().expect("active segment");
+            active.end += write_len as u64;
+            st.written_pos = end_pos;
+            st.stats.bytes_written += write_len as u64;
+            st.stats.writes += 1;
+            if any_durable {
+                inner.flusher.notify();
+            }
+        }
+        Err(e) => {
+            if matches!(e, StorageError::NoSpace { .. }) {
+                inner.state.borrow_mut().stats.no_space_errors += 1;
+            }
+            fail_queue(inner, taken, &e);
+            // Cut off whatever part of the failed write reached the file, so that stale
+            // (valid-looking) batches never sit behind later writes.
+            if let Err(te) = file.truncate(file_pos).await {
+                poison(inner, format!("truncate after failed write: {te}"));
+            }
+        }
+    }
+    true
+}
+
+/// Fail `taken` and everything queued behind it; hand their offsets out again.
+fn fail_queue(inner: &Rc<Inner>, taken: Vec<Pending>, e: &StorageError) {
+    let mut st = inner.state.borrow_mut();
+    let st = &mut *st;
+    let failed: Vec<Pending> = taken.into_iter().chain(st.queue.drain(..)).collect();
+    st.queued_bytes = 0;
+    st.stats.append_errors += failed.len() as u64;
+    for s in st.shards.values_mut() {
+        s.next_offset = s.index.next_offset();
+    }
+    for p in failed {
+        if let Some(done) = p.done {
+            done.complete(Err(e.duplicate()));
+        }
+    }
+}
+
+/// Remove and return the elements matching `f`.
+fn extract<T>(v: &mut Vec<(u64, T)>, f: impl Fn(&u64) -> bool) -> Vec<(u64, T)> {
+    let (out, keep): (Vec<_>, Vec<_>) = v.drain(..).partition(|(o, _)| f(o));
+    *v = keep;
+    out
+}
+
+/// An fsync (or truncate) failed: the file's state is unknown, refuse all further work.
+fn poison(inner: &Rc<Inner>, reason: String) {
+    tracing::error!(stream = %inner.name, %reason, "stream log poisoned");
+    let mut st = inner.state.borrow_mut();
+    if st.poisoned.is_none() {
+        st.poisoned = Some(reason);
+    }
+    let waiters: Vec<_> = st.durable_waiters.drain(..).collect();
+    for s in st.shards.values_mut() {
+        s.tail_waiters.clear();
+    }
+    let reason = st.poisoned.clone().unwrap_or_default();
+    drop(st);
+    for (_, w) in waiters {
+        w.complete(Err(StorageError::Poisoned { reason: reason.clone() }));
+    }
+    fail_queue(inner, Vec::new(), &StorageError::Poisoned { reason });
+}
+
+async fn flusher_loop(weak: Weak<Inner>, signal: Signal) {
+    while signal.wait().await {
+        loop {
+            let Some(inner) = weak.upgrade() else { return };
+            let (target, file) = {
+                let st = inner.state.borrow();
+                if st.durable_waiters.is_empty() || st.poisoned.is_some() {
+                    break;
+                }
+                let active = st.segments.last().expect("active segment");
+                (st.written_pos, active.file.clone())
+            };
+            let watch = Stopwatch::start();
+            let result = file.fdatasync().await;
+            let latency_us = watch.elapsed_us();
+            match result {
+                Ok(()) => {
+                    let mut st = inner.state.borrow_mut();
+                    st.durable_pos = st.durable_pos.max(target);
+                    let mut done = Vec::new();
+                    while st.durable_waiters.front().is_some_and(|(pos, _)| *pos <= target) {
+                        done.push(st.durable_waiters.pop_front().expect("front exists").1);
+                    }
+                    st.stats.record_flush(done.len() as u64, latency_us);
+                    drop(st);
+                    for d in done {
+                        d.complete(Ok(()));
+                    }
+                }
+                Err(e) => poison(&inner, format!("fdatasync failed: {e}")),
+            }
+        }
+    }
+}

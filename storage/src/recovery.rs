@@ -1,0 +1,285 @@
+//! Opening a stream log: list segments, verify every batch, truncate a torn tail, refuse
+//! (or repair) corruption before the tail, rebuild the per-shard indexes. Also segment
+//! creation and rolling, which recovery must be able to undo.
+
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use felix_proto::{Offset, ShardId};
+
+use crate::config::StorageConfig;
+use crate::error::{Result, StorageError};
+use crate::format::{align_up, SegmentHeader, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX};
+use crate::index::{IndexEntry, ShardIndex};
+use crate::io::{self, LogFile};
+use crate::log::{Inner, Segment, ShardState};
+use crate::scan::{scan_segment, valid_batch_beyond_window, ScanEnd};
+
+/// Suffix of segment files; the stem is the segment's base log position, 20 digits.
+pub const SEGMENT_SUFFIX: &str = ".log";
+
+/// What recovery found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecoveryReport {
+    /// Segment files opened.
+    pub segments: usize,
+    /// Valid batches found.
+    pub batches: u64,
+    /// Bytes cut from a torn tail (the last write in flight at a crash).
+    pub torn_bytes_dropped: u64,
+    /// The file and position of a torn tail, if one was cut.
+    pub torn_at: Option<(PathBuf, u64)>,
+    /// A repair the operator asked for, if one was needed.
+    pub repaired: Option<RepairReport>,
+}
+
+/// A corruption before the tail that `StorageConfig::repair` cut off.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RepairReport {
+    /// The damaged file.
+    pub path: PathBuf,
+    /// File position of the first invalid byte range; the file was truncated here.
+    pub position: u64,
+    /// Bytes dropped (rest of that file plus every later segment).
+    pub bytes_dropped: u64,
+    /// What was invalid.
+    pub reason: String,
+}
+
+pub(crate) struct Recovered {
+    pub(crate) segments: Vec<Segment>,
+    pub(crate) shards: BTreeMap<ShardId, ShardState>,
+    pub(crate) report: RecoveryReport,
+    pub(crate) flushes: u64,
+    pub(crate) segments_created: u64,
+}
+
+pub(crate) fn segment_path(dir: &Path, base_position: u64) -> PathBuf {
+    dir.join(format!("{base_position:020}{SEGMENT_SUFFIX}"))
+}
+
+fn parse_segment_name(name: &str) -> Option<u64> {
+    let stem = name.strip_suffix(SEGMENT_SUFFIX)?;
+    if stem.len() != 20 || !stem.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    stem.parse().ok()
+}
+
+/// Create a segment file: write and fdatasync its header block, then fsync the directory.
+/// A crash in between leaves a file of at most one block that recovery deletes.
+pub(crate) async fn create_segment(dir: &Path, header: &SegmentHeader) -> Result<Segment> {
+    let path = segment_path(dir, header.base_position);
+    let mut block = vec![0u8; SEGMENT_HEADER_BYTES as usize];
+    header.encode(&mut block);
+    let file = LogFile::create(&path, block).await?;
+    io::sync_dir(dir).await?;
+    Ok(Segment {
+        base_position: header.base_position,
+        file: Rc::new(file),
+        end: SEGMENT_HEADER_BYTES,
+        last_timestamp_ms: header.created_ms,
+        start_offsets: header.next_offsets.clone(),
+    })
+}
+
+/// Close the active segment (fdatasync it) and start the next one.
+pub(crate) async fn roll(inner: &Rc<Inner>) -> Result<()> {
+    let (old, header) = {
+        let st = inner.state.borrow();
+        let active = st.segments.last().expect("a log always has an active segment");
+        let header = SegmentHeader {
+            base_position: active.base_position + active.end,
+            created_ms: active.last_timestamp_ms,
+            next_offsets: st
+                .shards
+                .iter()
+                .map(|(id, s)| (*id, Offset(s.index.next_offset())))
+                .collect(),
+        };
+        (active.file.clone(), header)
+    };
+    old.fdatasync().await?;
+    let seg = create_segment(&inner.dir, &header).await?;
+    let mut st = inner.state.borrow_mut();
+    st.stats.flushes += 3;
+    st.stats.segments_created += 1;
+    st.stats.bytes_written += SEGMENT_HEADER_BYTES;
+    st.segments.push(seg);
+    Ok(())
+}
+
+/// Recover the log in `dir` (creating it if needed) for a core owning `owned`.
+pub(crate) async fn recover(
+    dir: &Path,
+    config: &StorageConfig,
+    owned: &[ShardId],
+) -> Result<Recovered> {
+    io::create_dir_all(dir).await?;
+    let mut bases: Vec<u64> =
+        io::list_dir(dir)?.iter().filter_map(|n| parse_segment_name(n)).collect();
+    bases.sort_unstable();
+    let mut report = RecoveryReport::default();
+    let mut indexes: BTreeMap<ShardId, ShardIndex> = BTreeMap::new();
+    let mut segments: Vec<Segment> = Vec::new();
+    let mut flushes = 0;
+    let limit = config.batch_bytes_max.max(crate::config::BATCH_BYTES_LIMIT);
+    let mut i = 0;
+    while i < bases.len() {
+        let base = bases[i];
+        let is_last = i + 1 == bases.len();
+        let path = segment_path(dir, base);
+        let file = LogFile::open(&path).await?;
+        let size = file.size().await?;
+        let corrupt = |position: u64, reason: String| StorageError::Corrupt {
+            path: path.clone(),
+            position,
+            reason,
+        };
+        let block = file.read_at(0, SEGMENT_HEADER_BYTES as usize).await?;
+        let header = match SegmentHeader::decode(&block) {
+            Ok(h) if h.base_position == base => h,
+            Ok(_) => return Err(corrupt(0, "segment header names another position".into())),
+            Err(_) if is_last && size <= SEGMENT_HEADER_BYTES => {
+                // Crash while creating the segment: nothing was ever written to it.
+                tracing::warn!(path = %path.display(), size, "removing half-created segment");
+                file.remove().await?;
+                io::sync_dir(dir).await?;
+                report.torn_bytes_dropped += size;
+                report.torn_at = Some((path.clone(), 0));
+                break;
+            }
+            Err(e) => return Err(corrupt(0, e.to_string())),
+        };
+        if segments.is_empty() {
+            for (shard, next) in &header.next_offsets {
+                indexes.insert(*shard, ShardIndex::new(next.0));
+            }
+        } else {
+            for (shard, next) in &header.next_offsets {
+                let have = indexes.get(shard).map_or(0, |ix| ix.next_offset());
+                if have != next.0 {
+                    return Err(corrupt(
+                        0,
+                        format!("{shard} starts at {next}, previous segment ends at {have}"),
+                    ));
+                }
+            }
+        }
+        let mut last_ts = header.created_ms;
+        let mut valid_end = SEGMENT_HEADER_BYTES;
+        let mut batches = 0u64;
+        let mut gap = None;
+        let end = scan_segment(&file, SEGMENT_HEADER_BYTES, size, limit, |pos, h, _| {
+            let ix = indexes.entry(h.shard).or_insert_with(|| ShardIndex::new(0));
+            if h.base_offset.0 != ix.next_offset() {
+                gap = Some((
+                    pos,
+                    format!(
+                        "{} batch at offset {} where {} was expected",
+                        h.shard,
+                        h.base_offset,
+                        ix.next_offset()
+                    ),
+                ));
+                return ControlFlow::Break(());
+            }
+            ix.push(IndexEntry {
+                base_offset: h.base_offset.0,
+                record_count: h.record_count,
+                len: h.len,
+                position: base + pos,
+            });
+            last_ts = last_ts.max(h.last_timestamp_ms);
+            valid_end = pos + u64::from(h.len);
+            batches += 1;
+            ControlFlow::Continue(())
+        })
+        .await?;
+        report.batches += batches;
+        let damage = match (end, gap) {
+            (_, Some((pos, why))) => Some((pos, why)),
+            (ScanEnd::Invalid(pos, e), None) => Some((pos, e.to_string())),
+            (ScanEnd::Clean(_), None) => None,
+        };
+        let mut stop = false;
+        if let Some((pos, reason)) = damage {
+            let beyond = valid_batch_beyond_window(&file, pos, size, limit).await?;
+            if is_last && beyond.is_none() {
+                tracing::warn!(path = %path.display(), pos, dropped = size - pos, %reason, "truncating torn tail");
+                file.truncate(pos).await?;
+                file.fdatasync().await?;
+                flushes += 1;
+                report.torn_bytes_dropped += size - pos;
+                report.torn_at = Some((path.clone(), pos));
+            } else if config.repair {
+                let mut dropped = size - pos;
+                file.truncate(pos).await?;
+                file.fdatasync().await?;
+                flushes += 1;
+                for later in &bases[i + 1..] {
+                    let p = segment_path(dir, *later);
+                    let f = LogFile::open(&p).await?;
+                    dropped += f.size().await?;
+                    f.remove().await?;
+                }
+                io::sync_dir(dir).await?;
+                tracing::warn!(path = %path.display(), pos, dropped, %reason, "repaired corrupt log");
+                report.repaired = Some(RepairReport {
+                    path: path.clone(),
+                    position: pos,
+                    bytes_dropped: dropped,
+                    reason,
+                });
+                stop = true;
+            } else {
+                return Err(corrupt(pos, reason));
+            }
+            valid_end = valid_end.min(pos);
+        }
+        segments.push(Segment {
+            base_position: base,
+            file: Rc::new(file),
+            end: align_up(valid_end),
+            last_timestamp_ms: last_ts,
+            start_offsets: header.next_offsets,
+        });
+        report.segments += 1;
+        i += 1;
+        if stop {
+            break;
+        }
+    }
+    for shard in owned {
+        indexes.entry(*shard).or_insert_with(|| ShardIndex::new(0));
+    }
+    if indexes.len() > SHARDS_PER_LOG_MAX {
+        return Err(StorageError::TooManyShards {
+            count: indexes.len(),
+            limit: SHARDS_PER_LOG_MAX,
+        });
+    }
+    let mut segments_created = 0;
+    if segments.is_empty() {
+        let header = SegmentHeader {
+            base_position: 0,
+            created_ms: 0,
+            next_offsets: indexes.iter().map(|(id, ix)| (*id, Offset(ix.next_offset()))).collect(),
+        };
+        segments.push(create_segment(dir, &header).await?);
+        flushes += 2;
+        segments_created += 1;
+    } else {
+        // What recovery saw may be only in the page cache (after a process crash): make it
+        // durable before anyone is told it is.
+        segments.last().expect("not empty").file.fdatasync().await?;
+        flushes += 1;
+    }
+    let shards = indexes
+        .into_iter()
+        .map(|(id, ix)| (id, ShardState::new(owned.contains(&id), ix)))
+        .collect();
+    Ok(Recovered { segments, shards, report, flushes, segments_created })
+}

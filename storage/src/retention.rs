@@ -1,0 +1,56 @@
+//! Retention: delete the oldest segments of a stream log by size and by age. The active
+//! segment is never deleted. `now_ms` is an input; the background task in `store` reads
+//! the clock.
+
+use felix_proto::Offset;
+
+use crate::error::Result;
+use crate::io;
+use crate::log::{RetentionOutcome, StreamLog};
+
+impl StreamLog {
+    /// Delete segments, oldest first, while the log is over its byte limit or the oldest
+    /// segment's newest batch is older than the age limit. Reads of deleted offsets get
+    /// `OffsetBeforeStart`; offsets are never reused (segment headers carry them).
+    pub async fn enforce_retention(&self, now_ms: u64) -> Result<RetentionOutcome> {
+        let retention = self.inner.retention;
+        let mut outcome = RetentionOutcome::default();
+        loop {
+            let victim = {
+                let mut st = self.inner.state.borrow_mut();
+                let st = &mut *st;
+                if st.segments.len() <= 1 {
+                    break;
+                }
+                let total: u64 = st.segments.iter().map(|s| s.end).sum();
+                let oldest = &st.segments[0];
+                let by_size = retention.bytes_max.is_some_and(|max| total > max);
+                let by_age = retention
+                    .age_ms_max
+                    .is_some_and(|max| oldest.last_timestamp_ms.saturating_add(max) < now_ms);
+                if !by_size && !by_age {
+                    break;
+                }
+                let victim = st.segments.remove(0);
+                let next = &st.segments[0];
+                for (id, s) in st.shards.iter_mut() {
+                    let start = next
+                        .start_offsets
+                        .iter()
+                        .find(|(sid, _)| sid == id)
+                        .map_or(s.index.start_offset(), |(_, o): &(_, Offset)| o.0);
+                    s.index.drop_before(next.base_position, start);
+                }
+                st.stats.segments_deleted += 1;
+                st.stats.retention_bytes_deleted += victim.end;
+                victim
+            };
+            outcome.segments_deleted += 1;
+            outcome.bytes_deleted += victim.end;
+            tracing::info!(stream = %self.inner.name, path = %victim.file.path().display(), "retention deletes segment");
+            victim.file.remove().await?;
+            io::sync_dir(&self.inner.dir).await?;
+        }
+        Ok(outcome)
+    }
+}

@@ -1,0 +1,112 @@
+//! Sequential scanning of one segment file: batches are verified (CRC and structure) as
+//! they are read. Used by recovery and by reads below the dense part of a shard index.
+
+use std::ops::ControlFlow;
+
+use crate::config::WRITE_BYTES_MAX;
+use crate::error::Result;
+use crate::format::{
+    align_up, probe, verify_batch, BatchHeader, FormatError, Probe, FORMAT_ALIGN_BYTES,
+};
+use crate::io::LogFile;
+
+/// Bytes read per scan I/O (a whole batch is read at once if it is larger).
+pub const SCAN_CHUNK_BYTES: usize = 1 << 20;
+
+/// How a scan ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum ScanEnd {
+    /// Reached `end` (or the visitor stopped) at this file position.
+    Clean(u64),
+    /// Invalid bytes at this file position.
+    Invalid(u64, FormatError),
+}
+
+/// Buffered sequential reader over `[start, end)` of one file.
+struct Window<'a> {
+    file: &'a LogFile,
+    end: u64,
+    buf: Vec<u8>,
+    buf_pos: u64,
+}
+
+impl Window<'_> {
+    /// The bytes at `[pos, pos + need)`, or fewer if the range ends first.
+    async fn get(&mut self, pos: u64, need: usize) -> Result<&[u8]> {
+        let have_end = self.buf_pos + self.buf.len() as u64;
+        if pos < self.buf_pos || pos + need as u64 > have_end {
+            let len = (need.max(SCAN_CHUNK_BYTES) as u64).min(self.end.saturating_sub(pos));
+            self.buf = self.file.read_at(pos, len as usize).await?;
+            self.buf_pos = pos;
+        }
+        let from = (pos - self.buf_pos) as usize;
+        let to = (from + need).min(self.buf.len());
+        Ok(&self.buf[from..to])
+    }
+}
+
+/// Visit every valid batch in `[start, end)` of `file` in order. `visit` gets the batch's
+/// file position, header and bytes, and may stop the scan.
+pub(crate) async fn scan_segment(
+    file: &LogFile,
+    start: u64,
+    end: u64,
+    batch_bytes_limit: usize,
+    mut visit: impl FnMut(u64, &BatchHeader, &[u8]) -> ControlFlow<()>,
+) -> Result<ScanEnd> {
+    let mut w = Window { file, end, buf: Vec::new(), buf_pos: start };
+    let mut pos = start;
+    while pos < end {
+        let head = w.get(pos, crate::format::BATCH_HEADER_BYTES).await?;
+        let header = match probe(head, batch_bytes_limit) {
+            Probe::Padding => {
+                pos = align_up(pos + 1).min(end);
+                continue;
+            }
+            Probe::Short => return Ok(ScanEnd::Invalid(pos, FormatError::BadLength(0))),
+            Probe::Invalid(e) => return Ok(ScanEnd::Invalid(pos, e)),
+            Probe::Header(h) => h,
+        };
+        let bytes = w.get(pos, header.len as usize).await?;
+        if bytes.len() < header.len as usize {
+            return Ok(ScanEnd::Invalid(pos, FormatError::BadLength(header.len)));
+        }
+        if let Err(e) = verify_batch(bytes, batch_bytes_limit) {
+            return Ok(ScanEnd::Invalid(pos, e));
+        }
+        if visit(pos, &header, bytes).is_break() {
+            return Ok(ScanEnd::Clean(pos));
+        }
+        pos += u64::from(header.len);
+    }
+    Ok(ScanEnd::Clean(pos))
+}
+
+/// Is there a valid batch at an aligned position at or after `damage + WRITE_BYTES_MAX`?
+///
+/// Every write starts aligned, so if any write landed beyond the one that could have been
+/// in flight at a crash, its first batch is found here. Returns that position.
+pub(crate) async fn valid_batch_beyond_window(
+    file: &LogFile,
+    damage: u64,
+    end: u64,
+    batch_bytes_limit: usize,
+) -> Result<Option<u64>> {
+    let mut pos = align_up(damage + WRITE_BYTES_MAX as u64);
+    while pos < end {
+        let chunk_len = (SCAN_CHUNK_BYTES as u64).min(end - pos);
+        let chunk = file.read_at(pos, chunk_len as usize).await?;
+        let mut at = 0usize;
+        while at + crate::format::BATCH_HEADER_BYTES <= chunk.len() {
+            if let Probe::Header(h) = probe(&chunk[at..], batch_bytes_limit) {
+                let bytes = file.read_at(pos + at as u64, h.len as usize).await?;
+                if verify_batch(&bytes, batch_bytes_limit).is_ok() {
+                    return Ok(Some(pos + at as u64));
+                }
+            }
+            at += FORMAT_ALIGN_BYTES as usize;
+        }
+        pos += chunk_len.max(1);
+    }
+    Ok(None)
+}

@@ -1,0 +1,225 @@
+//! Cross-module tests of a stream log: append/read, recovery, group commit, limits,
+//! tail notification, segment rolls and the sparse index.
+
+mod common;
+
+use std::rc::Rc;
+
+use common::{records, run, small_config};
+use felix_proto::{AckMode, Offset, ShardId};
+use felix_storage::{RetentionConfig, StorageConfig, StorageError, StreamLog};
+
+const SHARDS: [ShardId; 3] = [ShardId(0), ShardId(1), ShardId(7)];
+
+async fn open(dir: &std::path::Path, config: &StorageConfig) -> StreamLog {
+    StreamLog::open("t/ns/s", &dir.join("log"), &SHARDS, config, RetentionConfig::default())
+        .await
+        .expect("log opens")
+        .0
+}
+
+/// Read every record of `shard` from offset 0 and check dense offsets and content.
+async fn check_shard(log: &StreamLog, shard: ShardId, expected_next: u64, value_len: usize) {
+    let mut at = 0u64;
+    while at < expected_next {
+        let batches = log.read(shard, Offset(at), 64 << 10).await.expect("read");
+        assert!(!batches.is_empty(), "{shard} has nothing at {at}");
+        for b in batches {
+            assert_eq!(b.shard, shard);
+            assert!(b.base_offset.0 <= at && at < b.base_offset.0 + b.records.len() as u64);
+            let want = records(shard.0, b.base_offset.0, b.records.len(), value_len);
+            assert_eq!(b.records, want, "{shard} batch at {}", b.base_offset);
+            at = b.base_offset.0 + b.records.len() as u64;
+        }
+    }
+    assert_eq!(at, expected_next);
+    assert_eq!(log.next_offset(shard).unwrap(), Offset(expected_next));
+    assert!(log.read(shard, Offset(expected_next), 1 << 20).await.unwrap().is_empty());
+}
+
+#[test]
+fn append_read_and_reopen_keep_dense_offsets_per_shard() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = StorageConfig::new(&path);
+        let log = open(&path, &config).await;
+        let mut next = [0u64; 3];
+        for round in 0..30u64 {
+            for (i, shard) in SHARDS.iter().enumerate() {
+                let n = 1 + (round as usize + i) % 5;
+                let ack = [AckMode::None, AckMode::Written, AckMode::Durable][(round % 3) as usize];
+                let out = log
+                    .append(*shard, &records(shard.0, next[i], n, 100), 1000 + round, ack)
+                    .await
+                    .unwrap();
+                assert_eq!(out.base_offset, Offset(next[i]));
+                next[i] += n as u64;
+            }
+        }
+        log.clone().close().await.unwrap();
+        for (i, shard) in SHARDS.iter().enumerate() {
+            check_shard(&log, *shard, next[i], 100).await;
+        }
+        drop(log);
+        let (log, report) = StreamLog::open(
+            "t/ns/s",
+            &path.join("log"),
+            &SHARDS,
+            &config,
+            RetentionConfig::default(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(report.torn_bytes_dropped, 0);
+        assert_eq!(report.batches, 90);
+        for (i, shard) in SHARDS.iter().enumerate() {
+            check_shard(&log, *shard, next[i], 100).await;
+        }
+        let out = log
+            .append(ShardId(1), &records(1, next[1], 2, 100), 5, AckMode::Durable)
+            .await
+            .unwrap();
+        assert_eq!(out.base_offset, Offset(next[1]));
+    });
+}
+
+#[test]
+fn bad_input_gets_typed_errors_and_the_log_stays_usable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let mut config = StorageConfig::new(&path);
+        config.batch_bytes_max = 4096;
+        config.batch_records_max = 10;
+        let log = open(&path, &config).await;
+        let e = log.append(ShardId(2), &records(2, 0, 1, 10), 0, AckMode::Durable).await;
+        assert!(matches!(e, Err(StorageError::UnknownShard { shard: ShardId(2), .. })), "{e:?}");
+        let e = log.append(ShardId(0), &records(0, 0, 1, 5000), 0, AckMode::Durable).await;
+        assert!(matches!(e, Err(StorageError::BatchTooLarge { limit: 4096, .. })), "{e:?}");
+        let e = log.append(ShardId(0), &records(0, 0, 11, 1), 0, AckMode::Durable).await;
+        assert!(matches!(e, Err(StorageError::TooManyRecords { count: 11, .. })), "{e:?}");
+        let e = log.append(ShardId(0), &[], 0, AckMode::Durable).await;
+        assert!(matches!(e, Err(StorageError::EmptyBatch)), "{e:?}");
+        let e = log.read(ShardId(9), Offset(0), 100).await;
+        assert!(matches!(e, Err(StorageError::UnknownShard { .. })), "{e:?}");
+        // No offset was consumed by the rejected batches.
+        let out = log.append(ShardId(0), &records(0, 0, 3, 10), 0, AckMode::Durable).await.unwrap();
+        assert_eq!(out.base_offset, Offset(0));
+        check_shard(&log, ShardId(0), 3, 10).await;
+        assert_eq!(log.stats().append_errors, 4);
+    });
+}
+
+#[test]
+fn group_commit_covers_concurrent_durable_appends_with_few_flushes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = StorageConfig::new(&path);
+        let log = open(&path, &config).await;
+        let before = log.stats().flushes;
+        let tasks: Vec<_> = (0..64u32)
+            .map(|i| {
+                let log = log.clone();
+                glommio::spawn_local(async move {
+                    let shard = SHARDS[i as usize % 3];
+                    for _ in 0..4 {
+                        log.append(shard, &records(shard.0, 0, 4, 1000), 1, AckMode::Durable)
+                            .await
+                            .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await;
+        }
+        let stats = log.stats();
+        assert_eq!(stats.appends, 256);
+        let flushes = stats.flushes - before;
+        assert!(flushes < 256, "group commit did not group: {flushes} flushes for 256 appends");
+        assert!(stats.fan_in.max() > 1, "fan-in never exceeded 1");
+        assert_eq!(stats.fan_in.len(), stats.flush_latency_us.len());
+        assert!(stats.bytes_written >= stats.batch_bytes);
+        let mut total = 0;
+        for shard in SHARDS {
+            total += log.next_offset(shard).unwrap().0;
+        }
+        assert_eq!(total, 256 * 4);
+    });
+}
+
+#[test]
+fn tail_readers_wake_on_new_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = StorageConfig::new(&path);
+        let log = open(&path, &config).await;
+        let woke = Rc::new(std::cell::Cell::new(false));
+        let waiter = {
+            let (log, woke) = (log.clone(), woke.clone());
+            glommio::spawn_local(async move {
+                log.wait_for(ShardId(7), Offset(2)).await.unwrap();
+                woke.set(true);
+                log.read(ShardId(7), Offset(2), 1 << 20).await.unwrap()
+            })
+        };
+        log.append(ShardId(7), &records(7, 0, 2, 10), 0, AckMode::Written).await.unwrap();
+        glommio::yield_if_needed().await;
+        glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
+        assert!(!woke.get(), "woke before offset 2 existed");
+        log.append(ShardId(7), &records(7, 2, 1, 10), 0, AckMode::Written).await.unwrap();
+        let got = waiter.await;
+        assert!(woke.get());
+        assert_eq!(got[0].base_offset, Offset(2));
+        // Already there: resolves at once.
+        log.wait_for(ShardId(7), Offset(0)).await.unwrap();
+    });
+}
+
+#[test]
+fn segments_roll_and_old_entries_are_served_through_the_sparse_index() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = small_config(&path);
+        let log = open(&path, &config).await;
+        // > INDEX_RECENT_MAX batches of shard 0, interleaved with shard 1, over several segments.
+        let n = felix_storage::index::INDEX_RECENT_MAX as u64 + 300;
+        let mut pending = Vec::new();
+        for i in 0..n {
+            let l = log.clone();
+            pending.push(glommio::spawn_local(async move {
+                l.append(ShardId(0), &records(0, i, 1, 1500), i, AckMode::Written).await.unwrap()
+            }));
+            if i % 4 == 0 {
+                let l = log.clone();
+                pending.push(glommio::spawn_local(async move {
+                    l.append(ShardId(1), &records(1, i / 4, 1, 500), i, AckMode::Written)
+                        .await
+                        .unwrap()
+                }));
+            }
+            if pending.len() >= 64 {
+                for p in pending.drain(..) {
+                    p.await;
+                }
+            }
+        }
+        for p in pending.drain(..) {
+            p.await;
+        }
+        assert!(log.segment_count() >= 2, "no roll: {} segments", log.segment_count());
+        // Offsets were assigned in append order, so content matches offsets.
+        check_shard(&log, ShardId(0), n, 1500).await;
+        let old = log.read(ShardId(0), Offset(5), 3000).await.unwrap();
+        assert_eq!(old[0].base_offset, Offset(5));
+        log.clone().close().await.unwrap();
+        drop(log);
+        let log = open(&path, &config).await;
+        check_shard(&log, ShardId(0), n, 1500).await;
+        check_shard(&log, ShardId(1), n.div_ceil(4), 500).await;
+    });
+}

@@ -20,6 +20,9 @@ pub const SEGMENT_MAGIC: u32 = u32::from_le_bytes(*b"FXS1");
 pub const BATCH_MAGIC: u32 = u32::from_le_bytes(*b"FXB1");
 /// The only format version written and read.
 pub const FORMAT_VERSION: u8 = 1;
+/// Batches start at multiples of this inside a write, so that the zero padding at the end
+/// of a write is either empty or at least 8 bytes (a zero magic can always be read there).
+pub const BATCH_ALIGN_BYTES: u64 = 8;
 /// Bytes of a batch header.
 pub const BATCH_HEADER_BYTES: usize = 48;
 /// Bytes of a record header (flags, key length, value length).
@@ -37,6 +40,7 @@ const RECORD_FLAG_KEY: u8 = 1;
 const _: () = assert!(SEGMENT_HEADER_BYTES % FORMAT_ALIGN_BYTES == 0);
 const _: () = assert!(SHARDS_PER_LOG_MAX == 254);
 const _: () = assert!(BATCH_HEADER_BYTES % 8 == 0);
+const _: () = assert!(FORMAT_ALIGN_BYTES % BATCH_ALIGN_BYTES == 0);
 
 /// The fixed header of a batch, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -335,6 +339,11 @@ impl SegmentHeader {
             next_offsets,
         })
     }
+}
+
+/// The space a batch of `len` bytes takes in a write: `len` rounded up to 8.
+pub fn batch_slot(len: u64) -> u64 {
+    len.div_ceil(BATCH_ALIGN_BYTES) * BATCH_ALIGN_BYTES
 }
 
 /// Round up to the format alignment.

@@ -20,8 +20,8 @@ use felix_proto::{AckMode, Offset, Record, ShardId};
 use crate::config::{RetentionConfig, StorageConfig, WRITE_BYTES_MAX};
 use crate::error::{Result, StorageError};
 use crate::format::{
-    align_up, batch_encoded_len, decode_records, encode_batch, verify_batch, SEGMENT_HEADER_BYTES,
-    SHARDS_PER_LOG_MAX,
+    align_up, batch_encoded_len, batch_slot, decode_records, encode_batch, verify_batch,
+    SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX,
 };
 use crate::index::{IndexEntry, Lookup, ShardIndex};
 use crate::io::{self, LogFile, Stopwatch};
@@ -461,6 +461,11 @@ impl StreamLog {
         Ok(Offset(s.index.next_offset()))
     }
 
+    /// The offset the next append to `shard` will get (written or queued, not yet failed).
+    pub fn next_offset_assigned(&self, shard: ShardId) -> u64 {
+        self.inner.state.borrow().shards.get(&shard).map_or(0, |s| s.next_offset)
+    }
+
     /// The first offset of `shard` still stored.
     pub fn start_offset(&self, shard: ShardId) -> Result<Offset> {
         let mut st = self.inner.state.borrow_mut();
@@ -580,14 +585,16 @@ async fn write_once(inner: &Rc<Inner>) -> bool {
         let room = (inner.config.segment_bytes_max - file_pos).min(WRITE_BYTES_MAX as u64);
         let mut taken = Vec::new();
         let mut total = 0usize;
+        let mut queued = 0usize;
         while let Some(p) = st.queue.front() {
-            if !taken.is_empty() && align_up((total + p.len) as u64) > room {
+            if !taken.is_empty() && align_up(total as u64 + batch_slot(p.len as u64)) > room {
                 break;
             }
-            total += p.len;
+            total += batch_slot(p.len as u64) as usize;
+            queued += p.len;
             taken.push(st.queue.pop_front().expect("front exists"));
         }
-        st.queued_bytes -= total;
+        st.queued_bytes -= queued;
         let write_len = align_up(total as u64) as usize;
         let mut buf = file.alloc(write_len);
         let out = buf.as_mut();
@@ -595,7 +602,9 @@ async fn write_once(inner: &Rc<Inner>) -> bool {
         for p in &taken {
             let batch = &mut out[at..at + p.len];
             encode_batch(batch, p.shard, Offset(p.base_offset), p.timestamp_ms, &p.records);
-            at += p.len;
+            let slot = batch_slot(p.len as u64) as usize;
+            out[at + p.len..at + slot].fill(0);
+            at += slot;
         }
         out[at..].fill(0);
         (file, file_pos, base_position, taken, buf, write_len)
@@ -616,7 +625,7 @@ async fn write_once(inner: &Rc<Inner>) -> bool {
                     len: p.len as u32,
                     position: pos,
                 });
-                pos += p.len as u64;
+                pos += batch_slot(p.len as u64);
                 let next = s.index.next_offset();
                 for (_, w) in extract(&mut s.tail_waiters, |o| *o < next) {
                     w.complete(());

@@ -193,7 +193,7 @@ pub(crate) async fn recover(
                 position: base + pos,
             });
             last_ts = last_ts.max(h.last_timestamp_ms);
-            valid_end = pos + u64::from(h.len);
+            valid_end = pos + crate::format::batch_slot(u64::from(h.len));
             batches += 1;
             ControlFlow::Continue(())
         })

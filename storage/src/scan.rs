@@ -6,7 +6,7 @@ use std::ops::ControlFlow;
 use crate::config::WRITE_BYTES_MAX;
 use crate::error::Result;
 use crate::format::{
-    align_up, probe, verify_batch, BatchHeader, FormatError, Probe, FORMAT_ALIGN_BYTES,
+    align_up, batch_slot, probe, verify_batch, BatchHeader, FormatError, Probe, FORMAT_ALIGN_BYTES,
 };
 use crate::io::LogFile;
 
@@ -77,7 +77,7 @@ pub(crate) async fn scan_segment(
         if visit(pos, &header, bytes).is_break() {
             return Ok(ScanEnd::Clean(pos));
         }
-        pos += u64::from(header.len);
+        pos += batch_slot(u64::from(header.len));
     }
     Ok(ScanEnd::Clean(pos))
 }

@@ -1,0 +1,374 @@
+//! Fault injection: torn tails, bit flips before the tail (refuse / repair), a
+//! half-created segment, retention by size and age, and ENOSPC on a small file system.
+
+mod common;
+
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use common::{records, run, small_config};
+use felix_proto::{AckMode, CoreId, Offset, ShardId};
+use felix_storage::{CoreStore, RetentionConfig, StorageConfig, StorageError, StreamLog};
+
+const SHARDS: [ShardId; 2] = [ShardId(0), ShardId(1)];
+
+async fn open(
+    dir: &Path,
+    config: &StorageConfig,
+) -> felix_storage::Result<(StreamLog, felix_storage::RecoveryReport)> {
+    StreamLog::open("t/ns/s", &dir.join("log"), &SHARDS, config, RetentionConfig::default()).await
+}
+
+/// Append `n` durable batches of `per` records of `len` bytes to `shard`, offsets from `next`.
+async fn fill(log: &StreamLog, shard: u32, next: &mut u64, n: usize, per: usize, len: usize) {
+    for _ in 0..n {
+        let out = log
+            .append(ShardId(shard), &records(shard, *next, per, len), 1, AckMode::Durable)
+            .await
+            .unwrap();
+        assert_eq!(out.base_offset, Offset(*next));
+        *next += per as u64;
+    }
+}
+
+/// Every record of `shard` in `[from, to)` is present, intact and dense.
+async fn check(log: &StreamLog, shard: u32, from: u64, to: u64, len: usize) {
+    let mut at = from;
+    while at < to {
+        let bs = log.read(ShardId(shard), Offset(at), 1 << 20).await.unwrap();
+        assert!(!bs.is_empty(), "shard {shard} missing offset {at}");
+        for b in bs {
+            let skip = (at - b.base_offset.0) as usize;
+            let want = records(shard, b.base_offset.0, b.records.len(), len);
+            assert_eq!(b.records[skip..], want[skip..]);
+            at = b.base_offset.0 + b.records.len() as u64;
+        }
+    }
+    assert!(at >= to);
+}
+
+fn segments(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir.join("log"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "log"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn append_bytes(path: &Path, bytes: &[u8]) {
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).unwrap();
+    f.write_all(bytes).unwrap();
+    f.sync_all().unwrap();
+}
+
+fn flip_bit(path: &Path, position: u64) {
+    let mut f = std::fs::OpenOptions::new().read(true).write(true).open(path).unwrap();
+    let mut b = [0u8];
+    f.seek(SeekFrom::Start(position)).unwrap();
+    f.read_exact(&mut b).unwrap();
+    b[0] ^= 0x10;
+    f.seek(SeekFrom::Start(position)).unwrap();
+    f.write_all(&b).unwrap();
+    f.sync_all().unwrap();
+}
+
+#[test]
+fn torn_tails_are_truncated_reported_and_appends_continue() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = StorageConfig::new(&path);
+        let (log, _) = open(&path, &config).await.unwrap();
+        let mut next = 0;
+        fill(&log, 0, &mut next, 20, 3, 200).await;
+        log.clone().close().await.unwrap();
+        drop(log);
+        let seg = segments(&path).pop().unwrap();
+        // A torn batch: the first 100 bytes of a real batch, then nothing.
+        let mut head = vec![0u8; 100];
+        let mut f = std::fs::File::open(&seg).unwrap();
+        f.seek(SeekFrom::Start(4096)).unwrap();
+        f.read_exact(&mut head).unwrap();
+        let size = std::fs::metadata(&seg).unwrap().len();
+        append_bytes(&seg, &head);
+        let (log, report) = open(&path, &config).await.unwrap();
+        assert_eq!(report.torn_bytes_dropped, 100);
+        assert_eq!(report.torn_at, Some((seg.clone(), size)));
+        assert_eq!(log.stats().torn_bytes_dropped, 100);
+        check(&log, 0, 0, next, 200).await;
+        fill(&log, 0, &mut next, 5, 3, 200).await;
+        log.clone().close().await.unwrap();
+        drop(log);
+        // Garbage (non-zero, no magic) is a torn tail too; a second reopen is clean.
+        append_bytes(&seg, &[0xAB; 777]);
+        let (_, report) = open(&path, &config).await.unwrap();
+        assert_eq!(report.torn_bytes_dropped, 777);
+        let (log, report) = open(&path, &config).await.unwrap();
+        assert_eq!(report.torn_bytes_dropped, 0);
+        check(&log, 0, 0, next, 200).await;
+    });
+}
+
+#[test]
+fn a_bit_flip_before_the_tail_refuses_to_open_unless_repair_is_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let mut config = StorageConfig::new(&path);
+        let (log, _) = open(&path, &config).await.unwrap();
+        let (mut n0, mut n1) = (0, 0);
+        fill(&log, 0, &mut n0, 10, 2, 1000).await;
+        // More than one write window (4 MiB) of valid data after the damage.
+        fill(&log, 1, &mut n1, 90, 8, 8000).await;
+        log.clone().close().await.unwrap();
+        drop(log);
+        let seg = segments(&path).pop().unwrap();
+        flip_bit(&seg, 4096 + 60);
+        match open(&path, &config).await {
+            Err(StorageError::Corrupt { path: p, position, .. }) => {
+                assert_eq!(p, seg);
+                assert_eq!(position, 4096);
+            }
+            Err(e) => panic!("wrong error {e}"),
+            Ok(_) => panic!("opened a corrupt log"),
+        }
+        config.repair = true;
+        let (log, report) = open(&path, &config).await.unwrap();
+        let repaired = report.repaired.expect("repair reported");
+        assert_eq!(repaired.position, 4096);
+        assert!(repaired.bytes_dropped > 4 << 20);
+        assert_eq!(log.stats().repaired_bytes_dropped, repaired.bytes_dropped);
+        assert_eq!(log.next_offset(ShardId(0)).unwrap(), Offset(0));
+        let mut next = 0;
+        fill(&log, 0, &mut next, 2, 2, 1000).await;
+        check(&log, 0, 0, next, 1000).await;
+    });
+}
+
+#[test]
+fn a_bit_flip_in_the_last_write_is_a_torn_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = StorageConfig::new(&path);
+        let (log, _) = open(&path, &config).await.unwrap();
+        let mut next = 0;
+        fill(&log, 0, &mut next, 10, 1, 100).await;
+        log.clone().close().await.unwrap();
+        drop(log);
+        let seg = segments(&path).pop().unwrap();
+        let size = std::fs::metadata(&seg).unwrap().len();
+        // The last batch starts at the last aligned write: flip a byte inside it.
+        flip_bit(&seg, size - 4096 + 70);
+        let (log, report) = open(&path, &config).await.unwrap();
+        assert!(report.torn_bytes_dropped > 0);
+        assert_eq!(log.next_offset(ShardId(0)).unwrap(), Offset(9));
+        check(&log, 0, 0, 9, 100).await;
+    });
+}
+
+#[test]
+fn a_half_created_segment_is_removed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = StorageConfig::new(&path);
+        let (log, _) = open(&path, &config).await.unwrap();
+        let mut next = 0;
+        fill(&log, 1, &mut next, 3, 1, 100).await;
+        log.clone().close().await.unwrap();
+        drop(log);
+        let half = path.join("log").join(format!("{:020}.log", 1u64 << 40));
+        std::fs::write(&half, [0u8; 512]).unwrap();
+        let (log, report) = open(&path, &config).await.unwrap();
+        assert_eq!(report.torn_at, Some((half.clone(), 0)));
+        assert!(!half.exists());
+        check(&log, 1, 0, next, 100).await;
+    });
+}
+
+#[test]
+fn retention_by_size_and_age_keeps_offsets_and_survives_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = small_config(&path);
+        let retention = RetentionConfig { bytes_max: Some(10 << 20), age_ms_max: Some(50_000) };
+        let log_dir = path.join("log");
+        let open_r = || StreamLog::open("t/ns/s", &log_dir, &SHARDS, &config, retention);
+        let (log, _) = open_r().await.unwrap();
+        let (mut n0, mut n1) = (0u64, 0u64);
+        for i in 0..120u64 {
+            let ts = if i < 60 { 1_000 } else { 100_000 };
+            log.append(ShardId(0), &records(0, n0, 4, 30_000), ts, AckMode::Written).await.unwrap();
+            n0 += 4;
+            if i % 10 == 0 {
+                log.append(ShardId(1), &records(1, n1, 1, 100), ts, AckMode::Written)
+                    .await
+                    .unwrap();
+                n1 += 1;
+            }
+        }
+        log.flush().await.unwrap();
+        let before = log.segment_count();
+        assert!(before >= 3, "{before} segments");
+        // Age: nothing is older than 50 s at now = 40 s; size alone trims to ~10 MiB.
+        let out = log.enforce_retention(40_000).await.unwrap();
+        assert!(out.segments_deleted >= 1);
+        assert!(log.stored_bytes() <= 10 << 20, "{} bytes left", log.stored_bytes());
+        let start0 = log.start_offset(ShardId(0)).unwrap();
+        assert!(start0.0 > 0);
+        match log.read(ShardId(0), Offset(0), 100).await {
+            Err(StorageError::OffsetBeforeStart { start, .. }) => assert_eq!(start, start0),
+            other => panic!("expected OffsetBeforeStart, got {other:?}"),
+        }
+        check(&log, 0, start0.0, n0, 30_000).await;
+        // Age: at now = 200 s every segment older than 150 s (ts 100 s is not) goes.
+        log.enforce_retention(120_000).await.unwrap();
+        assert!(log.stats().segments_deleted as usize >= before - log.segment_count());
+        let start0 = log.start_offset(ShardId(0)).unwrap();
+        let start1 = log.start_offset(ShardId(1)).unwrap();
+        log.clone().close().await.unwrap();
+        drop(log);
+        let (log, _) = open_r().await.unwrap();
+        assert_eq!(log.start_offset(ShardId(0)).unwrap(), start0);
+        assert_eq!(log.start_offset(ShardId(1)).unwrap(), start1);
+        assert_eq!(log.next_offset(ShardId(0)).unwrap(), Offset(n0));
+        assert_eq!(log.next_offset(ShardId(1)).unwrap(), Offset(n1));
+        check(&log, 0, start0.0, n0, 30_000).await;
+        // Offsets are never reused after retention.
+        let out =
+            log.append(ShardId(1), &records(1, n1, 1, 100), 1, AckMode::Durable).await.unwrap();
+        assert_eq!(out.base_offset, Offset(n1));
+    });
+}
+
+#[test]
+fn background_retention_runs_in_a_low_share_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let store = CoreStore::open(small_config(&path), CoreId(3)).await.unwrap();
+        assert!(store.dir().ends_with("core-3"));
+        let bad = store.open_stream("a//b", &SHARDS, None).await;
+        assert!(matches!(bad, Err(StorageError::InvalidStreamName { .. })));
+        let retention = RetentionConfig { bytes_max: None, age_ms_max: Some(1_000) };
+        let (log, _) =
+            store.open_stream("tenant/ns/events", &SHARDS, Some(retention)).await.unwrap();
+        assert!(store.dir().join("tenant%2Fns%2Fevents").is_dir());
+        let mut next = 0;
+        fill(&log, 0, &mut next, 40, 4, 60_000).await;
+        assert!(log.segment_count() >= 3);
+        store.start_retention(std::time::Duration::from_millis(5)).unwrap();
+        // Timestamps are from 1970: the task deletes all but the active segment.
+        for _ in 0..2000 {
+            if log.segment_count() == 1 {
+                break;
+            }
+            glommio::timer::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(log.segment_count(), 1, "background retention did not run");
+    });
+}
+
+/// Unmounts (lazily) and removes the mount point when dropped.
+struct MountGuard(PathBuf);
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn sh(cmd: &str, args: &[&str]) -> bool {
+    std::process::Command::new(cmd)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A ~24 MiB ext4 on a loop device, or else a 24 MiB tmpfs; None if neither can be made.
+fn small_fs(work: &Path) -> Option<(MountGuard, &'static str)> {
+    let mnt = work.join("mnt");
+    std::fs::create_dir_all(&mnt).ok()?;
+    let img = work.join("fs.img");
+    let img_s = img.to_str()?;
+    let mnt_s = mnt.to_str()?;
+    if std::fs::File::create(&img).and_then(|f| f.set_len(24 << 20)).is_ok()
+        && sh("mkfs.ext4", &["-q", "-F", img_s])
+        && sh("mount", &["-o", "loop", img_s, mnt_s])
+    {
+        return Some((MountGuard(mnt), "ext4 on a loop device"));
+    }
+    if sh("mount", &["-t", "tmpfs", "-o", "size=24m", "tmpfs", mnt_s]) {
+        return Some((MountGuard(mnt), "tmpfs (buffered, no O_DIRECT)"));
+    }
+    None
+}
+
+#[test]
+fn enospc_is_a_typed_error_and_nothing_acked_is_lost() {
+    let work = tempfile::tempdir().unwrap();
+    let Some((guard, kind)) = small_fs(work.path()) else {
+        println!("SKIPPED: cannot make a small file system here (needs root, mkfs.ext4 + loop, or tmpfs)");
+        return;
+    };
+    println!("ENOSPC test on {kind}");
+    let mnt = guard.0.clone();
+    run(move || async move {
+        let config = small_config(&mnt);
+        let retention = RetentionConfig { bytes_max: Some(9 << 20), age_ms_max: None };
+        let log_dir = mnt.join("log");
+        let open_r = || StreamLog::open("t/ns/s", &log_dir, &SHARDS, &config, retention);
+        let (log, _) = open_r().await.unwrap();
+        let mut next = 0u64;
+        let mut full = None;
+        for _ in 0..2000 {
+            match log.append(ShardId(0), &records(0, next, 8, 16_000), 1, AckMode::Durable).await {
+                Ok(out) => {
+                    assert_eq!(out.base_offset, Offset(next));
+                    next += 8;
+                }
+                Err(e) => {
+                    full = Some(e);
+                    break;
+                }
+            }
+        }
+        assert!(
+            matches!(full, Some(StorageError::NoSpace { .. })),
+            "expected NoSpace, got {full:?}"
+        );
+        assert!(log.stats().no_space_errors >= 1);
+        // Still consistent and readable; the failed batch's offsets are handed out again.
+        assert_eq!(log.next_offset(ShardId(0)).unwrap(), Offset(next));
+        let start = log.start_offset(ShardId(0)).unwrap().0;
+        check(&log, 0, start, next, 16_000).await;
+        // Free space with retention, then appending works again with dense offsets.
+        let out = log.enforce_retention(0).await.unwrap();
+        assert!(out.segments_deleted >= 1);
+        let mut ok_again = false;
+        for _ in 0..10 {
+            if let Ok(out) =
+                log.append(ShardId(0), &records(0, next, 8, 16_000), 1, AckMode::Durable).await
+            {
+                assert_eq!(out.base_offset, Offset(next));
+                next += 8;
+                ok_again = true;
+                break;
+            }
+        }
+        assert!(ok_again, "no append succeeded after retention freed space");
+        log.clone().close().await.unwrap();
+        drop(log);
+        let (log, _) = open_r().await.unwrap();
+        let start = log.start_offset(ShardId(0)).unwrap().0;
+        assert_eq!(log.next_offset(ShardId(0)).unwrap(), Offset(next));
+        check(&log, 0, start, next, 16_000).await;
+    });
+    drop(guard);
+}

@@ -1,4 +1,25 @@
 //! felix-client: the async Rust client (tokio + quinn) for a Felix broker.
 //!
-//! Owns: connecting, publishing, subscribing and capability negotiation from the client side.
-//! Never does: run inside the broker, or assume anything of the broker beyond `docs/protocol.md`.
+//! Owns: connecting (TLS trust, Hello/HelloOk, a pool of connections spread over the broker's
+//! cores, reconnect with backoff), publishing (batching, keys, ack modes), subscribing (start
+//! positions, consumer groups, commits), capability negotiation from the client side, the
+//! `FELIX_*` configuration and the `felix publish|subscribe|streams` commands.
+//! Never does: run inside the broker, assume anything of the broker beyond `docs/protocol.md`,
+//! or write a frame carrying a flag bit the broker did not advertise (see [`conn`]'s
+//! `encode_checked`). `docs/client.md` is the user guide.
+
+pub mod cli;
+mod client;
+pub mod config;
+mod conn;
+pub mod error;
+pub mod publisher;
+pub mod subscriber;
+pub mod tls;
+
+pub use client::{Client, StreamDescription, COVER_ATTEMPTS_PER_CONNECTION};
+pub use config::{CertFingerprint, ClientConfig, PublishSettings, Trust, ENV_KEYS};
+pub use error::{ClientError, ConfigError};
+pub use felix_proto::{AckMode, Capabilities, CoreId, Offset, Record, Retention, ShardId, StartAt};
+pub use publisher::{PublishResult, PublishTicket, Publisher, Receipt};
+pub use subscriber::{ReceivedRecord, SubscribeOptions, Subscriber};

@@ -1,0 +1,480 @@
+//! Client configuration, built in code or from `FELIX_*` environment variables.
+//!
+//! [`ClientConfig::from_env_map`] is the one place that reads variables: it takes the
+//! environment as a map, so tests prove that every key in [`ENV_KEYS`] takes effect without
+//! mutating the process environment. [`ClientConfig::from_env`] passes it `std::env::vars()`.
+//! A value that does not parse is an error, never ignored; an empty value counts as unset.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use felix_proto::AckMode;
+use rustls::pki_types::CertificateDer;
+
+use crate::error::ConfigError;
+
+/// The broker address used when none is configured.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7400";
+/// The TLS server name used when none is configured (the broker's dev certificate's name).
+pub const DEFAULT_SERVER_NAME: &str = "localhost";
+/// The most connections one client opens.
+pub const CONNECTIONS_MAX: usize = 64;
+/// The most publish streams per connection.
+pub const STREAMS_PER_CONNECTION_MAX: usize = 64;
+/// The most batches in flight (written, not yet acked) per connection.
+pub const IN_FLIGHT_BATCHES_MAX: usize = 4096;
+/// The longest linger time, in microseconds (1 s).
+pub const LINGER_US_MAX: u64 = 1_000_000;
+
+/// Every environment variable [`ClientConfig::from_env_map`] reads.
+pub const ENV_KEYS: [&str; 19] = [
+    "FELIX_ADDR",
+    "FELIX_SERVER_NAME",
+    "FELIX_CA_FILE",
+    "FELIX_CERT_FINGERPRINT",
+    "FELIX_DANGER_ACCEPT_ANY_CERT",
+    "FELIX_TOKEN",
+    "FELIX_CONNECTIONS",
+    "FELIX_STREAMS_PER_CONNECTION",
+    "FELIX_COVER_CORES",
+    "FELIX_CONNECT_TIMEOUT_MS",
+    "FELIX_ACK_TIMEOUT_MS",
+    "FELIX_RECONNECT_BACKOFF_MIN_MS",
+    "FELIX_RECONNECT_BACKOFF_MAX_MS",
+    "FELIX_RECONNECT_ATTEMPTS_MAX",
+    "FELIX_ACK_MODE",
+    "FELIX_LINGER_US",
+    "FELIX_BATCH_RECORDS_MAX",
+    "FELIX_BATCH_BYTES_MAX",
+    "FELIX_IN_FLIGHT_BATCHES_MAX",
+];
+
+/// How the client decides to trust the broker's certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Trust {
+    /// Certificates (PEM, or one DER certificate) from a file: the broker's CA, or its
+    /// self-signed certificate. The server name is verified.
+    CaFile(PathBuf),
+    /// The same, given as DER certificates.
+    CaCertificates(Vec<CertificateDer<'static>>),
+    /// Accept exactly the certificate with this SHA-256 fingerprint (the broker's dev
+    /// certificate); the name is not checked, the handshake signature is.
+    Fingerprint(CertFingerprint),
+    /// Accept any certificate. Anyone on the path can impersonate the broker: tests only.
+    DangerAcceptAnyCertificate,
+}
+
+/// The SHA-256 digest of a DER certificate.
+///
+/// Parsed from 64 hex digits, with or without `:` between bytes, in either case.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CertFingerprint(pub [u8; 32]);
+
+impl CertFingerprint {
+    /// The fingerprint of a DER certificate.
+    pub fn of_der(der: &[u8]) -> Self {
+        use sha2::Digest;
+        Self(sha2::Sha256::digest(der).into())
+    }
+}
+
+impl FromStr for CertFingerprint {
+    type Err = ConfigError;
+
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let bad = || ConfigError::Fingerprint(s.to_owned());
+        let digits: Vec<u8> = s.trim().bytes().filter(|b| *b != b':').collect();
+        if digits.len() != 64 {
+            return Err(bad());
+        }
+        let mut out = [0u8; 32];
+        for (i, pair) in digits.chunks_exact(2).enumerate() {
+            let hi = hex_value(pair[0]).ok_or_else(bad)?;
+            let lo = hex_value(pair[1]).ok_or_else(bad)?;
+            out[i] = hi << 4 | lo;
+        }
+        Ok(Self(out))
+    }
+}
+
+impl fmt::Display for CertFingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for CertFingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CertFingerprint({self})")
+    }
+}
+
+fn hex_value(digit: u8) -> Option<u8> {
+    (digit as char).to_digit(16).map(|v| v as u8)
+}
+
+/// Defaults for publishers: ack mode and batching.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PublishSettings {
+    /// When the broker acks a batch. `AckMode::None` sends no `ACKED` flag at all.
+    pub ack_mode: AckMode,
+    /// How long a batch waits for more records before it is sent, in microseconds.
+    pub linger_us: u64,
+    /// The most records per batch (further capped by the broker's `max_batch_records`).
+    pub batch_records_max: u32,
+    /// The most payload bytes per batch (further capped by the broker's `max_frame_bytes`).
+    pub batch_bytes_max: u32,
+    /// The most batches written but not yet acked, per connection.
+    pub in_flight_batches_max: usize,
+}
+
+impl Default for PublishSettings {
+    fn default() -> Self {
+        Self {
+            ack_mode: AckMode::Durable,
+            linger_us: 1_000,
+            batch_records_max: 1024,
+            batch_bytes_max: 1024 * 1024,
+            in_flight_batches_max: 64,
+        }
+    }
+}
+
+/// Everything a [`crate::Client`] needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientConfig {
+    /// `host:port` of the broker.
+    pub addr: String,
+    /// The name the broker's certificate must carry (also sent as SNI).
+    pub server_name: String,
+    /// How the broker's certificate is trusted. `None` fails [`ClientConfig::validate`].
+    pub trust: Option<Trust>,
+    /// A bearer token sent in Hello.
+    pub token: Option<String>,
+    /// Connections to open; `None` opens one per broker core (HelloOk's `core_count`).
+    pub connections: Option<usize>,
+    /// Bidirectional streams each connection uses for publishing.
+    pub streams_per_connection: usize,
+    /// Whether to reopen connections that landed on an already covered core, until every core
+    /// is reached or the bounded attempts are spent (see `docs/client.md`).
+    pub cover_cores: bool,
+    /// The limit on the QUIC handshake plus Hello/HelloOk, in milliseconds.
+    pub connect_timeout_ms: u64,
+    /// The limit on waiting for an ack or any answer, in milliseconds.
+    pub ack_timeout_ms: u64,
+    /// The first delay between reconnect attempts, in milliseconds; doubled after each failure.
+    pub reconnect_backoff_min_ms: u64,
+    /// The largest delay between reconnect attempts, in milliseconds.
+    pub reconnect_backoff_max_ms: u64,
+    /// Reconnect attempts before an operation fails.
+    pub reconnect_attempts_max: u32,
+    /// Publisher defaults.
+    pub publish: PublishSettings,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self {
+            addr: DEFAULT_ADDR.to_owned(),
+            server_name: DEFAULT_SERVER_NAME.to_owned(),
+            trust: None,
+            token: None,
+            connections: None,
+            streams_per_connection: 4,
+            cover_cores: true,
+            connect_timeout_ms: 5_000,
+            ack_timeout_ms: 30_000,
+            reconnect_backoff_min_ms: 50,
+            reconnect_backoff_max_ms: 5_000,
+            reconnect_attempts_max: 8,
+            publish: PublishSettings::default(),
+        }
+    }
+}
+
+impl ClientConfig {
+    /// Defaults for `addr`, with `trust`.
+    pub fn new(addr: impl Into<String>, trust: Trust) -> Self {
+        Self { addr: addr.into(), trust: Some(trust), ..Self::default() }
+    }
+
+    /// The configuration from the process environment (see [`ClientConfig::from_env_map`]).
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_env_map(std::env::vars())
+    }
+
+    /// The defaults overridden by the `FELIX_*` variables of `vars` (see [`ENV_KEYS`] and
+    /// `docs/client.md`). Other variables are ignored. The result is validated.
+    pub fn from_env_map<K, V>(vars: impl IntoIterator<Item = (K, V)>) -> Result<Self, ConfigError>
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
+        let env: HashMap<String, String> = vars
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .filter(|(k, v)| k.starts_with("FELIX_") && !v.trim().is_empty())
+            .collect();
+        let get = |key: &'static str| env.get(key).map(|v| (key, v.trim().to_owned()));
+        let mut c = Self::default();
+        if let Some((_, v)) = get("FELIX_ADDR") {
+            c.addr = v;
+        }
+        if let Some((_, v)) = get("FELIX_SERVER_NAME") {
+            c.server_name = v;
+        }
+        let mut trusts = Vec::new();
+        if let Some((_, v)) = get("FELIX_CA_FILE") {
+            trusts.push(Trust::CaFile(PathBuf::from(v)));
+        }
+        if let Some((key, v)) = get("FELIX_CERT_FINGERPRINT") {
+            let pin = v.parse().map_err(|e: ConfigError| invalid(key, &v, e.to_string()))?;
+            trusts.push(Trust::Fingerprint(pin));
+        }
+        if let Some((key, v)) = get("FELIX_DANGER_ACCEPT_ANY_CERT") {
+            if parse_bool(key, &v)? {
+                trusts.push(Trust::DangerAcceptAnyCertificate);
+            }
+        }
+        if trusts.len() > 1 {
+            return Err(ConfigError::ConflictingTrust);
+        }
+        if let Some(t) = trusts.pop() {
+            c.trust = Some(t);
+        }
+        if let Some((_, v)) = get("FELIX_TOKEN") {
+            c.token = Some(v);
+        }
+        if let Some((key, v)) = get("FELIX_CONNECTIONS") {
+            c.connections = Some(parse_num(key, &v)?);
+        }
+        if let Some((key, v)) = get("FELIX_STREAMS_PER_CONNECTION") {
+            c.streams_per_connection = parse_num(key, &v)?;
+        }
+        if let Some((key, v)) = get("FELIX_COVER_CORES") {
+            c.cover_cores = parse_bool(key, &v)?;
+        }
+        if let Some((key, v)) = get("FELIX_CONNECT_TIMEOUT_MS") {
+            c.connect_timeout_ms = parse_num(key, &v)?;
+        }
+        if let Some((key, v)) = get("FELIX_ACK_TIMEOUT_MS") {
+            c.ack_timeout_ms = parse_num(key, &v)?;
+        }
+        if let Some((key, v)) = get("FELIX_RECONNECT_BACKOFF_MIN_MS") {
+            c.reconnect_backoff_min_ms = parse_num(key, &v)?;
+        }
+        if let Some((key, v)) = get("FELIX_RECONNECT_BACKOFF_MAX_MS") {
+            c.reconnect_backoff_max_ms = parse_num(key, &v)?;
+        }
+        if let Some((key, v)) = get("FELIX_RECONNECT_ATTEMPTS_MAX") {
+            c.reconnect_attempts_max = parse_num(key, &v)?;
+        }
+        if let Some((key, v)) = get("FELIX_ACK_MODE") {
+            c.publish.ack_mode = parse_ack_mode(&v).map_err(|e| invalid(key, &v, e))?;
+        }
+        if let Some((key, v)) = get("FELIX_LINGER_US") {
+            c.publish.linger_us = parse_num(key, &v)?;
+        }
+        if let Some((key, v)) = get("FELIX_BATCH_RECORDS_MAX") {
+            c.publish.batch_records_max = parse_num(key, &v)?;
+        }
+        if let Some((key, v)) = get("FELIX_BATCH_BYTES_MAX") {
+            c.publish.batch_bytes_max = parse_num(key, &v)?;
+        }
+        if let Some((key, v)) = get("FELIX_IN_FLIGHT_BATCHES_MAX") {
+            c.publish.in_flight_batches_max = parse_num(key, &v)?;
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks every setting against its range and that trust is configured.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let range = |field, ok: bool, reason: &str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(ConfigError::OutOfRange { field, reason: reason.to_owned() })
+            }
+        };
+        if self.trust.is_none() {
+            return Err(ConfigError::NoTrust);
+        }
+        range("addr", !self.addr.is_empty(), "must be host:port")?;
+        range("server_name", !self.server_name.is_empty(), "must not be empty")?;
+        if let Some(n) = self.connections {
+            range("connections", (1..=CONNECTIONS_MAX).contains(&n), "1..=64")?;
+        }
+        range(
+            "streams_per_connection",
+            (1..=STREAMS_PER_CONNECTION_MAX).contains(&self.streams_per_connection),
+            "1..=64",
+        )?;
+        range("connect_timeout_ms", self.connect_timeout_ms > 0, "must be > 0")?;
+        range("ack_timeout_ms", self.ack_timeout_ms > 0, "must be > 0")?;
+        range(
+            "reconnect_backoff_max_ms",
+            self.reconnect_backoff_min_ms <= self.reconnect_backoff_max_ms,
+            "must be >= reconnect_backoff_min_ms",
+        )?;
+        let p = &self.publish;
+        range("linger_us", p.linger_us <= LINGER_US_MAX, "at most 1000000")?;
+        range("batch_records_max", p.batch_records_max >= 1, "must be >= 1")?;
+        range("batch_bytes_max", p.batch_bytes_max >= 1, "must be >= 1")?;
+        range(
+            "in_flight_batches_max",
+            (1..=IN_FLIGHT_BATCHES_MAX).contains(&p.in_flight_batches_max),
+            "1..=4096",
+        )
+    }
+
+    /// The connect limit.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    /// The ack and request limit.
+    pub fn ack_timeout(&self) -> Duration {
+        Duration::from_millis(self.ack_timeout_ms)
+    }
+}
+
+/// The effective configuration, one `key=value` per line; the token is never printed.
+impl fmt::Display for ClientConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let trust = match &self.trust {
+            None => "none".to_owned(),
+            Some(Trust::CaFile(p)) => format!("ca-file {}", p.display()),
+            Some(Trust::CaCertificates(c)) => format!("{} CA certificates", c.len()),
+            Some(Trust::Fingerprint(fp)) => format!("fingerprint {fp}"),
+            Some(Trust::DangerAcceptAnyCertificate) => "DANGER accept any certificate".into(),
+        };
+        let connections = self.connections.map_or("broker core count".into(), |n| n.to_string());
+        writeln!(f, "addr={}", self.addr)?;
+        writeln!(f, "server_name={}", self.server_name)?;
+        writeln!(f, "trust={trust}")?;
+        writeln!(f, "token={}", if self.token.is_some() { "<set>" } else { "<none>" })?;
+        writeln!(f, "connections={connections}")?;
+        writeln!(f, "streams_per_connection={}", self.streams_per_connection)?;
+        writeln!(f, "cover_cores={}", self.cover_cores)?;
+        writeln!(f, "connect_timeout_ms={}", self.connect_timeout_ms)?;
+        writeln!(f, "ack_timeout_ms={}", self.ack_timeout_ms)?;
+        writeln!(
+            f,
+            "reconnect_backoff_ms={}..{} attempts_max={}",
+            self.reconnect_backoff_min_ms,
+            self.reconnect_backoff_max_ms,
+            self.reconnect_attempts_max
+        )?;
+        let p = &self.publish;
+        write!(
+            f,
+            "ack_mode={} linger_us={} batch_records_max={} batch_bytes_max={} \
+             in_flight_batches_max={}",
+            ack_mode_name(p.ack_mode),
+            p.linger_us,
+            p.batch_records_max,
+            p.batch_bytes_max,
+            p.in_flight_batches_max
+        )
+    }
+}
+
+/// Parses `none`, `written` or `durable`.
+pub fn parse_ack_mode(s: &str) -> Result<AckMode, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "none" => Ok(AckMode::None),
+        "written" => Ok(AckMode::Written),
+        "durable" => Ok(AckMode::Durable),
+        _ => Err("expected none, written or durable".into()),
+    }
+}
+
+/// The name [`parse_ack_mode`] accepts for `mode`.
+pub fn ack_mode_name(mode: AckMode) -> &'static str {
+    match mode {
+        AckMode::None => "none",
+        AckMode::Written => "written",
+        AckMode::Durable => "durable",
+    }
+}
+
+fn invalid(key: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::InvalidEnv { key, value: value.to_owned(), reason: reason.into() }
+}
+
+fn parse_num<T: FromStr>(key: &'static str, value: &str) -> Result<T, ConfigError>
+where
+    T::Err: fmt::Display,
+{
+    value.parse().map_err(|e: T::Err| invalid(key, value, e.to_string()))
+}
+
+fn parse_bool(key: &'static str, value: &str) -> Result<bool, ConfigError> {
+    match value.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => Err(invalid(key, value, "expected 1/0, true/false, yes/no or on/off")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PIN: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+    #[test]
+    fn fingerprints_parse_with_or_without_colons() {
+        let plain: CertFingerprint = PIN.parse().unwrap();
+        let colons: String = PIN
+            .as_bytes()
+            .chunks(2)
+            .map(|c| std::str::from_utf8(c).unwrap().to_ascii_uppercase())
+            .collect::<Vec<_>>()
+            .join(":");
+        assert_eq!(colons.parse::<CertFingerprint>().unwrap(), plain);
+        assert_eq!(plain.to_string(), PIN);
+        assert!("abcd".parse::<CertFingerprint>().is_err());
+        assert!(PIN.replace('0', "g").parse::<CertFingerprint>().is_err());
+    }
+
+    #[test]
+    fn no_trust_is_an_error_and_conflicting_trust_too() {
+        let none: [(&str, &str); 0] = [];
+        assert_eq!(ClientConfig::from_env_map(none), Err(ConfigError::NoTrust));
+        let both = [("FELIX_CA_FILE", "/ca.pem"), ("FELIX_CERT_FINGERPRINT", PIN)];
+        assert_eq!(ClientConfig::from_env_map(both), Err(ConfigError::ConflictingTrust));
+    }
+
+    #[test]
+    fn bad_values_are_refused_not_ignored() {
+        for (key, value) in [
+            ("FELIX_CONNECTIONS", "many"),
+            ("FELIX_CONNECTIONS", "0"),
+            ("FELIX_ACK_MODE", "sometimes"),
+            ("FELIX_COVER_CORES", "maybe"),
+            ("FELIX_LINGER_US", "-1"),
+            ("FELIX_CERT_FINGERPRINT", "zz"),
+            ("FELIX_RECONNECT_BACKOFF_MIN_MS", "999999"),
+        ] {
+            let env = [("FELIX_DANGER_ACCEPT_ANY_CERT", "1"), (key, value)];
+            assert!(ClientConfig::from_env_map(env).is_err(), "{key}={value} was accepted");
+        }
+    }
+
+    #[test]
+    fn display_never_prints_the_token() {
+        let mut c = ClientConfig::new("127.0.0.1:1", Trust::DangerAcceptAnyCertificate);
+        c.token = Some("secret-token".into());
+        let shown = c.to_string();
+        assert!(!shown.contains("secret-token"));
+        assert!(shown.contains("token=<set>"));
+    }
+}

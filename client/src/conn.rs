@@ -1,0 +1,620 @@
+//! One connection to the broker: its own endpoint (UDP socket and driver task), the Hello
+//! handshake, request lanes, and the acceptor of subscription streams.
+//!
+//! Call order: [`Conn::open`] (QUIC handshake, control stream, Hello → HelloOk), then
+//! [`Conn::request`] on the control lane or [`Conn::open_lane`] for publish lanes, and
+//! [`Conn::take_subscription_stream`] after a SubscribeOk. Every frame the client writes goes
+//! through [`Conn::encode_checked`], which refuses any flag or frame the broker did not
+//! advertise: that function is the single place the capability invariant is enforced.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use felix_proto::{
+    decode_frame, Capabilities, Frame, FrameDecoder, FrameType, Hello, HelloOk, Limits, RequestId,
+    SubscriptionId, HEADER_LEN, PROTOCOL_VERSION,
+};
+use tokio::sync::oneshot;
+
+use crate::error::ClientError;
+use crate::tls::RejectionNote;
+
+/// The capabilities this client implements and offers in Hello.
+pub const CLIENT_CAPABILITIES: Capabilities = Capabilities::ALL;
+/// The largest HelloOk (or Error answering Hello) accepted, header included.
+const HELLO_ANSWER_BYTES_MAX: usize = HEADER_LEN + 8 + 4096 + 2;
+/// The most subscription streams kept while their SubscribeOk has not been processed yet.
+const ORPHAN_SUB_STREAMS_MAX: usize = 64;
+/// How long the broker has to send SubscriptionStart on a new unidirectional stream.
+const SUBSCRIPTION_START_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes asked of quinn per read.
+const READ_CHUNK_BYTES: usize = 64 * 1024;
+
+/// An established connection.
+pub(crate) struct Conn {
+    connection: quinn::Connection,
+    /// Kept so that the endpoint (socket + driver) lives as long as the connection.
+    endpoint: quinn::Endpoint,
+    hello: HelloOk,
+    control: Arc<Lane>,
+    next_request: AtomicU64,
+    subs: Arc<SubRegistry>,
+    ack_timeout: Duration,
+    /// Connection-level errors (request id 0), e.g. refused unacked batches.
+    pub(crate) unacked_errors: Arc<AtomicU64>,
+}
+
+/// Connection parameters that do not change across reconnects.
+pub(crate) struct ConnParams {
+    pub addr: SocketAddr,
+    pub server_name: String,
+    pub quic: quinn::ClientConfig,
+    pub rejection: RejectionNote,
+    pub token: Option<Bytes>,
+    pub connect_timeout: Duration,
+    pub ack_timeout: Duration,
+}
+
+impl Conn {
+    /// Opens a connection: QUIC handshake, control stream, Hello and HelloOk, all within the
+    /// connect timeout. Each connection gets its own endpoint, so no task carries the packets of
+    /// more than one connection and each connection has its own 4-tuple.
+    pub(crate) async fn open(p: &ConnParams) -> Result<Arc<Self>, ClientError> {
+        let limit_ms = p.connect_timeout.as_millis() as u64;
+        match tokio::time::timeout(p.connect_timeout, Self::open_inner(p)).await {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::Timeout { what: "connect", after_ms: limit_ms }),
+        }
+    }
+
+    async fn open_inner(p: &ConnParams) -> Result<Arc<Self>, ClientError> {
+        let bind: SocketAddr = if p.addr.is_ipv6() {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        } else {
+            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+        };
+        let endpoint =
+            quinn::Endpoint::client(bind).map_err(|e| ClientError::Connect(e.to_string()))?;
+        let connecting = endpoint
+            .connect_with(p.quic.clone(), p.addr, &p.server_name)
+            .map_err(|e| ClientError::Connect(e.to_string()))?;
+        let connection = match connecting.await {
+            Ok(c) => c,
+            Err(e) => return Err(handshake_error(e, &p.rejection)),
+        };
+        let (mut send, mut recv) = connection.open_bi().await.map_err(lost)?;
+        let hello = Frame::Hello(Hello {
+            version: PROTOCOL_VERSION,
+            capabilities: CLIENT_CAPABILITIES,
+            token: p.token.clone(),
+        });
+        send.write_all(&hello.to_bytes()).await.map_err(lost)?;
+        let hello = match read_hello_answer(&mut recv).await? {
+            Frame::HelloOk(h) if h.version == PROTOCOL_VERSION => h,
+            Frame::HelloOk(h) => {
+                return Err(ClientError::Protocol(format!("HelloOk with version {}", h.version)))
+            }
+            Frame::Error(e) => {
+                return Err(ClientError::Refused { code: e.code, message: e.message })
+            }
+            other => {
+                return Err(ClientError::Protocol(format!(
+                    "{:?} instead of HelloOk",
+                    other.frame_type()
+                )))
+            }
+        };
+        let unacked_errors = Arc::new(AtomicU64::new(0));
+        let control = Lane::start(send, recv, hello.limits, unacked_errors.clone());
+        let subs = Arc::new(SubRegistry::default());
+        tokio::spawn(accept_subscription_streams(connection.clone(), hello.limits, subs.clone()));
+        Ok(Arc::new(Self {
+            connection,
+            endpoint,
+            hello,
+            control,
+            next_request: AtomicU64::new(1),
+            subs,
+            ack_timeout: p.ack_timeout,
+            unacked_errors,
+        }))
+    }
+
+    /// The broker's HelloOk on this connection.
+    pub(crate) fn hello(&self) -> &HelloOk {
+        &self.hello
+    }
+
+    /// The broker's advertised capabilities, as far as this client implements them.
+    pub(crate) fn capabilities(&self) -> Capabilities {
+        self.hello.capabilities.intersect(CLIENT_CAPABILITIES)
+    }
+
+    /// Whether the connection is closed (by either side, or lost).
+    pub(crate) fn is_closed(&self) -> bool {
+        self.connection.close_reason().is_some()
+    }
+
+    /// The ack and request limit.
+    pub(crate) fn ack_timeout(&self) -> Duration {
+        self.ack_timeout
+    }
+
+    /// A fresh request id, unique on this connection.
+    pub(crate) fn next_request_id(&self) -> RequestId {
+        RequestId(self.next_request.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Encodes `frame` after checking it against the broker's capabilities and limits.
+    pub(crate) fn encode_checked(&self, frame: &Frame) -> Result<Bytes, ClientError> {
+        encode_checked(self.capabilities(), &self.hello.limits, frame)
+    }
+
+    /// Sends `frame` (whose request id is `id`) on the control lane and waits for its answer.
+    pub(crate) async fn request(&self, id: RequestId, frame: &Frame) -> Result<Frame, ClientError> {
+        let bytes = self.encode_checked(frame)?;
+        let rx = self.control.send_request(id, &bytes).await?;
+        self.control.wait(id, rx, self.ack_timeout, "request").await
+    }
+
+    /// Opens another bidirectional stream for requests (publish lanes).
+    pub(crate) async fn open_lane(&self) -> Result<Arc<Lane>, ClientError> {
+        let (send, recv) = self.connection.open_bi().await.map_err(lost)?;
+        Ok(Lane::start(send, recv, self.hello.limits, self.unacked_errors.clone()))
+    }
+
+    /// The unidirectional stream of subscription `id`, waiting for it if it has not arrived.
+    pub(crate) async fn take_subscription_stream(
+        &self,
+        id: SubscriptionId,
+    ) -> Result<SubStream, ClientError> {
+        let rx = match self.subs.take_or_wait(id) {
+            Ok(stream) => return Ok(stream),
+            Err(rx) => rx,
+        };
+        let after_ms = self.ack_timeout.as_millis() as u64;
+        match tokio::time::timeout(self.ack_timeout, rx).await {
+            Ok(Ok(stream)) => Ok(stream),
+            Ok(Err(_)) => {
+                Err(ClientError::ConnectionLost("subscription stream acceptor ended".into()))
+            }
+            Err(_) => Err(ClientError::Timeout { what: "subscription stream", after_ms }),
+        }
+    }
+
+    /// Closes the connection and its endpoint.
+    pub(crate) fn close(&self) {
+        self.connection.close(0u32.into(), b"client closed");
+        self.endpoint.close(0u32.into(), b"client closed");
+    }
+}
+
+/// Checks `frame` against `caps` and `limits`, then encodes it.
+///
+/// Refuses, before anything is written: a flag bit the broker did not advertise, a Subscribe
+/// with a group or a CommitOffset without `CONSUMER_GROUPS`, and a frame over the broker's
+/// `max_frame_bytes`.
+pub(crate) fn encode_checked(
+    caps: Capabilities,
+    limits: &Limits,
+    frame: &Frame,
+) -> Result<Bytes, ClientError> {
+    let flags = frame.flags();
+    let allowed = caps.allowed_flags(frame.frame_type());
+    let unadvertised = flags.0 & !allowed.0;
+    if unadvertised & felix_proto::Flags::ACKED.0 != 0 {
+        return Err(ClientError::Unsupported("acked publish"));
+    }
+    if unadvertised & felix_proto::Flags::KEYED.0 != 0 {
+        return Err(ClientError::Unsupported("keyed publish"));
+    }
+    if unadvertised != 0 {
+        return Err(ClientError::Unsupported("a flag bit the broker did not advertise"));
+    }
+    let needs_groups = match frame {
+        Frame::Subscribe(s) => s.group.is_some(),
+        Frame::CommitOffset(_) => true,
+        _ => false,
+    };
+    if needs_groups && !caps.contains(Capabilities::CONSUMER_GROUPS) {
+        return Err(ClientError::Unsupported("consumer groups"));
+    }
+    let bytes = frame.to_bytes();
+    if bytes.len() > limits.max_frame_bytes as usize {
+        return Err(ClientError::RecordTooLarge {
+            len: bytes.len(),
+            max: limits.max_frame_bytes as usize,
+        });
+    }
+    Ok(bytes)
+}
+
+/// One bidirectional stream carrying requests; its reader task routes answers by request id.
+pub(crate) struct Lane {
+    send: tokio::sync::Mutex<quinn::SendStream>,
+    pending: Arc<Pending>,
+}
+
+type Answer = Result<Frame, ClientError>;
+
+#[derive(Default)]
+struct Pending {
+    state: Mutex<PendingState>,
+}
+
+#[derive(Default)]
+struct PendingState {
+    /// Set once the lane is dead; later requests fail with it.
+    closed: Option<ClientError>,
+    waiting: HashMap<RequestId, oneshot::Sender<Answer>>,
+}
+
+impl Lane {
+    fn start(
+        send: quinn::SendStream,
+        recv: quinn::RecvStream,
+        limits: Limits,
+        unacked_errors: Arc<AtomicU64>,
+    ) -> Arc<Self> {
+        let lane = Arc::new(Self {
+            send: tokio::sync::Mutex::new(send),
+            pending: Arc::new(Pending::default()),
+        });
+        tokio::spawn(read_answers(recv, limits, lane.pending.clone(), unacked_errors));
+        lane
+    }
+
+    /// Registers `id` (when non-zero) and writes `bytes`; returns where the answer will come.
+    pub(crate) async fn send_request(
+        &self,
+        id: RequestId,
+        bytes: &[u8],
+    ) -> Result<oneshot::Receiver<Answer>, ClientError> {
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut state = self.pending.lock();
+            if let Some(e) = &state.closed {
+                return Err(e.clone());
+            }
+            if id.0 != 0 {
+                state.waiting.insert(id, tx);
+            }
+        }
+        let written = self.send.lock().await.write_all(bytes).await;
+        if let Err(e) = written {
+            self.pending.lock().waiting.remove(&id);
+            return Err(lost(e));
+        }
+        Ok(rx)
+    }
+
+    /// Waits for the answer to `id` for at most `limit`.
+    pub(crate) async fn wait(
+        &self,
+        id: RequestId,
+        rx: oneshot::Receiver<Answer>,
+        limit: Duration,
+        what: &'static str,
+    ) -> Result<Frame, ClientError> {
+        wait_answer(&self.pending, id, rx, limit, what).await
+    }
+
+    /// A handle that can wait for answers without borrowing the lane.
+    pub(crate) fn waiter(&self) -> LaneWaiter {
+        LaneWaiter { pending: self.pending.clone() }
+    }
+
+    /// Whether the lane can no longer carry requests.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.pending.lock().closed.is_some()
+    }
+}
+
+/// Waits for answers of one lane (held by ack tasks).
+pub(crate) struct LaneWaiter {
+    pending: Arc<Pending>,
+}
+
+impl LaneWaiter {
+    /// Waits for the answer to `id` for at most `limit`.
+    pub(crate) async fn wait(
+        &self,
+        id: RequestId,
+        rx: oneshot::Receiver<Answer>,
+        limit: Duration,
+        what: &'static str,
+    ) -> Result<Frame, ClientError> {
+        wait_answer(&self.pending, id, rx, limit, what).await
+    }
+}
+
+async fn wait_answer(
+    pending: &Pending,
+    id: RequestId,
+    rx: oneshot::Receiver<Answer>,
+    limit: Duration,
+    what: &'static str,
+) -> Result<Frame, ClientError> {
+    match tokio::time::timeout(limit, rx).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(_)) => Err(ClientError::ConnectionLost("answer stream ended".into())),
+        Err(_) => {
+            pending.lock().waiting.remove(&id);
+            Err(ClientError::Timeout { what, after_ms: limit.as_millis() as u64 })
+        }
+    }
+}
+
+impl Pending {
+    fn lock(&self) -> std::sync::MutexGuard<'_, PendingState> {
+        // A panic while holding this lock cannot leave the map inconsistent (single inserts and
+        // removes), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn resolve(&self, id: RequestId, answer: Answer) {
+        let tx = self.lock().waiting.remove(&id);
+        match tx {
+            Some(tx) => {
+                let _ = tx.send(answer);
+            }
+            None => tracing::debug!(request = id.0, "answer for no waiting request (timed out?)"),
+        }
+    }
+
+    fn close(&self, why: ClientError) {
+        let waiting = {
+            let mut state = self.lock();
+            state.closed.get_or_insert(why.clone());
+            std::mem::take(&mut state.waiting)
+        };
+        for (_, tx) in waiting {
+            let _ = tx.send(Err(why.clone()));
+        }
+    }
+}
+
+/// Reads answers from one lane and hands each to the request that waits for it.
+async fn read_answers(
+    mut recv: quinn::RecvStream,
+    limits: Limits,
+    pending: Arc<Pending>,
+    unacked_errors: Arc<AtomicU64>,
+) {
+    let mut decoder = FrameDecoder::new(limits, Capabilities::NONE);
+    let why = loop {
+        let chunk = match recv.read_chunk(READ_CHUNK_BYTES, true).await {
+            Ok(Some(chunk)) => chunk.bytes,
+            Ok(None) => break ClientError::ConnectionLost("the broker finished the stream".into()),
+            Err(e) => break lost(e),
+        };
+        decoder.handle_chunk(chunk);
+        let mut fatal = None;
+        while let Some(item) = decoder.poll_frame() {
+            match item {
+                Ok(frame) => route_answer(frame, &pending, &unacked_errors),
+                Err(e) if e.fatal => {
+                    fatal = Some(ClientError::Protocol(format!("framing lost: {e}")));
+                    break;
+                }
+                Err(e) => match e.request_id {
+                    Some(id) => pending.resolve(id, Err(ClientError::Protocol(e.to_string()))),
+                    None => tracing::warn!(error = %e, "undecodable frame from the broker"),
+                },
+            }
+        }
+        if let Some(why) = fatal {
+            break why;
+        }
+    };
+    pending.close(why);
+}
+
+fn route_answer(frame: Frame, pending: &Pending, unacked_errors: &AtomicU64) {
+    let (id, answer) = match frame {
+        Frame::PublishAck(a) => (a.request_id, Ok(Frame::PublishAck(a))),
+        Frame::StreamInfo(s) => (s.request_id, Ok(Frame::StreamInfo(s))),
+        Frame::StreamList(s) => (s.request_id, Ok(Frame::StreamList(s))),
+        Frame::SubscribeOk(s) => (s.request_id, Ok(Frame::SubscribeOk(s))),
+        Frame::CommitOk(id) => (id, Ok(Frame::CommitOk(id))),
+        Frame::PublishError(e) | Frame::Error(e) if e.request_id.0 != 0 => {
+            (e.request_id, Err(ClientError::from_broker(e.code, e.message)))
+        }
+        Frame::PublishError(e) | Frame::Error(e) => {
+            unacked_errors.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(code = ?e.code, message = %e.message, "connection-level broker error");
+            return;
+        }
+        Frame::Ping(_) | Frame::Pong(_) => return,
+        other => {
+            tracing::warn!(frame = ?other.frame_type(), "unexpected frame on a request stream");
+            return;
+        }
+    };
+    pending.resolve(id, answer);
+}
+
+/// Reads the first frame of the control stream: at most one small frame.
+async fn read_hello_answer(recv: &mut quinn::RecvStream) -> Result<Frame, ClientError> {
+    let mut head = [0u8; HEADER_LEN];
+    recv.read_exact(&mut head).await.map_err(|e| lost_read(e, "Hello answer"))?;
+    let body_len = u32::from_be_bytes([head[6], head[7], head[8], head[9]]) as usize;
+    if HEADER_LEN + body_len > HELLO_ANSWER_BYTES_MAX {
+        return Err(ClientError::Protocol(format!("Hello answer of {body_len} bytes")));
+    }
+    let mut buf = BytesMut::zeroed(HEADER_LEN + body_len);
+    buf[..HEADER_LEN].copy_from_slice(&head);
+    recv.read_exact(&mut buf[HEADER_LEN..]).await.map_err(|e| lost_read(e, "Hello answer"))?;
+    decode_frame(buf.freeze(), &Limits::default(), Capabilities::NONE)
+        .map_err(|e| ClientError::Protocol(format!("Hello answer: {e}")))
+}
+
+/// A subscription's unidirectional stream, after its SubscriptionStart.
+pub(crate) struct SubStream {
+    pub recv: quinn::RecvStream,
+    pub decoder: FrameDecoder,
+}
+
+enum SubSlot {
+    Waiting(oneshot::Sender<SubStream>),
+    Arrived(SubStream),
+}
+
+/// Matches subscription streams (which may arrive before SubscribeOk) with their subscriber.
+#[derive(Default)]
+struct SubRegistry {
+    slots: Mutex<HashMap<SubscriptionId, SubSlot>>,
+}
+
+impl SubRegistry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SubscriptionId, SubSlot>> {
+        // Single inserts and removes: a poisoned map is still consistent.
+        self.slots.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn take_or_wait(&self, id: SubscriptionId) -> Result<SubStream, oneshot::Receiver<SubStream>> {
+        let mut slots = self.lock();
+        if let Some(SubSlot::Arrived(s)) = slots.remove(&id) {
+            return Ok(s);
+        }
+        let (tx, rx) = oneshot::channel();
+        slots.insert(id, SubSlot::Waiting(tx));
+        Err(rx)
+    }
+
+    fn arrive(&self, id: SubscriptionId, stream: SubStream) {
+        let mut slots = self.lock();
+        match slots.remove(&id) {
+            Some(SubSlot::Waiting(tx)) => {
+                let _ = tx.send(stream);
+            }
+            _ => {
+                let orphans = slots.values().filter(|s| matches!(s, SubSlot::Arrived(_))).count();
+                if orphans < ORPHAN_SUB_STREAMS_MAX {
+                    slots.insert(id, SubSlot::Arrived(stream));
+                } else {
+                    tracing::warn!(subscription = id.0, "too many unclaimed subscription streams");
+                }
+            }
+        }
+    }
+}
+
+/// Accepts the broker's unidirectional streams and files each under its subscription id.
+async fn accept_subscription_streams(
+    connection: quinn::Connection,
+    limits: Limits,
+    subs: Arc<SubRegistry>,
+) {
+    while let Ok(mut recv) = connection.accept_uni().await {
+        let subs = subs.clone();
+        tokio::spawn(async move {
+            let mut decoder = FrameDecoder::new(limits, Capabilities::NONE);
+            let first = tokio::time::timeout(SUBSCRIPTION_START_TIMEOUT, async {
+                loop {
+                    if let Some(frame) = decoder.poll_frame() {
+                        return Some(frame);
+                    }
+                    match recv.read_chunk(READ_CHUNK_BYTES, true).await {
+                        Ok(Some(chunk)) => decoder.handle_chunk(chunk.bytes),
+                        _ => return None,
+                    }
+                }
+            })
+            .await;
+            match first {
+                Ok(Some(Ok(Frame::SubscriptionStart(id)))) => {
+                    subs.arrive(id, SubStream { recv, decoder })
+                }
+                other => tracing::warn!(?other, "unidirectional stream without SubscriptionStart"),
+            }
+        });
+    }
+}
+
+fn handshake_error(e: quinn::ConnectionError, rejection: &RejectionNote) -> ClientError {
+    if let Some(why) = rejection.lock().ok().and_then(|mut n| n.take()) {
+        return ClientError::CertificateRejected(why);
+    }
+    let text = e.to_string();
+    let tls_refusal = matches!(&e, quinn::ConnectionError::TransportError(t)
+        if t.code.to_string().contains("crypto") || text.contains("certificate"));
+    if tls_refusal {
+        ClientError::CertificateRejected(text)
+    } else {
+        ClientError::Connect(text)
+    }
+}
+
+pub(crate) fn lost(e: impl std::fmt::Display) -> ClientError {
+    ClientError::ConnectionLost(e.to_string())
+}
+
+fn lost_read(e: quinn::ReadExactError, what: &str) -> ClientError {
+    ClientError::ConnectionLost(format!("reading {what}: {e}"))
+}
+
+/// The error for an answer of the wrong type.
+pub(crate) fn unexpected(frame: &Frame, wanted: FrameType) -> ClientError {
+    ClientError::Protocol(format!("{:?} where {wanted:?} was expected", frame.frame_type()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use felix_proto::{AckMode, AckRequest, Publish, Subscribe};
+
+    fn publish(acked: bool, keyed: bool) -> Frame {
+        Frame::Publish(Publish {
+            ack: acked.then_some(AckRequest { request_id: RequestId(1), mode: AckMode::Durable }),
+            key: keyed.then(|| Bytes::from_static(b"k")),
+            stream: "a/b/c".into(),
+            records: vec![Bytes::from_static(b"x")],
+        })
+    }
+
+    #[test]
+    fn unadvertised_flags_are_never_encoded() {
+        let l = Limits::default();
+        assert_eq!(
+            encode_checked(Capabilities::PUBLISH_KEYED, &l, &publish(true, false)),
+            Err(ClientError::Unsupported("acked publish"))
+        );
+        assert_eq!(
+            encode_checked(Capabilities::PUBLISH_ACKED, &l, &publish(false, true)),
+            Err(ClientError::Unsupported("keyed publish"))
+        );
+        assert!(encode_checked(Capabilities::NONE, &l, &publish(false, false)).is_ok());
+        assert!(encode_checked(Capabilities::ALL, &l, &publish(true, true)).is_ok());
+    }
+
+    #[test]
+    fn groups_need_the_capability() {
+        let sub = Frame::Subscribe(Subscribe {
+            request_id: RequestId(1),
+            stream: "a/b/c".into(),
+            shards: None,
+            start: felix_proto::StartAt::Earliest,
+            group: Some("g".into()),
+        });
+        let l = Limits::default();
+        assert_eq!(
+            encode_checked(Capabilities::PUBLISH_ACKED, &l, &sub),
+            Err(ClientError::Unsupported("consumer groups"))
+        );
+        assert!(encode_checked(Capabilities::CONSUMER_GROUPS, &l, &sub).is_ok());
+    }
+
+    #[test]
+    fn frames_over_the_broker_limit_are_refused() {
+        let l = Limits { max_frame_bytes: 20, ..Limits::default() };
+        assert!(matches!(
+            encode_checked(Capabilities::ALL, &l, &publish(false, false)),
+            Err(ClientError::RecordTooLarge { .. })
+        ));
+    }
+}

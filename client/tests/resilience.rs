@@ -1,0 +1,133 @@
+//! Pool, reconnect with backoff, and timeouts on connect and on acks.
+
+mod support;
+
+use std::time::Duration;
+
+use felix_client::{Client, ClientError, CoreId, Record, COVER_ATTEMPTS_PER_CONNECTION};
+use support::{BrokerOptions, TestBroker};
+
+const STREAM: &str = "acme/app/orders";
+
+#[tokio::test]
+async fn the_pool_opens_one_connection_per_core_by_default_and_covers_every_core() {
+    // Connections land on cores 0,0,0,0 first; fresh ones then land on 1, 0, 2, 3.
+    let options = BrokerOptions {
+        core_count: 4,
+        core_sequence: vec![0, 0, 0, 0, 1, 0, 2, 3],
+        ..Default::default()
+    };
+    let broker = TestBroker::start(options).await;
+    let client = Client::connect(broker.client_config()).await.unwrap();
+    assert_eq!(client.connection_count(), 4);
+    assert_eq!(client.core_count(), 4);
+    assert_eq!(client.cores_reached(), (0..4).map(CoreId).collect::<Vec<_>>());
+    assert_eq!(broker.state.lock().hellos, 8);
+}
+
+#[tokio::test]
+async fn covering_is_bounded_and_can_be_turned_off() {
+    let options = BrokerOptions { core_count: 4, core_sequence: vec![0], ..Default::default() };
+    let broker = TestBroker::start(options).await;
+    let mut config = broker.client_config();
+    config.connections = Some(2);
+    let client = Client::connect(config.clone()).await.unwrap();
+    assert_eq!(client.cores_reached(), vec![CoreId(0)]);
+    assert_eq!(broker.state.lock().hellos, 2 + 2 * COVER_ATTEMPTS_PER_CONNECTION);
+    config.cover_cores = false;
+    let before = broker.state.lock().hellos;
+    let client = Client::connect(config).await.unwrap();
+    assert_eq!(client.connection_count(), 2);
+    assert_eq!(broker.state.lock().hellos - before, 2);
+}
+
+#[tokio::test]
+async fn keyed_batches_prefer_the_connection_of_the_owning_core() {
+    let options = BrokerOptions { core_count: 2, core_sequence: vec![0, 1], ..Default::default() };
+    let broker = TestBroker::start(options).await;
+    broker.create_stream(STREAM, 4);
+    let client = Client::connect(broker.client_config()).await.unwrap();
+    assert_eq!(client.cores_reached(), vec![CoreId(0), CoreId(1)]);
+    let publisher = client.publisher(STREAM).await.unwrap();
+    for i in 0..20 {
+        publisher.publish(Record::keyed(format!("k{i}"), "v")).await.unwrap();
+    }
+    let o = broker.state.lock();
+    assert_eq!(o.publish_cores.len(), 20);
+    for (key, core) in &o.publish_cores {
+        let shard = felix_proto::shard_for_key(key.as_ref().unwrap(), 4);
+        assert_eq!(u32::from(*core), shard.0 % 2, "key {key:?} went to core {core}");
+    }
+}
+
+#[tokio::test]
+async fn the_client_reconnects_with_backoff_after_a_broker_restart() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream(STREAM, 1);
+    let mut config = broker.client_config();
+    config.connections = Some(1);
+    config.reconnect_backoff_min_ms = 20;
+    config.reconnect_backoff_max_ms = 200;
+    config.reconnect_attempts_max = 100;
+    config.connect_timeout_ms = 1_000;
+    let client = Client::connect(config).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    publisher.publish(Record::unkeyed("before")).await.unwrap();
+
+    let stopped = broker.stop().await;
+    // While the broker is down, a publish fails (lost connection or failed reconnects) or
+    // waits in the reconnect loop; start the broker again meanwhile.
+    let restart = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stopped.restart().await
+    });
+    let mut stored_after = false;
+    for _ in 0..20 {
+        match publisher.publish(Record::unkeyed("after")).await {
+            Ok(r) => {
+                assert!(r.is_some());
+                stored_after = true;
+                break;
+            }
+            Err(e) => assert!(
+                matches!(
+                    e,
+                    ClientError::ConnectionLost(_)
+                        | ClientError::Timeout { .. }
+                        | ClientError::Connect(_)
+                ),
+                "{e}"
+            ),
+        }
+    }
+    assert!(stored_after, "publishing never recovered");
+    let broker = restart.await.unwrap();
+    assert!(broker.state.lock().hellos >= 2, "the client reconnected");
+    client.list_streams("").await.unwrap();
+}
+
+#[tokio::test]
+async fn an_ack_that_never_comes_times_out() {
+    let options = BrokerOptions { swallow_acks: true, ..Default::default() };
+    let broker = TestBroker::start(options).await;
+    broker.create_stream(STREAM, 1);
+    let mut config = broker.client_config();
+    config.ack_timeout_ms = 200;
+    let client = Client::connect(config).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    let err = publisher.publish(Record::unkeyed("lost")).await.unwrap_err();
+    assert_eq!(err, ClientError::Timeout { what: "ack", after_ms: 200 });
+    assert_eq!(broker.state.lock().publishes, 1, "the batch was sent once");
+}
+
+#[tokio::test]
+async fn connecting_to_a_silent_port_times_out() {
+    // A bound UDP socket that never answers.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    let mut config = broker.client_config();
+    config.addr = silent.local_addr().unwrap().to_string();
+    config.connect_timeout_ms = 300;
+    let err = Client::connect(config).await.err().unwrap();
+    assert_eq!(err, ClientError::Timeout { what: "connect", after_ms: 300 });
+}

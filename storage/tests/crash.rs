@@ -29,7 +29,7 @@ fn shards() -> Vec<ShardId> {
 /// The value of (shard, offset): its length and bytes depend on both.
 fn value(shard: u32, offset: u64) -> Bytes {
     let tag = format!("s{shard}-o{offset}|");
-    let len = 16 + (offset.wrapping_mul(7919) % 1500) as usize;
+    let len = 16 + (offset.wrapping_mul(7919) % 400) as usize;
     Bytes::from(tag.bytes().cycle().take(len).collect::<Vec<u8>>())
 }
 
@@ -127,7 +127,7 @@ fn kill_9_never_loses_a_durably_acked_record() {
         // Wait for "ready", then kill after a random delay.
         let ready = rx.iter().any(|l| l.ends_with("ready"));
         assert!(ready, "seed {seed} trial {trial}: child never became ready");
-        std::thread::sleep(Duration::from_millis(rng.gen_range(5..250)));
+        std::thread::sleep(Duration::from_millis(rng.gen_range(5..150)));
         child.kill().expect("SIGKILL child");
         child.wait().unwrap();
         reader.join().unwrap();

@@ -3,3 +3,15 @@
 
 pub mod cid;
 pub mod steering;
+pub mod config;
+pub mod conn;
+pub mod driver;
+pub mod server;
+pub mod stats;
+pub mod steer_shim;
+pub mod tls;
+
+pub use config::{NetConfig, TlsSource};
+pub use conn::{Connection, ReadError, RecvStream, SendStream, WriteError};
+pub use server::{CoreContext, Server, ServerHandle, StartError};
+pub use stats::CoreStatsSnapshot;

@@ -1,0 +1,520 @@
+//! What the application sees of a QUIC connection: [`Connection`], [`SendStream`],
+//! [`RecvStream`].
+//!
+//! Handles are `!Send`: they live on the core that owns the connection. Every operation borrows
+//! the core's state for a moment, calls quinn-proto, and wakes the connection's driver when
+//! something must be sent. Flow control is end to end: a read pulls at most what the caller
+//! asked for (quinn-proto then extends the peer's credit), and a write that finds the stream's
+//! or connection's send window full waits until the peer grants more, so a slow reader pushes
+//! back on the sender and nothing buffers without a bound.
+
+use std::cell::RefCell;
+use std::future::poll_fn;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::task::{Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use felix_proto::CoreId;
+pub use quinn_proto::ConnectionError;
+use quinn_proto::{ConnectionHandle, Dir, StreamId, VarInt};
+
+use super::driver::{dir_index, ConnState, CoreRef};
+
+/// An established connection, owned by one core.
+#[derive(Clone)]
+pub struct Connection {
+    inner: Rc<ConnRef>,
+}
+
+struct ConnRef {
+    core: CoreRef,
+    core_id: CoreId,
+    handle: ConnectionHandle,
+    uid: u64,
+    peer: SocketAddr,
+    error: Rc<RefCell<Option<ConnectionError>>>,
+}
+
+impl ConnRef {
+    /// Runs `f` on the connection's state if it still exists.
+    fn with<R>(&self, f: impl FnOnce(&mut ConnState) -> R) -> Option<R> {
+        let mut st = self.core.borrow_mut();
+        match st.conns.get_mut(&self.handle) {
+            Some(cs) if cs.uid == self.uid => Some(f(cs)),
+            _ => None,
+        }
+    }
+
+    fn error(&self) -> ConnectionError {
+        self.error.borrow().clone().unwrap_or(ConnectionError::LocallyClosed)
+    }
+}
+
+impl Drop for ConnRef {
+    /// Dropping the last handle (connection and streams) closes the connection, as quinn does.
+    fn drop(&mut self) {
+        let Ok(mut st) = self.core.try_borrow_mut() else {
+            return;
+        };
+        if let Some(cs) = st.conns.get_mut(&self.handle) {
+            if cs.uid == self.uid && !cs.conn.is_closed() {
+                cs.conn.close(Instant::now(), VarInt::from_u32(0), Bytes::new());
+                cs.wake_driver();
+            }
+        }
+    }
+}
+
+impl Connection {
+    pub(crate) fn new(
+        core: CoreRef,
+        core_id: CoreId,
+        handle: ConnectionHandle,
+        uid: u64,
+        peer: SocketAddr,
+        error: Rc<RefCell<Option<ConnectionError>>>,
+    ) -> Self {
+        Self { inner: Rc::new(ConnRef { core, core_id, handle, uid, peer, error }) }
+    }
+
+    /// The peer's current address (after a migration, the new one).
+    pub fn peer(&self) -> SocketAddr {
+        self.inner.with(|cs| cs.conn.remote_address()).unwrap_or(self.inner.peer)
+    }
+
+    /// The core that owns this connection.
+    pub fn core(&self) -> CoreId {
+        self.inner.core_id
+    }
+
+    /// Current smoothed round-trip time estimate.
+    pub fn rtt(&self) -> Duration {
+        self.inner.with(|cs| cs.conn.rtt()).unwrap_or_default()
+    }
+
+    /// quinn-proto's statistics for this connection (packets, bytes, path).
+    pub fn stats(&self) -> Option<quinn_proto::ConnectionStats> {
+        self.inner.with(|cs| cs.conn.stats())
+    }
+
+    /// Waits for the peer to open a bidirectional stream.
+    pub async fn accept_bi(&self) -> Result<(SendStream, RecvStream), ConnectionError> {
+        let id = self.accept(Dir::Bi).await?;
+        Ok((SendStream::new(self, id), RecvStream::new(self, id)))
+    }
+
+    /// Waits for the peer to open a unidirectional stream.
+    pub async fn accept_uni(&self) -> Result<RecvStream, ConnectionError> {
+        let id = self.accept(Dir::Uni).await?;
+        Ok(RecvStream::new(self, id))
+    }
+
+    /// Opens a bidirectional stream, waiting while the peer's stream limit is reached.
+    pub async fn open_bi(&self) -> Result<(SendStream, RecvStream), ConnectionError> {
+        let id = self.open(Dir::Bi).await?;
+        Ok((SendStream::new(self, id), RecvStream::new(self, id)))
+    }
+
+    /// Opens a unidirectional stream, waiting while the peer's stream limit is reached.
+    pub async fn open_uni(&self) -> Result<SendStream, ConnectionError> {
+        let id = self.open(Dir::Uni).await?;
+        Ok(SendStream::new(self, id))
+    }
+
+    /// Closes the connection with an application error code and reason.
+    pub fn close(&self, code: u32, reason: &[u8]) {
+        self.inner.with(|cs| {
+            cs.conn.close(Instant::now(), VarInt::from_u32(code), Bytes::copy_from_slice(reason));
+            cs.wake_driver();
+        });
+    }
+
+    /// Waits until the connection is closed (by either side or by a timeout) and says why.
+    pub async fn closed(&self) -> ConnectionError {
+        poll_fn(|cx| {
+            if let Some(e) = self.inner.error.borrow().clone() {
+                return Poll::Ready(e);
+            }
+            match self.inner.with(|cs| cs.waiters.closed.push(cx.waker().clone())) {
+                Some(()) => Poll::Pending,
+                None => Poll::Ready(self.inner.error()),
+            }
+        })
+        .await
+    }
+
+    async fn accept(&self, dir: Dir) -> Result<StreamId, ConnectionError> {
+        let core = self.inner.core.clone();
+        poll_fn(|cx| {
+            let r = self.inner.with(|cs| {
+                if let Some(id) = cs.conn.streams().accept(dir) {
+                    // Accepting may raise the peer's stream limit: let the driver send it.
+                    cs.wake_driver();
+                    return Poll::Ready(Ok(id));
+                }
+                if let Some(e) = cs.error.borrow().clone() {
+                    return Poll::Ready(Err(e));
+                }
+                cs.waiters.accept[dir_index(dir)].push(cx.waker().clone());
+                Poll::Pending
+            });
+            r.unwrap_or_else(|| Poll::Ready(Err(self.inner.error())))
+        })
+        .await
+        .inspect(|_| {
+            let st = core.borrow();
+            super::stats::CoreStats::add(&st.stats.streams_accepted, 1);
+        })
+    }
+
+    async fn open(&self, dir: Dir) -> Result<StreamId, ConnectionError> {
+        poll_fn(|cx| {
+            let r = self.inner.with(|cs| {
+                if let Some(e) = cs.error.borrow().clone() {
+                    return Poll::Ready(Err(e));
+                }
+                if let Some(id) = cs.conn.streams().open(dir) {
+                    return Poll::Ready(Ok(id));
+                }
+                cs.waiters.open[dir_index(dir)].push(cx.waker().clone());
+                Poll::Pending
+            });
+            r.unwrap_or_else(|| Poll::Ready(Err(self.inner.error())))
+        })
+        .await
+    }
+}
+
+/// The sending half of a stream.
+pub struct SendStream {
+    conn: Rc<ConnRef>,
+    id: StreamId,
+    finished: bool,
+}
+
+impl SendStream {
+    fn new(conn: &Connection, id: StreamId) -> Self {
+        Self { conn: conn.inner.clone(), id, finished: false }
+    }
+
+    /// Writes some of `data`, waiting while the stream's or connection's flow-control window
+    /// (or the connection's send buffer) is full. Returns how many bytes were taken.
+    pub async fn write(&mut self, data: &[u8]) -> Result<usize, WriteError> {
+        let id = self.id;
+        poll_fn(|cx| {
+            let r = self.conn.with(|cs| match cs.conn.send_stream(id).write(data) {
+                Ok(n) => {
+                    cs.wake_driver();
+                    Poll::Ready(Ok(n))
+                }
+                Err(quinn_proto::WriteError::Blocked) => {
+                    if let Some(e) = cs.error.borrow().clone() {
+                        return Poll::Ready(Err(WriteError::ConnectionLost(e)));
+                    }
+                    cs.waiters.writers.insert(id, cx.waker().clone());
+                    Poll::Pending
+                }
+                Err(quinn_proto::WriteError::Stopped(code)) => {
+                    Poll::Ready(Err(WriteError::Stopped(code.into_inner())))
+                }
+                Err(quinn_proto::WriteError::ClosedStream) => {
+                    Poll::Ready(Err(match cs.error.borrow().clone() {
+                        Some(e) => WriteError::ConnectionLost(e),
+                        None => WriteError::ClosedStream,
+                    }))
+                }
+            });
+            r.unwrap_or_else(|| Poll::Ready(Err(WriteError::ConnectionLost(self.conn.error()))))
+        })
+        .await
+    }
+
+    /// Writes all of `data` (see [`SendStream::write`]).
+    pub async fn write_all(&mut self, mut data: &[u8]) -> Result<(), WriteError> {
+        while !data.is_empty() {
+            let n = self.write(data).await?;
+            data = &data[n..];
+        }
+        Ok(())
+    }
+
+    /// Marks the end of the stream; data already written is still delivered.
+    pub fn finish(&mut self) -> Result<(), WriteError> {
+        self.finished = true;
+        let id = self.id;
+        let r = self.conn.with(|cs| {
+            let r = cs.conn.send_stream(id).finish();
+            cs.wake_driver();
+            r
+        });
+        match r {
+            Some(Ok(())) => Ok(()),
+            Some(Err(quinn_proto::FinishError::Stopped(code))) => {
+                Err(WriteError::Stopped(code.into_inner()))
+            }
+            Some(Err(quinn_proto::FinishError::ClosedStream)) => Err(WriteError::ClosedStream),
+            None => Err(WriteError::ConnectionLost(self.conn.error())),
+        }
+    }
+
+    /// Abandons the stream with an application error code.
+    pub fn reset(&mut self, code: u32) {
+        self.finished = true;
+        let id = self.id;
+        self.conn.with(|cs| {
+            let _ = cs.conn.send_stream(id).reset(VarInt::from_u32(code));
+            cs.wake_driver();
+        });
+    }
+}
+
+impl Drop for SendStream {
+    /// A dropped, unfinished stream is finished (as quinn does).
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let id = self.id;
+        if let Ok(mut st) = self.conn.core.try_borrow_mut() {
+            if let Some(cs) = st.conns.get_mut(&self.conn.handle) {
+                if cs.uid == self.conn.uid {
+                    let _ = cs.conn.send_stream(id).finish();
+                    cs.wake_driver();
+                }
+            }
+        }
+    }
+}
+
+/// The receiving half of a stream.
+pub struct RecvStream {
+    conn: Rc<ConnRef>,
+    id: StreamId,
+    /// No more reads reach quinn-proto (end seen, reset, stopped or failed).
+    done: bool,
+    /// The end of the stream was seen together with the last data; the next read says so.
+    eof: bool,
+}
+
+impl RecvStream {
+    fn new(conn: &Connection, id: StreamId) -> Self {
+        Self { conn: conn.inner.clone(), id, done: false, eof: false }
+    }
+
+    /// Reads into `buf`, waiting for data. `Ok(None)` at the end of the stream.
+    pub async fn read(&mut self, buf: &mut [u8]) -> Result<Option<usize>, ReadError> {
+        let max = buf.len();
+        let mut n = 0;
+        let r = self
+            .poll_read(max, |chunk| {
+                buf[n..n + chunk.len()].copy_from_slice(&chunk);
+                n += chunk.len();
+            })
+            .await;
+        r.map(|got| got.then_some(n))
+    }
+
+    /// Reads one chunk of at most `max` bytes without copying. `Ok(None)` at the end.
+    pub async fn read_chunk(&mut self, max: usize) -> Result<Option<Bytes>, ReadError> {
+        let mut out = None;
+        let r = self
+            .poll_read_one(max, |chunk| {
+                out = Some(chunk);
+            })
+            .await;
+        r.map(|got| if got { out } else { None })
+    }
+
+    /// Reads to the end of the stream, failing past `limit` bytes.
+    pub async fn read_to_end(&mut self, limit: usize) -> Result<Vec<u8>, ReadError> {
+        let mut out = Vec::new();
+        while let Some(chunk) = self.read_chunk(usize::MAX).await? {
+            if out.len() + chunk.len() > limit {
+                return Err(ReadError::TooLong(limit));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok(out)
+    }
+
+    /// Asks the peer to stop sending, with an application error code.
+    pub fn stop(&mut self, code: u32) {
+        self.done = true;
+        let id = self.id;
+        self.conn.with(|cs| {
+            let _ = cs.conn.recv_stream(id).stop(VarInt::from_u32(code));
+            cs.wake_driver();
+        });
+    }
+
+    /// Copies up to `max` bytes through `sink`, chunk by chunk; `Ok(true)` if data came,
+    /// `Ok(false)` at the end of the stream.
+    async fn poll_read(
+        &mut self,
+        max: usize,
+        mut sink: impl FnMut(Bytes),
+    ) -> Result<bool, ReadError> {
+        self.read_with(max, usize::MAX, &mut sink).await
+    }
+
+    async fn poll_read_one(
+        &mut self,
+        max: usize,
+        mut sink: impl FnMut(Bytes),
+    ) -> Result<bool, ReadError> {
+        self.read_with(max, 1, &mut sink).await
+    }
+
+    async fn read_with(
+        &mut self,
+        max: usize,
+        max_chunks: usize,
+        sink: &mut impl FnMut(Bytes),
+    ) -> Result<bool, ReadError> {
+        if self.eof {
+            return Ok(false);
+        }
+        if max == 0 {
+            return Ok(true);
+        }
+        let id = self.id;
+        let conn = self.conn.clone();
+        let r = poll_fn(|cx| {
+            let r = conn.with(|cs| read_some(cs, id, max, max_chunks, sink, cx.waker()));
+            r.unwrap_or_else(|| Poll::Ready(Err(ReadError::ConnectionLost(conn.error()))))
+        })
+        .await;
+        match r {
+            Ok(ReadOutcome::Data { eof }) => {
+                if eof {
+                    self.eof = true;
+                    self.done = true;
+                }
+                Ok(true)
+            }
+            Ok(ReadOutcome::End) => {
+                self.eof = true;
+                self.done = true;
+                Ok(false)
+            }
+            Err(e) => {
+                self.done = true;
+                Err(e)
+            }
+        }
+    }
+}
+
+enum ReadOutcome {
+    /// Some data; `eof` when the end of the stream came right after it.
+    Data { eof: bool },
+    /// The end of the stream, no data.
+    End,
+}
+
+fn read_some(
+    cs: &mut ConnState,
+    id: StreamId,
+    max: usize,
+    max_chunks: usize,
+    sink: &mut impl FnMut(Bytes),
+    waker: &Waker,
+) -> Poll<Result<ReadOutcome, ReadError>> {
+    let mut stream = cs.conn.recv_stream(id);
+    let mut chunks = match stream.read(true) {
+        Ok(c) => c,
+        Err(_) => {
+            return Poll::Ready(Err(match cs.error.borrow().clone() {
+                Some(e) => ReadError::ConnectionLost(e),
+                None => ReadError::ClosedStream,
+            }))
+        }
+    };
+    let mut got = 0usize;
+    let mut count = 0usize;
+    let outcome = loop {
+        if got >= max || count >= max_chunks {
+            break None;
+        }
+        match chunks.next(max - got) {
+            Ok(Some(chunk)) => {
+                got += chunk.bytes.len();
+                count += 1;
+                sink(chunk.bytes);
+            }
+            Ok(None) => break Some(Ok(ReadOutcome::End)),
+            Err(quinn_proto::ReadError::Blocked) => break None,
+            Err(quinn_proto::ReadError::Reset(code)) => {
+                break Some(Err(ReadError::Reset(code.into_inner())))
+            }
+        }
+    };
+    if chunks.finalize().should_transmit() {
+        cs.wake_driver();
+    }
+    if count > 0 {
+        let eof = matches!(outcome, Some(Ok(ReadOutcome::End)));
+        return Poll::Ready(Ok(ReadOutcome::Data { eof }));
+    }
+    match outcome {
+        Some(r) => Poll::Ready(r),
+        None => {
+            if let Some(e) = cs.error.borrow().clone() {
+                return Poll::Ready(Err(ReadError::ConnectionLost(e)));
+            }
+            cs.waiters.readers.insert(id, waker.clone());
+            Poll::Pending
+        }
+    }
+}
+
+impl Drop for RecvStream {
+    /// A dropped stream that was not read to the end asks the peer to stop (as quinn does).
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let id = self.id;
+        if let Ok(mut st) = self.conn.core.try_borrow_mut() {
+            if let Some(cs) = st.conns.get_mut(&self.conn.handle) {
+                if cs.uid == self.conn.uid {
+                    let _ = cs.conn.recv_stream(id).stop(VarInt::from_u32(0));
+                    cs.wake_driver();
+                }
+            }
+        }
+    }
+}
+
+/// A write on a stream failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum WriteError {
+    /// The peer asked us to stop sending (STOP_SENDING) with this application code.
+    #[error("stopped by peer: code {0}")]
+    Stopped(u64),
+    /// The stream was already finished or reset.
+    #[error("stream closed")]
+    ClosedStream,
+    /// The connection is gone.
+    #[error("connection lost: {0}")]
+    ConnectionLost(ConnectionError),
+}
+
+/// A read on a stream failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReadError {
+    /// The peer abandoned the stream (RESET_STREAM) with this application code.
+    #[error("reset by peer: code {0}")]
+    Reset(u64),
+    /// The stream was already read to the end or stopped.
+    #[error("stream closed")]
+    ClosedStream,
+    /// The connection is gone.
+    #[error("connection lost: {0}")]
+    ConnectionLost(ConnectionError),
+    /// `read_to_end` found more than its limit.
+    #[error("stream longer than {0} bytes")]
+    TooLong(usize),
+}

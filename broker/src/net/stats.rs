@@ -1,0 +1,108 @@
+//! Per-core network counters.
+//!
+//! Each core owns one `CoreStats` and is its only writer; the admin thread (or a test) reads
+//! them. The counters are relaxed atomics: with a single writer they are never contended (the
+//! cache line moves to a reader only when the reader looks), and they cost an ordinary
+//! load + store on the hot path. Nothing else is shared between cores.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::steering::EffectiveSteering;
+
+macro_rules! core_stats {
+    ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {
+        /// Counters owned (written) by one core.
+        #[derive(Debug, Default)]
+        pub struct CoreStats {
+            $( $(#[$doc])* pub(crate) $name: AtomicU64, )*
+        }
+
+        /// A point-in-time copy of one core's counters.
+        #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+        pub struct CoreStatsSnapshot {
+            $( $(#[$doc])* pub $name: u64, )*
+        }
+
+        impl CoreStats {
+            /// Reads every counter (relaxed).
+            pub fn snapshot(&self) -> CoreStatsSnapshot {
+                CoreStatsSnapshot { $( $name: self.$name.load(Ordering::Relaxed), )* }
+            }
+        }
+
+        impl CoreStatsSnapshot {
+            /// `(name, value)` for every counter, in declaration order (for export).
+            pub fn fields(&self) -> Vec<(&'static str, u64)> {
+                vec![ $( (stringify!($name), self.$name), )* ]
+            }
+        }
+    };
+}
+
+core_stats! {
+    /// UDP datagrams this core's socket received (GRO segments counted one by one).
+    datagrams_in,
+    /// Receive syscalls that returned data (datagrams_in / recv_calls = batching factor).
+    recv_calls,
+    /// UDP datagrams sent (GSO segments counted one by one).
+    datagrams_out,
+    /// Send syscalls.
+    send_calls,
+    /// Datagrams received here whose connection ID names another core.
+    misrouted,
+    /// Misrouted datagrams handed to their owner over the core mesh.
+    forwarded_out,
+    /// Datagrams other cores handed to this core over the core mesh.
+    forwarded_in,
+    /// Connections currently owned by this core (gauge).
+    connections,
+    /// Handshakes completed on this core.
+    handshakes,
+    /// Stateless retries sent because the handshake rate limit was reached.
+    retries,
+    /// Connections refused because `max_conns_per_core` was reached.
+    refused_conn_limit,
+    /// Connections closed by the idle timeout.
+    idle_timeouts,
+    /// Streams opened by peers and accepted by the application.
+    streams_accepted,
+    /// STREAMS_BLOCKED frames received: a peer reached `max_streams_per_conn` (counted when its
+    /// connection ends; peers that do not send the frame, such as quinn, only wait).
+    streams_blocked_rx,
+    /// Datagrams dropped because the core-mesh queue to their owner was full.
+    dropped_mesh_full,
+    /// Datagrams dropped because their connection ID names a core that does not exist.
+    dropped_bad_core,
+    /// Established connections dropped because the application's accept queue was full.
+    dropped_accept_full,
+    /// Sends that found the socket buffer full (retried after `SEND_RETRY`).
+    send_would_block,
+    /// Socket errors other than WouldBlock (receive or send).
+    socket_errors,
+    /// Steering mode in effect (0 off, 1 cBPF, 2 eBPF), the same on every core.
+    steering_mode,
+    /// Thread CPU time of the core's executor thread in microseconds, updated every second.
+    cpu_time_us,
+}
+
+impl CoreStats {
+    #[inline]
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        // Single writer: a load + store is enough and cheaper than an atomic add.
+        counter.store(counter.load(Ordering::Relaxed) + n, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub(crate) fn set(counter: &AtomicU64, n: u64) {
+        counter.store(n, Ordering::Relaxed);
+    }
+}
+
+/// The code `steering_mode` exports for a steering mode.
+pub fn steering_code(mode: EffectiveSteering) -> u64 {
+    match mode {
+        EffectiveSteering::Ebpf => 2,
+        EffectiveSteering::Cbpf => 1,
+        EffectiveSteering::Off => 0,
+    }
+}

@@ -1,0 +1,130 @@
+//! Connection migration across the SO_REUSEPORT group: clients rebind to a new local port in the
+//! middle of a transfer (quinn `Endpoint::rebind`). With eBPF or classic BPF steering every
+//! datagram reaches the owning core directly (0 misrouted); with steering off the transfers
+//! still complete, through the core-mesh safety net (misrouted > 0).
+
+#[path = "net_support.rs"]
+mod support;
+
+use std::time::Duration;
+
+use felix_broker::net::steering::{EffectiveSteering, SteeringMode};
+use support::*;
+
+const CORES: usize = 4;
+const CONNS: usize = 4;
+const MIGRATIONS_PER_CONN: usize = 6;
+const CHUNK_BYTES: usize = 32 * 1024;
+const CHUNKS: usize = 48;
+
+/// One connection: echo `CHUNKS` chunks on one stream, rebinding the client endpoint to a new
+/// port every few chunks. Returns the number of migrations done.
+async fn migrating_transfer(ep: quinn::Endpoint, conn: quinn::Connection, seed: usize) -> usize {
+    let data = payload(seed, CHUNK_BYTES * CHUNKS);
+    let (mut send, mut recv) = conn.open_bi().await.expect("open_bi");
+    let reader = tokio::spawn(async move { recv.read_to_end(usize::MAX).await });
+    let every = CHUNKS / (MIGRATIONS_PER_CONN + 1);
+    let mut migrations = 0;
+    for (i, chunk) in data.chunks(CHUNK_BYTES).enumerate() {
+        send.write_all(chunk).await.expect("write");
+        if i > 0 && i % every == 0 && migrations < MIGRATIONS_PER_CONN {
+            let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            ep.rebind(socket).expect("rebind");
+            migrations += 1;
+            // Let some data flow on the new path before the next move.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    send.finish().expect("finish");
+    let back = tokio::time::timeout(STEP_TIMEOUT, reader)
+        .await
+        .expect("echo in time")
+        .expect("reader task")
+        .expect("read echo");
+    assert!(back == data, "echo after migrations differs");
+    conn.close(0u32.into(), b"done");
+    migrations
+}
+
+async fn run(mode: SteeringMode, refuse_ebpf: bool, expect: EffectiveSteering) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path(), CORES);
+    cfg.steering = mode;
+    cfg.steering_refuse_ebpf = refuse_ebpf;
+    let (server, seen) = start_echo(cfg);
+    assert_eq!(server.steering(), expect);
+    let addr = server.local_addr();
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut owners = Vec::new();
+    for i in 0..CONNS {
+        let ep = client(dir.path());
+        let (conn, core) = connect(&ep, addr).await;
+        owners.push(usize::from(core));
+        tasks.spawn(migrating_transfer(ep, conn, i));
+    }
+    let mut migrations = 0;
+    let all = async {
+        while let Some(r) = tasks.join_next().await {
+            migrations += r.expect("transfer task");
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all).await.expect("transfers in time");
+    assert!(migrations >= 20, "{migrations} migrations");
+    assert!(eventually(|| seen.lock().unwrap().closed.len() == CONNS).await);
+    let stats = server.stats();
+    let misrouted: u64 = stats.iter().map(|s| s.misrouted).sum();
+    let forwarded_in: u64 = stats.iter().map(|s| s.forwarded_in).sum();
+    let dropped: u64 = stats.iter().map(|s| s.dropped_mesh_full).sum();
+    eprintln!("{mode:?}: owners {owners:?}, {migrations} migrations, stats {stats:#?}");
+    assert_eq!(seen.lock().unwrap().accepted.len(), CONNS);
+    match expect {
+        EffectiveSteering::Ebpf | EffectiveSteering::Cbpf => {
+            assert_eq!(misrouted, 0, "steered: no datagram reached a non-owner");
+            assert_eq!(forwarded_in, 0);
+            for (core, s) in stats.iter().enumerate() {
+                if !owners.contains(&core) {
+                    assert_eq!(s.datagrams_in, 0, "core {core} owns nothing and got datagrams");
+                }
+            }
+        }
+        EffectiveSteering::Off => {
+            assert!(misrouted > 0, "4-tuple hashing after migrations must misroute");
+            assert_eq!(forwarded_in + dropped, misrouted);
+        }
+    }
+    for s in &stats {
+        CoreStatsCheck(s).consistent();
+    }
+    server.shutdown();
+}
+
+struct CoreStatsCheck<'a>(&'a felix_broker::net::CoreStatsSnapshot);
+
+impl CoreStatsCheck<'_> {
+    fn consistent(&self) {
+        let s = self.0;
+        assert!(s.misrouted <= s.datagrams_in, "{s:?}");
+        assert_eq!(s.forwarded_out + s.dropped_mesh_full + s.dropped_bad_core, s.misrouted);
+        assert!(s.recv_calls <= s.datagrams_in);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_ebpf() {
+    run(SteeringMode::Ebpf, false, EffectiveSteering::Ebpf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_cbpf() {
+    run(SteeringMode::Cbpf, false, EffectiveSteering::Cbpf).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_steering_off_uses_safety_net() {
+    run(SteeringMode::Off, false, EffectiveSteering::Off).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migration_ebpf_refused_falls_back_to_cbpf() {
+    run(SteeringMode::Auto, true, EffectiveSteering::Cbpf).await;
+}

@@ -33,6 +33,9 @@ const ORPHAN_SUB_STREAMS_MAX: usize = 64;
 const SUBSCRIPTION_START_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes asked of quinn per read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// QUIC keep-alive, well under the broker's idle timeout, so that an idle subscriber or
+/// publisher keeps its connection.
+pub(crate) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// An established connection.
 pub(crate) struct Conn {
@@ -235,7 +238,7 @@ pub(crate) fn encode_checked(
 
 /// One bidirectional stream carrying requests; its reader task routes answers by request id.
 pub(crate) struct Lane {
-    send: tokio::sync::Mutex<quinn::SendStream>,
+    send: Arc<tokio::sync::Mutex<quinn::SendStream>>,
     pending: Arc<Pending>,
 }
 
@@ -261,10 +264,12 @@ impl Lane {
         unacked_errors: Arc<AtomicU64>,
     ) -> Arc<Self> {
         let lane = Arc::new(Self {
-            send: tokio::sync::Mutex::new(send),
+            send: Arc::new(tokio::sync::Mutex::new(send)),
             pending: Arc::new(Pending::default()),
         });
-        tokio::spawn(read_answers(recv, limits, lane.pending.clone(), unacked_errors));
+        let reader =
+            Reader { pending: lane.pending.clone(), send: lane.send.clone(), unacked_errors };
+        tokio::spawn(read_answers(recv, limits, reader));
         lane
     }
 
@@ -378,13 +383,17 @@ impl Pending {
     }
 }
 
-/// Reads answers from one lane and hands each to the request that waits for it.
-async fn read_answers(
-    mut recv: quinn::RecvStream,
-    limits: Limits,
+/// What the reader task of a lane needs.
+struct Reader {
     pending: Arc<Pending>,
+    /// To answer the broker's Ping.
+    send: Arc<tokio::sync::Mutex<quinn::SendStream>>,
     unacked_errors: Arc<AtomicU64>,
-) {
+}
+
+/// Reads answers from one lane and hands each to the request that waits for it.
+async fn read_answers(mut recv: quinn::RecvStream, limits: Limits, reader: Reader) {
+    let Reader { pending, send, unacked_errors } = reader;
     let mut decoder = FrameDecoder::new(limits, Capabilities::NONE);
     let why = loop {
         let chunk = match recv.read_chunk(READ_CHUNK_BYTES, true).await {
@@ -396,6 +405,13 @@ async fn read_answers(
         let mut fatal = None;
         while let Some(item) = decoder.poll_frame() {
             match item {
+                Ok(Frame::Ping(nonce)) => {
+                    let pong = Frame::Pong(nonce).to_bytes();
+                    if let Err(e) = send.lock().await.write_all(&pong).await {
+                        fatal = Some(lost(e));
+                        break;
+                    }
+                }
                 Ok(frame) => route_answer(frame, &pending, &unacked_errors),
                 Err(e) if e.fatal => {
                     fatal = Some(ClientError::Protocol(format!("framing lost: {e}")));
@@ -429,7 +445,7 @@ fn route_answer(frame: Frame, pending: &Pending, unacked_errors: &AtomicU64) {
             tracing::warn!(code = ?e.code, message = %e.message, "connection-level broker error");
             return;
         }
-        Frame::Ping(_) | Frame::Pong(_) => return,
+        Frame::Pong(_) => return,
         other => {
             tracing::warn!(frame = ?other.frame_type(), "unexpected frame on a request stream");
             return;

@@ -61,7 +61,11 @@ pub(crate) fn client_config(trust: &Trust) -> Result<TlsSetup, ConfigError> {
     tls.alpn_protocols = vec![felix_proto::ALPN.to_vec()];
     let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls)
         .map_err(|e| ConfigError::Tls(e.to_string()))?;
-    Ok(TlsSetup { quic: quinn::ClientConfig::new(Arc::new(crypto)), rejection })
+    let mut quic = quinn::ClientConfig::new(Arc::new(crypto));
+    let mut transport = quinn::TransportConfig::default();
+    transport.keep_alive_interval(Some(crate::conn::KEEP_ALIVE_INTERVAL));
+    quic.transport_config(Arc::new(transport));
+    Ok(TlsSetup { quic, rejection })
 }
 
 /// Reads certificates from `path`: PEM (any number of `CERTIFICATE` blocks) or one DER.

@@ -119,3 +119,30 @@ async fn with_everything_advertised_every_bit_is_used() {
     assert_eq!(broker.state.lock().flags_seen, 0x0003);
     broker.assert_no_unadvertised_bits();
 }
+
+#[tokio::test]
+async fn the_harness_notices_an_unadvertised_bit() {
+    // Guards the tests above: a keyed, acked Publish written raw to a broker that advertises
+    // neither bit is recorded as a violation.
+    let broker =
+        TestBroker::start(BrokerOptions { capabilities: Capabilities::NONE, ..Default::default() })
+            .await;
+    broker.create_stream(STREAM, 1);
+    let (_endpoint, mut send, _recv) = broker.raw_session().await;
+    let publish = felix_proto::Frame::Publish(felix_proto::Publish {
+        ack: Some(felix_proto::AckRequest {
+            request_id: felix_proto::RequestId(1),
+            mode: AckMode::Durable,
+        }),
+        key: Some(bytes::Bytes::from_static(b"k")),
+        stream: STREAM.into(),
+        records: vec![bytes::Bytes::from_static(b"v")],
+    });
+    send.write_all(&publish.to_bytes()).await.unwrap();
+    support::wait_until(&broker.state, "violation recorded", |o| !o.violations.is_empty()).await;
+    assert_eq!(broker.state.lock().flags_seen, 0x0003);
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        broker.assert_no_unadvertised_bits()
+    }));
+    assert!(caught.is_err(), "assert_no_unadvertised_bits must fail here");
+}

@@ -561,3 +561,39 @@ pub async fn wait_until(state: &State, what: &str, cond: impl Fn(&Observed) -> b
     }
     panic!("never happened: {what}");
 }
+
+impl TestBroker {
+    /// A raw connection that has sent Hello and read HelloOk: lets a test write any bytes, to
+    /// check that the harness itself notices what it must notice.
+    pub async fn raw_session(&self) -> (quinn::Endpoint, quinn::SendStream, quinn::RecvStream) {
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(self.cert.clone()).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        tls.alpn_protocols = vec![felix_proto::ALPN.to_vec()];
+        let crypto = quinn::crypto::rustls::QuicClientConfig::try_from(tls).unwrap();
+        let endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+        let conn = endpoint
+            .connect_with(quinn::ClientConfig::new(Arc::new(crypto)), self.addr, "localhost")
+            .unwrap()
+            .await
+            .unwrap();
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        let hello = Frame::Hello(felix_proto::Hello {
+            version: PROTOCOL_VERSION,
+            capabilities: Capabilities::ALL,
+            token: None,
+        });
+        send.write_all(&hello.to_bytes()).await.unwrap();
+        let mut head = [0u8; felix_proto::HEADER_LEN];
+        recv.read_exact(&mut head).await.unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes([head[6], head[7], head[8], head[9]]) as usize];
+        recv.read_exact(&mut body).await.unwrap();
+        assert_eq!(head[3], 0x02, "HelloOk");
+        (endpoint, send, recv)
+    }
+}

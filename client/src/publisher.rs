@@ -101,7 +101,14 @@ impl Publisher {
         if settings.ack_mode != AckMode::None && !caps.contains(Capabilities::PUBLISH_ACKED) {
             return Err(ClientError::Unsupported("acked publish"));
         }
-        let shard_count = client.describe_stream(&stream).await?.shards;
+        // The shard count lets keys go to the connection of their shard's core. A stream that
+        // does not exist yet may be created by the broker on the first publish (auto-create):
+        // then publish without the hint, and let the broker answer if it refuses.
+        let shard_count = match client.describe_stream(&stream).await {
+            Ok(d) => Some(d.shards),
+            Err(ClientError::Broker { code: felix_proto::ErrorCode::StreamNotFound, .. }) => None,
+            Err(e) => return Err(e),
+        };
         let limits = client.limits();
         let slots = client.shared.slots.len();
         let mut worker_of_core = HashMap::new();
@@ -137,7 +144,7 @@ impl Publisher {
                 caps,
                 limits,
                 workers,
-                shard_count: Some(shard_count).filter(|n| *n > 0),
+                shard_count: shard_count.filter(|n| *n > 0),
                 worker_of_core,
                 unkeyed_records: AtomicU64::new(0),
             }),

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use felix_proto::{
-    CommitOffset, Frame, FrameType, Offset, ShardId, StartAt, Subscribe, SubscriptionId,
+    CommitOffset, ErrorCode, Frame, FrameType, Offset, ShardId, StartAt, Subscribe, SubscriptionId,
 };
 
 use crate::conn::{unexpected, Conn, SubStream};
@@ -179,6 +179,13 @@ impl Subscriber {
             match self.stream.recv.read_chunk(READ_CHUNK_BYTES, true).await {
                 Ok(Some(chunk)) => self.stream.decoder.handle_chunk(chunk.bytes),
                 Ok(None) => self.ended = true,
+                Err(quinn::ReadError::Reset(code)) => {
+                    self.ended = true;
+                    let code = u16::try_from(code.into_inner())
+                        .map_or(ErrorCode::Unknown, ErrorCode::from_u16);
+                    let message = "the broker reset the subscription stream".to_owned();
+                    return Err(ClientError::Broker { code, message });
+                }
                 Err(e) => return Err(ClientError::ConnectionLost(e.to_string())),
             }
         }

@@ -259,3 +259,30 @@ async fn consumer_group_commits_and_resumes() {
     ));
     broker.assert_no_unadvertised_bits();
 }
+
+#[tokio::test]
+async fn publishing_to_a_missing_stream_fails_with_the_brokers_code() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    let client = Client::connect(broker.client_config()).await.unwrap();
+    // The test broker does not auto-create: the publisher starts without a routing hint and
+    // the broker's refusal reaches the record.
+    let publisher = client.publisher("acme/app/missing").await.unwrap();
+    assert_eq!(publisher.shard_for_key(b"k"), None);
+    let err = publisher.publish(Record::keyed("k", "v")).await.unwrap_err();
+    assert!(matches!(err, ClientError::Broker { code: ErrorCode::StreamNotFound, .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_reset_subscription_stream_reports_the_brokers_code() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream(STREAM, 1);
+    let client = Client::connect(broker.client_config()).await.unwrap();
+    client.publisher(STREAM).await.unwrap().publish(Record::unkeyed("x")).await.unwrap();
+    let mut sub =
+        client.subscribe(SubscribeOptions::new(STREAM).start(StartAt::Earliest)).await.unwrap();
+    next_n(&mut sub, 1).await;
+    broker.state.reset_subscriptions(ErrorCode::SlowConsumer);
+    let err = tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap_err();
+    assert!(matches!(err, ClientError::Broker { code: ErrorCode::SlowConsumer, .. }), "{err}");
+    assert_eq!(sub.next().await, Ok(None), "a reset subscription stays ended");
+}

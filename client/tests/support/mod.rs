@@ -95,6 +95,8 @@ pub struct Observed {
 pub struct State {
     pub observed: Mutex<Observed>,
     changed: watch::Sender<u64>,
+    /// Set to a code to reset every subscription stream with it.
+    reset_subscriptions: watch::Sender<Option<u32>>,
     next_subscription: AtomicU64,
     next_core: AtomicUsize,
 }
@@ -104,6 +106,7 @@ impl Default for State {
         Self {
             observed: Mutex::default(),
             changed: watch::channel(0).0,
+            reset_subscriptions: watch::channel(None).0,
             next_subscription: AtomicU64::new(1),
             next_core: AtomicUsize::new(0),
         }
@@ -113,6 +116,11 @@ impl Default for State {
 impl State {
     pub fn lock(&self) -> std::sync::MutexGuard<'_, Observed> {
         self.observed.lock().unwrap()
+    }
+
+    /// Resets every subscription stream with `code` (as the broker does for a slow consumer).
+    pub fn reset_subscriptions(&self, code: ErrorCode) {
+        self.reset_subscriptions.send_replace(Some(u32::from(code.as_u16())));
     }
 
     fn bump(&self) {
@@ -515,6 +523,7 @@ async fn push_subscription(
         return;
     }
     let mut changed = ctx.state.changed.subscribe();
+    let mut reset = ctx.state.reset_subscriptions.subscribe();
     let batch_max = ctx.options.limits.max_batch_records as usize;
     loop {
         let mut out = BytesMut::new();
@@ -547,6 +556,12 @@ async fn push_subscription(
         tokio::select! {
             r = changed.changed() => if r.is_err() { return },
             _ = ctx.conn.closed() => return,
+            _ = reset.changed() => {
+                if let Some(code) = *reset.borrow() {
+                    let _ = send.reset(code.into());
+                    return;
+                }
+            }
         }
     }
 }

@@ -12,7 +12,7 @@
 //! then is reported by [`Client::cores_reached`].
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -57,6 +57,8 @@ pub(crate) struct Shared {
     pub(crate) slots: Vec<Slot>,
     first_hello: felix_proto::HelloOk,
     next_subscription_slot: AtomicUsize,
+    /// Set by [`Client::close`]: no reconnect after it.
+    closed: AtomicBool,
 }
 
 /// One position of the pool: the current connection and the gate that serialises reconnects.
@@ -117,6 +119,7 @@ impl Client {
                 slots,
                 first_hello,
                 next_subscription_slot: AtomicUsize::new(0),
+                closed: AtomicBool::new(false),
             }),
         })
     }
@@ -240,8 +243,11 @@ impl Client {
         Subscriber::start(conn, options).await
     }
 
-    /// Closes every connection. Operations in flight fail with `ConnectionLost`.
+    /// Closes every connection. Operations in flight fail with `ConnectionLost`, later ones
+    /// with `Closed` (no reconnect). Dropping every clone of the client, its publishers and
+    /// subscribers closes the connections too.
     pub fn close(&self) {
+        self.shared.closed.store(true, Ordering::Relaxed);
         for slot in &self.shared.slots {
             if let Some(c) = slot.get_current() {
                 c.close();
@@ -253,6 +259,9 @@ impl Client {
 impl Shared {
     /// The connection of slot `index`, reconnecting with backoff if it is closed.
     pub(crate) async fn conn(&self, index: usize) -> Result<Arc<Conn>, ClientError> {
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(ClientError::Closed);
+        }
         let slot = &self.slots[index % self.slots.len()];
         if let Some(c) = slot.get_current().filter(|c| !c.is_closed()) {
             return Ok(c);

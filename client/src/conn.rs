@@ -196,6 +196,14 @@ impl Conn {
     }
 }
 
+/// The last handle gone, nothing can use the connection: close it, so that its reader tasks and
+/// keep-alives stop too.
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
 /// Checks `frame` against `caps` and `limits`, then encodes it.
 ///
 /// Refuses, before anything is written: a flag bit the broker did not advertise, a Subscribe

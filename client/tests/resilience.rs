@@ -131,3 +131,13 @@ async fn connecting_to_a_silent_port_times_out() {
     let err = Client::connect(config).await.err().unwrap();
     assert_eq!(err, ClientError::Timeout { what: "connect", after_ms: 300 });
 }
+
+#[tokio::test]
+async fn a_closed_client_does_not_reconnect() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    let client = Client::connect(broker.client_config()).await.unwrap();
+    let hellos = broker.state.lock().hellos;
+    client.close();
+    assert_eq!(client.list_streams("").await, Err(ClientError::Closed));
+    assert_eq!(broker.state.lock().hellos, hellos);
+}

@@ -1,6 +1,115 @@
-//! The `felix` binary.
+//! The `felix` binary: `felix serve` runs a broker.
 
-fn main() {
-    eprintln!("felix: the broker is not assembled yet");
-    std::process::exit(2);
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use felix_broker::app::Broker;
+use felix_broker::config::{self, ServeArgs};
+
+/// Felix: a durable publish/subscribe log broker over QUIC.
+#[derive(Parser)]
+#[command(name = "felix", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a broker (defaults: 127.0.0.1:7400, one core per CPU, ./felix-data, dev certificate).
+    Serve(ServeArgs),
+}
+
+fn main() -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FELIX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
+    let matches = Cli::command().get_matches();
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(c) => c,
+        Err(e) => e.exit(),
+    };
+    for name in config::unknown_env_vars::<Cli>(std::env::vars().map(|(k, _)| k), &["FELIX_LOG"]) {
+        eprintln!("felix: warning: environment variable {name} is not a Felix setting (typo?)");
+    }
+    match cli.command {
+        Command::Serve(args) => {
+            let sub = matches.subcommand_matches("serve").cloned().unwrap_or_default();
+            serve(args, &sub)
+        }
+    }
+}
+
+fn serve(args: ServeArgs, matches: &clap::ArgMatches) -> ExitCode {
+    let args = match args.resolve(matches) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("felix: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    println!("# felix serve: effective configuration\n{}", args.render());
+    if args.print_config {
+        return ExitCode::SUCCESS;
+    }
+    let metrics = match args.metrics_addr() {
+        Ok(m) => m,
+        Err(e) => {
+            eprintln!("felix: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let term = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        // A second signal while shutting down exits at once (the logs recover on restart).
+        let registered = signal_hook::flag::register_conditional_shutdown(sig, 130, term.clone())
+            .and_then(|_| signal_hook::flag::register(sig, term.clone()));
+        if let Err(e) = registered {
+            eprintln!("felix: cannot install signal handlers: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    let broker = match Broker::start(&args) {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("felix: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(addr) = metrics {
+        match felix_broker::admin::start(
+            addr,
+            broker.stats.clone(),
+            broker.net.clone(),
+            broker.ready.clone(),
+        ) {
+            Ok(local) => eprintln!("felix: metrics on http://{local}/metrics"),
+            Err(e) => {
+                eprintln!("felix: metrics address {addr}: {e}");
+                broker.shutdown();
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    eprintln!(
+        "felix: serving on {} with {} cores, steering {:?}",
+        broker.local_addr(),
+        args.cores,
+        broker.steering()
+    );
+    while !term.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(200));
+        broker.refresh();
+    }
+    eprintln!("felix: shutting down (a second signal exits at once)");
+    broker.shutdown();
+    eprintln!("felix: stopped");
+    ExitCode::SUCCESS
 }

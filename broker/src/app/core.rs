@@ -1,0 +1,486 @@
+//! One core's broker state: its stream logs, the stream registry, consumer positions, and the
+//! handling of requests for the shards it owns (from its own connections or from the mesh).
+//!
+//! Shard `s` of every stream is owned by core `s % cores`. Everything here lives on one core
+//! (`Rc`, `RefCell`); other cores reach it only through [`super::mesh`].
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use felix_proto::{
+    AckMode, CoreId, ErrorCode, Offset, Record, Retention, ShardId, StartAt, StreamName,
+};
+use felix_storage::{
+    AppendOutcome, CoreStore, RetentionConfig, StorageError, StoredBatch, StreamLog,
+};
+use glommio::sync::Semaphore;
+
+use super::mesh::{CoreRequest, CoreResponse, Mesh, WireError};
+use super::meta::{self, StreamMeta};
+use super::stats::{self, AppStats};
+
+/// The internal log of consumer positions kept by each core (shard 0 only).
+pub const OFFSETS_LOG: &str = "felix-internal/offsets/v1";
+
+/// Settings every core shares (copied into each core at start).
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Data directory.
+    pub data_dir: PathBuf,
+    /// Cores running.
+    pub cores: usize,
+    /// Create streams on first use.
+    pub auto_create: bool,
+    /// Shards of auto-created streams.
+    pub default_shards: u32,
+    /// Default retention.
+    pub retention: Retention,
+    /// Limits advertised to clients.
+    pub limits: felix_proto::Limits,
+    /// Publish bytes in flight per connection.
+    pub inflight_bytes_per_conn: usize,
+    /// Publish bytes in flight per core.
+    pub inflight_bytes_per_core: usize,
+    /// How long a subscriber may block before it is disconnected.
+    pub slow_consumer: Duration,
+}
+
+/// A stream known to this core.
+pub struct StreamEntry {
+    /// Its definition.
+    pub meta: StreamMeta,
+    /// The log of the shards this core owns (none if it owns no shard of the stream).
+    pub log: Option<StreamLog>,
+    unkeyed_next: Cell<u32>,
+}
+
+/// One core's broker state.
+pub struct CoreApp {
+    /// This core.
+    pub core: CoreId,
+    /// Shared settings.
+    pub settings: Settings,
+    /// The core's storage.
+    pub store: CoreStore,
+    /// The mesh to other cores.
+    pub mesh: Rc<Mesh>,
+    /// Statistics, read by the admin thread.
+    pub stats: Arc<AppStats>,
+    /// Publish bytes in flight on this core.
+    pub core_budget: Rc<Semaphore>,
+    /// Publish-to-ack latency (core-local; published periodically).
+    pub ack_latency_us: RefCell<hdrhistogram::Histogram<u64>>,
+    streams: RefCell<HashMap<String, Rc<StreamEntry>>>,
+    opening: Semaphore,
+    offsets: RefCell<HashMap<(String, String, u32), u64>>,
+    offsets_log: StreamLog,
+    /// Set when shutdown starts: new publishes are refused.
+    pub stopping: Cell<bool>,
+}
+
+impl CoreApp {
+    /// Opens the core's storage, recovers every stream it owns shards of, and loads consumer
+    /// positions.
+    pub async fn open(
+        core: CoreId,
+        settings: Settings,
+        store: CoreStore,
+        mesh: Rc<Mesh>,
+        stats: Arc<AppStats>,
+    ) -> Result<Rc<CoreApp>, String> {
+        let (offsets_log, _) = store
+            .open_stream(OFFSETS_LOG, &[ShardId(0)], Some(RetentionConfig::default()))
+            .await
+            .map_err(|e| format!("{core}: consumer offsets: {e}"))?;
+        let app = Rc::new(CoreApp {
+            core,
+            core_budget: Rc::new(Semaphore::new(settings.inflight_bytes_per_core as u64)),
+            settings,
+            store,
+            mesh,
+            stats,
+            ack_latency_us: RefCell::new(stats::new_histogram()),
+            streams: RefCell::default(),
+            opening: Semaphore::new(1),
+            offsets: RefCell::default(),
+            offsets_log,
+            stopping: Cell::new(false),
+        });
+        app.load_offsets().await.map_err(|e| format!("{core}: consumer offsets: {e}"))?;
+        let metas = meta::load_all(&app.settings.data_dir).map_err(|e| e.to_string())?;
+        for m in metas {
+            app.register(m).await.map_err(|e| format!("{core}: {}", e.message))?;
+        }
+        Ok(app)
+    }
+
+    /// The core that owns `shard`.
+    pub fn owner(&self, shard: ShardId) -> CoreId {
+        CoreId((shard.0 as usize % self.settings.cores) as u16)
+    }
+
+    /// Every open stream entry.
+    pub fn entries(&self) -> Vec<Rc<StreamEntry>> {
+        self.streams.borrow().values().cloned().collect()
+    }
+
+    /// The stream `name`, loading its definition from disk, or creating it when allowed.
+    pub async fn stream(&self, name: &str, create: bool) -> Result<Rc<StreamEntry>, WireError> {
+        if let Some(e) = self.streams.borrow().get(name) {
+            return Ok(e.clone());
+        }
+        let parsed = StreamName::parse(name)
+            .map_err(|e| WireError::new(ErrorCode::InvalidStreamName, e.to_string()))?;
+        let found = meta::load(&self.settings.data_dir, &parsed).map_err(internal)?;
+        let m = match found {
+            Some(m) => m,
+            None if create && self.settings.auto_create => {
+                let m = StreamMeta {
+                    name: parsed,
+                    shards: self.settings.default_shards,
+                    retention: self.settings.retention,
+                };
+                meta::create(&self.settings.data_dir, &m).map_err(internal)?.0
+            }
+            None => {
+                return Err(WireError::new(ErrorCode::StreamNotFound, format!("no stream {name}")))
+            }
+        };
+        self.register(m).await
+    }
+
+    /// Creates a stream explicitly. Creating an existing stream with the same settings succeeds.
+    pub async fn create_stream(&self, m: StreamMeta) -> Result<StreamMeta, WireError> {
+        if m.shards == 0 || m.shards > felix_proto::limits::MAX_SHARDS_PER_STREAM {
+            return Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                format!("shards must be 1..={}", felix_proto::limits::MAX_SHARDS_PER_STREAM),
+            ));
+        }
+        let (found, _) = meta::create(&self.settings.data_dir, &m).map_err(internal)?;
+        if found != m {
+            return Err(WireError::new(
+                ErrorCode::StreamExists,
+                format!("{} exists with {} shards", found.name, found.shards),
+            ));
+        }
+        self.register(found.clone()).await?;
+        Ok(found)
+    }
+
+    async fn register(&self, m: StreamMeta) -> Result<Rc<StreamEntry>, WireError> {
+        let _guard = self.opening.acquire_permit(1).await.map_err(internal)?;
+        if let Some(e) = self.streams.borrow().get(m.name.as_str()) {
+            return Ok(e.clone());
+        }
+        let owned: Vec<ShardId> =
+            (0..m.shards).map(ShardId).filter(|s| self.owner(*s) == self.core).collect();
+        let log = if owned.is_empty() {
+            None
+        } else {
+            let retention = RetentionConfig {
+                bytes_max: m.retention.bytes_max,
+                age_ms_max: m.retention.age_max_ms,
+            };
+            let (log, report) = self
+                .store
+                .open_stream(m.name.as_str(), &owned, Some(retention))
+                .await
+                .map_err(|e| storage_error(&e))?;
+            if report.torn_bytes_dropped > 0 {
+                stats::add(
+                    &self.stats.counters.storage_torn_bytes_dropped,
+                    report.torn_bytes_dropped,
+                );
+            }
+            Some(log)
+        };
+        let entry = Rc::new(StreamEntry { meta: m, log, unkeyed_next: Cell::new(0) });
+        self.streams.borrow_mut().insert(entry.meta.name.as_str().to_owned(), entry.clone());
+        Ok(entry)
+    }
+
+    /// The shard an unkeyed batch goes to: one this core owns, round-robin, so unkeyed
+    /// publishes never cross cores; when the core owns none, a fixed shard elsewhere.
+    pub fn unkeyed_shard(&self, entry: &StreamEntry) -> ShardId {
+        let n = self.settings.cores as u32;
+        let mine: u32 =
+            (0..entry.meta.shards).filter(|s| s % n == u32::from(self.core.0)).count() as u32;
+        if mine == 0 {
+            return ShardId(u32::from(self.core.0) % entry.meta.shards);
+        }
+        let k = entry.unkeyed_next.get();
+        entry.unkeyed_next.set(k.wrapping_add(1));
+        ShardId(u32::from(self.core.0) + (k % mine) * n)
+    }
+
+    /// Handles a request for a shard this core owns.
+    pub async fn handle_request(self: &Rc<Self>, req: CoreRequest) -> CoreResponse {
+        match req {
+            CoreRequest::Append { stream, shard, records, timestamp_ms, ack } => {
+                CoreResponse::Appended(
+                    self.append_local(&stream, shard, &records, timestamp_ms, ack).await,
+                )
+            }
+            CoreRequest::Read { stream, shard, from, max_bytes, wait_ms } => CoreResponse::Batches(
+                self.read_local(&stream, shard, from, max_bytes, wait_ms).await,
+            ),
+            CoreRequest::Resolve { stream, shard, start, group } => {
+                CoreResponse::Position(self.resolve_local(&stream, shard, start, group).await)
+            }
+            CoreRequest::Commit { stream, group, shard, offset } => {
+                CoreResponse::Committed(self.commit_local(&stream, &group, shard, offset).await)
+            }
+        }
+    }
+
+    /// Runs `req` on the owner of `shard`: here, or over the mesh.
+    pub async fn on_owner(
+        self: &Rc<Self>,
+        shard: ShardId,
+        req: CoreRequest,
+    ) -> Result<CoreResponse, WireError> {
+        let owner = self.owner(shard);
+        if owner == self.core {
+            Ok(self.handle_request(req).await)
+        } else {
+            self.mesh.call(self.core, owner, req).await
+        }
+    }
+
+    async fn owned_log(&self, stream: &str, shard: ShardId) -> Result<StreamLog, WireError> {
+        let entry = self.stream(stream, false).await?;
+        if shard.0 >= entry.meta.shards {
+            return Err(WireError::new(
+                ErrorCode::InvalidShard,
+                format!("{stream} has no {shard}"),
+            ));
+        }
+        entry.log.clone().ok_or_else(|| {
+            WireError::new(ErrorCode::Internal, format!("{shard} is not on this core"))
+        })
+    }
+
+    /// Appends to an owned shard. The batch is queued (its offsets fixed) at the first poll.
+    pub async fn append_local(
+        &self,
+        stream: &str,
+        shard: ShardId,
+        records: &[Record],
+        timestamp_ms: u64,
+        ack: AckMode,
+    ) -> Result<AppendOutcome, WireError> {
+        let log = match self.streams.borrow().get(stream).and_then(|e| e.log.clone()) {
+            Some(log) => log,
+            None => {
+                return Err(WireError::new(
+                    ErrorCode::StreamNotFound,
+                    format!("{stream} is not open here"),
+                ))
+            }
+        };
+        let bytes: u64 = records
+            .iter()
+            .map(|r| (r.value.len() + r.key.as_ref().map_or(0, Bytes::len)) as u64)
+            .sum();
+        let out =
+            log.append(shard, records, timestamp_ms, ack).await.map_err(|e| storage_error(&e))?;
+        stats::add(&self.stats.counters.storage_append_bytes, bytes);
+        stats::add(&self.stats.counters.storage_appends, 1);
+        Ok(out)
+    }
+
+    async fn read_local(
+        &self,
+        stream: &str,
+        shard: ShardId,
+        from: Offset,
+        max_bytes: usize,
+        wait_ms: u64,
+    ) -> Result<Vec<StoredBatch>, WireError> {
+        let log = self.owned_log(stream, shard).await?;
+        let batches = log.read(shard, from, max_bytes).await.map_err(|e| storage_error(&e))?;
+        if !batches.is_empty() || wait_ms == 0 {
+            return Ok(batches);
+        }
+        let waited = glommio::timer::timeout(Duration::from_millis(wait_ms), async {
+            log.wait_for(shard, from)
+                .await
+                .map_err(|e| glommio::GlommioError::IoError(std::io::Error::other(e.to_string())))
+        })
+        .await;
+        match waited {
+            Ok(()) => log.read(shard, from, max_bytes).await.map_err(|e| storage_error(&e)),
+            Err(_) => Ok(Vec::new()),
+        }
+    }
+
+    async fn resolve_local(
+        &self,
+        stream: &str,
+        shard: ShardId,
+        start: StartAt,
+        group: Option<String>,
+    ) -> Result<Offset, WireError> {
+        let log = self.owned_log(stream, shard).await?;
+        let first = log.start_offset(shard).map_err(|e| storage_error(&e))?;
+        let next = log.next_offset(shard).map_err(|e| storage_error(&e))?;
+        if let Some(g) = group {
+            if let Some(o) = self.offsets.borrow().get(&(stream.to_owned(), g, shard.0)) {
+                return Ok(Offset((*o).clamp(first.0, next.0)));
+            }
+        }
+        Ok(match start {
+            StartAt::Earliest => first,
+            StartAt::Latest => next,
+            StartAt::Offset(o) if o < first || o > next => {
+                return Err(WireError::new(
+                    ErrorCode::OffsetOutOfRange,
+                    format!("{shard} holds offsets {}..{}", first.0, next.0),
+                ))
+            }
+            StartAt::Offset(o) => o,
+            StartAt::Timestamp(t) => self.offset_at_time(&log, shard, first, next, t).await?,
+        })
+    }
+
+    /// The first offset stored at or after `t`, by scanning batch timestamps from the start.
+    async fn offset_at_time(
+        &self,
+        log: &StreamLog,
+        shard: ShardId,
+        first: Offset,
+        next: Offset,
+        t: u64,
+    ) -> Result<Offset, WireError> {
+        let mut at = first;
+        while at < next {
+            let batches = log.read(shard, at, 1 << 20).await.map_err(|e| storage_error(&e))?;
+            let Some(last) = batches.last() else { break };
+            for b in &batches {
+                if b.last_timestamp_ms >= t {
+                    return Ok(b.base_offset.max(at));
+                }
+            }
+            at = Offset(last.base_offset.0 + last.records.len() as u64);
+        }
+        Ok(next)
+    }
+
+    async fn commit_local(
+        &self,
+        stream: &str,
+        group: &str,
+        shard: ShardId,
+        offset: Offset,
+    ) -> Result<(), WireError> {
+        self.owned_log(stream, shard).await?;
+        let key = format!("{stream}\n{group}\n{}", shard.0);
+        let rec = Record::keyed(Bytes::from(key), Bytes::copy_from_slice(&offset.0.to_be_bytes()));
+        self.offsets_log
+            .append(ShardId(0), &[rec], now_ms(), AckMode::Durable)
+            .await
+            .map_err(|e| storage_error(&e))?;
+        self.offsets.borrow_mut().insert((stream.to_owned(), group.to_owned(), shard.0), offset.0);
+        stats::add(&self.stats.counters.commits, 1);
+        Ok(())
+    }
+
+    async fn load_offsets(&self) -> Result<(), StorageError> {
+        let mut at = self.offsets_log.start_offset(ShardId(0))?;
+        loop {
+            let batches = self.offsets_log.read(ShardId(0), at, 1 << 20).await?;
+            if batches.is_empty() {
+                return Ok(());
+            }
+            for b in batches {
+                for (i, r) in b.records.iter().enumerate() {
+                    if b.base_offset.0 + (i as u64) < at.0 {
+                        continue;
+                    }
+                    let (Some(key), Ok(v)) = (&r.key, <[u8; 8]>::try_from(&r.value[..])) else {
+                        continue;
+                    };
+                    let key = String::from_utf8_lossy(key);
+                    let mut parts = key.splitn(3, '\n');
+                    if let (Some(s), Some(g), Some(Ok(shard))) =
+                        (parts.next(), parts.next(), parts.next().map(str::parse::<u32>))
+                    {
+                        self.offsets
+                            .borrow_mut()
+                            .insert((s.to_owned(), g.to_owned(), shard), u64::from_be_bytes(v));
+                    }
+                }
+                at = Offset(b.base_offset.0 + b.records.len() as u64);
+            }
+        }
+    }
+
+    /// Flushes every log (shutdown).
+    pub async fn flush_all(&self) {
+        for e in self.entries() {
+            if let Some(log) = &e.log {
+                if let Err(err) = log.flush().await {
+                    tracing::warn!(core = self.core.0, stream = %e.meta.name, error = %err, "flush at shutdown failed");
+                }
+            }
+        }
+        let _ = self.offsets_log.flush().await;
+    }
+
+    /// Copies storage statistics and histograms into the shared slots.
+    pub fn publish_stats(&self) {
+        let c = &self.stats.counters;
+        let mut flushes = 0;
+        let mut written = 0;
+        let mut flush_h = stats::new_histogram();
+        let mut fan_in = stats::new_histogram();
+        for e in self.entries() {
+            if let Some(log) = &e.log {
+                let s = log.stats();
+                flushes += s.flushes;
+                written += s.bytes_written;
+                let _ = flush_h.add(&s.flush_latency_us);
+                let _ = fan_in.add(&s.fan_in);
+            }
+        }
+        stats::set(&c.storage_flushes, flushes);
+        stats::set(&c.storage_bytes_written, written);
+        stats::publish_histogram(&self.stats.flush_latency_us, &flush_h);
+        stats::publish_histogram(&self.stats.fan_in, &fan_in);
+        stats::publish_histogram(&self.stats.ack_latency_us, &self.ack_latency_us.borrow());
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn internal(e: impl std::fmt::Display) -> WireError {
+    WireError::new(ErrorCode::Internal, e.to_string())
+}
+
+/// The wire error for a storage error.
+pub fn storage_error(e: &StorageError) -> WireError {
+    let code = match e {
+        StorageError::NoSpace { .. } => ErrorCode::StorageFull,
+        StorageError::UnknownShard { .. } => ErrorCode::InvalidShard,
+        StorageError::BatchTooLarge { .. } => ErrorCode::FrameTooLarge,
+        StorageError::TooManyRecords { .. } => ErrorCode::TooManyRecords,
+        StorageError::QueueFull { .. } => ErrorCode::Overloaded,
+        StorageError::OffsetBeforeStart { .. } => ErrorCode::OffsetOutOfRange,
+        StorageError::InvalidStreamName { .. } => ErrorCode::InvalidStreamName,
+        StorageError::EmptyBatch => ErrorCode::InvalidArgument,
+        _ => ErrorCode::StorageFailed,
+    };
+    WireError::new(code, e.to_string())
+}

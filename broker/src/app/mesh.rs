@@ -1,0 +1,244 @@
+//! The core mesh: bounded channels between every pair of cores, carrying owned requests and
+//! their replies (the broker's `submit_to`).
+//!
+//! Channels are built on the main thread ([`MeshPlan::new`]) so that core `i`'s ends are known
+//! by index; each core takes its own ends once at start ([`MeshPlan::take`]), which is the only
+//! time the plan's lock is touched. On the hot path cores exchange owned messages only.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Mutex;
+
+use felix_proto::{AckMode, CoreId, ErrorCode, Offset, Record, ShardId, StartAt};
+use felix_storage::{AppendOutcome, StoredBatch};
+use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
+use glommio::channels::shared_channel::{
+    self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender,
+};
+
+/// Messages in flight from one core to another, per direction.
+pub const MESH_DEPTH: usize = 1024;
+/// Requests from other cores one core handles at once.
+pub const MESH_REQUESTS_IN_FLIGHT_MAX: u64 = 4096;
+
+/// An error to hand back to a client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WireError {
+    /// The code.
+    pub code: ErrorCode,
+    /// The message.
+    pub message: String,
+}
+
+impl WireError {
+    /// An error with `code` and `message`.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+}
+
+/// Work one core asks of the core that owns a shard.
+#[derive(Debug)]
+pub enum CoreRequest {
+    /// Append a batch to an owned shard.
+    Append {
+        /// Stream name.
+        stream: String,
+        /// Shard (owned by the receiver).
+        shard: ShardId,
+        /// Records.
+        records: Vec<Record>,
+        /// Broker time of receipt.
+        timestamp_ms: u64,
+        /// When to answer.
+        ack: AckMode,
+    },
+    /// Read batches from `from`, waiting up to `wait_ms` for new data if none is there.
+    Read {
+        /// Stream name.
+        stream: String,
+        /// Shard.
+        shard: ShardId,
+        /// First offset wanted.
+        from: Offset,
+        /// Read size.
+        max_bytes: usize,
+        /// Tail wait.
+        wait_ms: u64,
+    },
+    /// Resolve a start position (and a group's committed position) to an offset.
+    Resolve {
+        /// Stream name.
+        stream: String,
+        /// Shard.
+        shard: ShardId,
+        /// Start when the group has no position.
+        start: StartAt,
+        /// Consumer group.
+        group: Option<String>,
+    },
+    /// Store a group's position durably.
+    Commit {
+        /// Stream name.
+        stream: String,
+        /// Group.
+        group: String,
+        /// Shard.
+        shard: ShardId,
+        /// Next offset to read.
+        offset: Offset,
+    },
+}
+
+/// The answer to a [`CoreRequest`].
+#[derive(Debug)]
+pub enum CoreResponse {
+    /// Answers Append.
+    Appended(Result<AppendOutcome, WireError>),
+    /// Answers Read.
+    Batches(Result<Vec<StoredBatch>, WireError>),
+    /// Answers Resolve.
+    Position(Result<Offset, WireError>),
+    /// Answers Commit.
+    Committed(Result<(), WireError>),
+}
+
+/// A message on the mesh.
+#[derive(Debug)]
+pub enum MeshMsg {
+    /// A request from core `from`.
+    Request {
+        /// Correlation, chosen by the sender.
+        id: u64,
+        /// The sender.
+        from: CoreId,
+        /// The work.
+        req: CoreRequest,
+    },
+    /// A reply to request `id`.
+    Reply {
+        /// Correlation.
+        id: u64,
+        /// The answer.
+        resp: CoreResponse,
+    },
+}
+
+/// One core's ends of the mesh, before they are connected.
+pub type Ends = (Vec<Option<SharedSender<MeshMsg>>>, Vec<(CoreId, SharedReceiver<MeshMsg>)>);
+
+/// Every channel of the mesh, before the cores take their ends.
+pub struct MeshPlan {
+    ends: Mutex<Vec<Option<Ends>>>,
+}
+
+impl MeshPlan {
+    /// Channels for `cores` cores.
+    pub fn new(cores: usize) -> Self {
+        let mut senders: Vec<Vec<Option<SharedSender<MeshMsg>>>> =
+            (0..cores).map(|_| (0..cores).map(|_| None).collect()).collect();
+        let mut receivers: Vec<Vec<(CoreId, SharedReceiver<MeshMsg>)>> =
+            (0..cores).map(|_| Vec::new()).collect();
+        for (from, row) in senders.iter_mut().enumerate() {
+            for (to, slot) in row.iter_mut().enumerate() {
+                if from != to {
+                    let (tx, rx) = shared_channel::new_bounded(MESH_DEPTH);
+                    *slot = Some(tx);
+                    receivers[to].push((CoreId(from as u16), rx));
+                }
+            }
+        }
+        let ends = senders.into_iter().zip(receivers).map(Some).collect();
+        Self { ends: Mutex::new(ends) }
+    }
+
+    /// Core `core`'s ends; `None` if taken already.
+    pub fn take(&self, core: CoreId) -> Option<Ends> {
+        let mut ends = self.ends.lock().ok()?;
+        ends.get_mut(usize::from(core.0))?.take()
+    }
+}
+
+/// One core's side of the mesh.
+pub struct Mesh {
+    senders: Vec<Option<ConnectedSender<MeshMsg>>>,
+    next_id: Cell<u64>,
+    pending: RefCell<HashMap<u64, LocalSender<CoreResponse>>>,
+}
+
+impl Mesh {
+    /// Connects this core's ends; returns the mesh and the receivers to drain.
+    pub async fn connect(ends: Ends) -> (Rc<Mesh>, Vec<(CoreId, ConnectedReceiver<MeshMsg>)>) {
+        let (txs, rxs) = ends;
+        // A sender's connect waits for its receiver's: connect receivers concurrently so no
+        // two cores wait on each other.
+        let rx_tasks: Vec<_> = rxs
+            .into_iter()
+            .map(|(from, rx)| glommio::spawn_local(async move { (from, rx.connect().await) }))
+            .collect();
+        let mut senders = Vec::with_capacity(txs.len());
+        for tx in txs {
+            senders.push(match tx {
+                Some(tx) => Some(tx.connect().await),
+                None => None,
+            });
+        }
+        let mut receivers = Vec::with_capacity(rx_tasks.len());
+        for task in rx_tasks {
+            receivers.push(task.await);
+        }
+        let mesh = Rc::new(Mesh { senders, next_id: Cell::new(1), pending: RefCell::default() });
+        (mesh, receivers)
+    }
+
+    /// Sends `req` to core `to` and waits for the reply.
+    pub async fn call(
+        &self,
+        me: CoreId,
+        to: CoreId,
+        req: CoreRequest,
+    ) -> Result<CoreResponse, WireError> {
+        let rx = self.submit(me, to, req).await?;
+        rx.recv()
+            .await
+            .ok_or_else(|| WireError::new(ErrorCode::ShuttingDown, format!("{to} did not answer")))
+    }
+
+    /// Queues `req` for core `to` and returns where its reply will arrive. Requests submitted
+    /// one after another reach the other core in that order.
+    pub async fn submit(
+        &self,
+        me: CoreId,
+        to: CoreId,
+        req: CoreRequest,
+    ) -> Result<LocalReceiver<CoreResponse>, WireError> {
+        let sender =
+            self.senders.get(usize::from(to.0)).and_then(Option::as_ref).ok_or_else(|| {
+                WireError::new(ErrorCode::Internal, format!("no mesh route to {to}"))
+            })?;
+        let id = self.next_id.get();
+        self.next_id.set(id + 1);
+        let (tx, rx) = local_channel::new_bounded(1);
+        self.pending.borrow_mut().insert(id, tx);
+        if sender.send(MeshMsg::Request { id, from: me, req }).await.is_err() {
+            self.pending.borrow_mut().remove(&id);
+            return Err(WireError::new(ErrorCode::ShuttingDown, format!("{to} is gone")));
+        }
+        Ok(rx)
+    }
+
+    /// Sends a reply to core `to`.
+    pub async fn reply(&self, to: CoreId, id: u64, resp: CoreResponse) {
+        if let Some(Some(sender)) = self.senders.get(usize::from(to.0)) {
+            let _ = sender.send(MeshMsg::Reply { id, resp }).await;
+        }
+    }
+
+    /// Completes the call waiting for reply `id`.
+    pub fn complete(&self, id: u64, resp: CoreResponse) {
+        if let Some(tx) = self.pending.borrow_mut().remove(&id) {
+            let _ = tx.try_send(resp);
+        }
+    }
+}

@@ -1,0 +1,220 @@
+//! Stream metadata and the data directory's layout file.
+//!
+//! Each stream has `<data>/streams/<hex of name>.meta`, a few `key = value` lines (shards,
+//! retention). Creation is atomic create-if-absent (write a temporary file, fsync, hard-link it
+//! to the final name, fsync the directory), so two cores auto-creating the same stream agree on
+//! one definition. These are rare control-path operations done with blocking std::fs calls on
+//! small files; the hot path never touches them.
+//!
+//! `<data>/layout` records the core count the shards were laid out for: shard `s` of every
+//! stream lives on core `s % cores`, so a restart with another core count would lose track of
+//! shards and is refused.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use felix_proto::{Retention, StreamName};
+
+/// A stream's definition.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamMeta {
+    /// `tenant/namespace/stream`.
+    pub name: StreamName,
+    /// Shard count.
+    pub shards: u32,
+    /// Retention.
+    pub retention: Retention,
+}
+
+/// Errors of the metadata files.
+#[derive(Debug, thiserror::Error)]
+pub enum MetaError {
+    /// An I/O error on a metadata file.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+    /// A metadata file does not parse.
+    #[error("{path}: corrupt metadata: {why}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
+    /// The data directory was laid out for another core count.
+    #[error(
+        "{path}: data directory was laid out for {found} cores but the broker runs {wanted}; \
+         start with --cores {found}"
+    )]
+    CoreCount {
+        /// The layout file.
+        path: PathBuf,
+        /// Cores recorded.
+        found: usize,
+        /// Cores configured.
+        wanted: usize,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MetaError + '_ {
+    move |source| MetaError::Io { path: path.to_owned(), source }
+}
+
+/// Checks (or writes, on first start) the layout file.
+pub fn check_layout(data_dir: &Path, cores: usize) -> Result<(), MetaError> {
+    std::fs::create_dir_all(data_dir.join("streams")).map_err(io_err(data_dir))?;
+    let path = data_dir.join("layout");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let found = text
+                .lines()
+                .find_map(|l| l.strip_prefix("cores = "))
+                .and_then(|v| v.trim().parse::<usize>().ok())
+                .ok_or_else(|| MetaError::Corrupt {
+                    path: path.clone(),
+                    why: "no cores line".into(),
+                })?;
+            if found != cores {
+                return Err(MetaError::CoreCount { path, found, wanted: cores });
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            write_durably(&path, format!("cores = {cores}\n").as_bytes())
+        }
+        Err(e) => Err(MetaError::Io { path, source: e }),
+    }
+}
+
+/// Every stream defined in the data directory.
+pub fn load_all(data_dir: &Path) -> Result<Vec<StreamMeta>, MetaError> {
+    let dir = data_dir.join("streams");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).map_err(io_err(&dir))? {
+        let path = entry.map_err(io_err(&dir))?.path();
+        if path.extension().and_then(|e| e.to_str()) == Some("meta") {
+            out.push(read(&path)?);
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// Loads one stream's definition, if it exists.
+pub fn load(data_dir: &Path, name: &StreamName) -> Result<Option<StreamMeta>, MetaError> {
+    let path = meta_path(data_dir, name);
+    match std::fs::metadata(&path) {
+        Ok(_) => read(&path).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(MetaError::Io { path, source: e }),
+    }
+}
+
+/// Creates `meta` unless the stream exists; returns the definition in force.
+pub fn create(data_dir: &Path, meta: &StreamMeta) -> Result<(StreamMeta, bool), MetaError> {
+    let path = meta_path(data_dir, &meta.name);
+    let tmp = path.with_extension(format!("tmp{}", std::process::id() ^ rand::random::<u32>()));
+    let text = format!(
+        "name = {}\nshards = {}\nretention_bytes = {}\nretention_ms = {}\n",
+        meta.name,
+        meta.shards,
+        meta.retention.bytes_max.unwrap_or(0),
+        meta.retention.age_max_ms.unwrap_or(0)
+    );
+    write_file(&tmp, text.as_bytes())?;
+    let linked = std::fs::hard_link(&tmp, &path);
+    let _ = std::fs::remove_file(&tmp);
+    match linked {
+        Ok(()) => {
+            sync_dir(path.parent().unwrap_or(data_dir))?;
+            Ok((meta.clone(), true))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok((read(&path)?, false)),
+        Err(e) => Err(MetaError::Io { path, source: e }),
+    }
+}
+
+fn meta_path(data_dir: &Path, name: &StreamName) -> PathBuf {
+    let hex: String = name.as_str().bytes().map(|b| format!("{b:02x}")).collect();
+    data_dir.join("streams").join(format!("{hex}.meta"))
+}
+
+fn read(path: &Path) -> Result<StreamMeta, MetaError> {
+    let text = std::fs::read_to_string(path).map_err(io_err(path))?;
+    let corrupt = |why: &str| MetaError::Corrupt { path: path.to_owned(), why: why.to_owned() };
+    let get = |key: &str| {
+        text.lines().find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix(" = ")))
+    };
+    let num = |key: &str| -> Result<u64, MetaError> {
+        get(key).and_then(|v| v.trim().parse().ok()).ok_or_else(|| corrupt(key))
+    };
+    let name = StreamName::parse(get("name").ok_or_else(|| corrupt("name"))?.trim())
+        .map_err(|e| corrupt(&e.to_string()))?;
+    let shards = u32::try_from(num("shards")?).map_err(|_| corrupt("shards"))?;
+    if shards == 0 || shards > felix_proto::limits::MAX_SHARDS_PER_STREAM {
+        return Err(corrupt("shards out of range"));
+    }
+    let (b, a) = (num("retention_bytes")?, num("retention_ms")?);
+    Ok(StreamMeta {
+        name,
+        shards,
+        retention: Retention {
+            bytes_max: (b != 0).then_some(b),
+            age_max_ms: (a != 0).then_some(a),
+        },
+    })
+}
+
+fn write_file(path: &Path, data: &[u8]) -> Result<(), MetaError> {
+    let mut f = std::fs::File::create(path).map_err(io_err(path))?;
+    f.write_all(data).map_err(io_err(path))?;
+    f.sync_all().map_err(io_err(path))
+}
+
+fn write_durably(path: &Path, data: &[u8]) -> Result<(), MetaError> {
+    let tmp = path.with_extension("tmp");
+    write_file(&tmp, data)?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))?;
+    sync_dir(path.parent().unwrap_or(Path::new(".")))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), MetaError> {
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err(dir))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(shards: u32) -> StreamMeta {
+        StreamMeta {
+            name: StreamName::parse("t/n/s").unwrap(),
+            shards,
+            retention: Retention { bytes_max: Some(10), age_max_ms: None },
+        }
+    }
+
+    #[test]
+    fn create_is_create_if_absent() {
+        let dir = tempfile::tempdir().unwrap();
+        check_layout(dir.path(), 2).unwrap();
+        assert_eq!(create(dir.path(), &meta(4)).unwrap(), (meta(4), true));
+        // A second create with other settings gets the first definition back.
+        assert_eq!(create(dir.path(), &meta(8)).unwrap(), (meta(4), false));
+        assert_eq!(load_all(dir.path()).unwrap(), vec![meta(4)]);
+        assert_eq!(load(dir.path(), &meta(4).name).unwrap(), Some(meta(4)));
+    }
+
+    #[test]
+    fn layout_refuses_another_core_count() {
+        let dir = tempfile::tempdir().unwrap();
+        check_layout(dir.path(), 2).unwrap();
+        check_layout(dir.path(), 2).unwrap();
+        let err = check_layout(dir.path(), 4).unwrap_err().to_string();
+        assert!(err.contains("laid out for 2 cores"), "{err}");
+    }
+}

@@ -1,0 +1,336 @@
+//! The broker application: what each core runs on top of the QUIC endpoint, and the process
+//! around the cores (start-up checks, admin thread, signals, shutdown).
+//!
+//! - `core`: one core's state and the handling of its own shards.
+//! - `mesh`: requests between cores (forwarded publishes, remote reads, commits).
+//! - `session`: one client connection: Hello, requests, publish and acks.
+//! - `subscribe`: subscriptions and their per-shard pumps.
+//! - `meta`: stream definitions and the data directory's layout file.
+//! - `stats`: per-core counters and histograms.
+
+pub mod core;
+pub mod mesh;
+pub mod meta;
+pub mod session;
+pub mod stats;
+pub mod subscribe;
+
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use felix_proto::{CoreId, Limits, Retention};
+use felix_storage::{CoreStore, RetentionConfig, StorageConfig, BATCH_BYTES_LIMIT};
+use futures_lite::future::poll_once;
+use glommio::sync::Semaphore;
+
+use self::core::{CoreApp, Settings};
+use self::mesh::{Mesh, MeshMsg, MeshPlan, MESH_REQUESTS_IN_FLIGHT_MAX};
+use self::stats::AppStats;
+use crate::config::ServeArgs;
+use crate::net::{NetConfig, Server, TlsSource};
+
+/// How long shutdown waits for in-flight appends to finish and logs to flush.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often retention runs.
+pub const RETENTION_INTERVAL: Duration = Duration::from_secs(10);
+
+/// A running broker.
+pub struct Broker {
+    handle: crate::net::ServerHandle,
+    stop: Arc<AtomicBool>,
+    drained: mpsc::Receiver<()>,
+    cores: usize,
+    /// Per-core statistics.
+    pub stats: Arc<Vec<Arc<AppStats>>>,
+    /// Net counters refreshed by [`Broker::refresh`].
+    pub net: crate::admin::NetSnapshot,
+    /// Whether the broker is serving (for `/health`).
+    pub ready: Arc<AtomicBool>,
+}
+
+impl Broker {
+    /// Starts every core. Returns once each core has recovered its logs.
+    pub fn start(args: &ServeArgs) -> Result<Broker, String> {
+        check_data_dir(&args.data_dir)?;
+        check_io_uring()?;
+        meta::check_layout(&args.data_dir, args.cores).map_err(|e| e.to_string())?;
+        let cores = args.cores;
+        let limits = Limits {
+            max_frame_bytes: (BATCH_BYTES_LIMIT as u32)
+                .min(felix_proto::limits::MAX_FRAME_BYTES_DEFAULT),
+            max_batch_records: felix_proto::limits::MAX_BATCH_RECORDS_DEFAULT,
+            max_key_bytes: felix_proto::limits::MAX_KEY_BYTES_DEFAULT,
+        };
+        let settings = Settings {
+            data_dir: args.data_dir.clone(),
+            cores,
+            auto_create: args.auto_create,
+            default_shards: args.default_shards,
+            retention: Retention {
+                bytes_max: (args.retention_bytes != 0).then_some(args.retention_bytes),
+                age_max_ms: (args.retention_ms != 0).then_some(args.retention_ms),
+            },
+            limits,
+            inflight_bytes_per_conn: args.inflight_bytes_per_conn.max(1),
+            inflight_bytes_per_core: args.inflight_bytes_per_core.max(1),
+            slow_consumer: Duration::from_secs(args.slow_consumer_secs.max(1)),
+        };
+        let mut storage = StorageConfig::new(&args.data_dir);
+        storage.segment_bytes_max = args.segment_bytes;
+        storage.batch_bytes_max = BATCH_BYTES_LIMIT;
+        storage.batch_records_max = limits.max_batch_records as usize;
+        storage.repair = args.repair;
+        storage.retention = RetentionConfig {
+            bytes_max: settings.retention.bytes_max,
+            age_ms_max: settings.retention.age_max_ms,
+        };
+        storage.validate().map_err(|e| e.to_string())?;
+
+        let tls = match (&args.cert, &args.key) {
+            (Some(cert), Some(key)) => TlsSource::Pem { cert: cert.clone(), key: key.clone() },
+            _ => TlsSource::Dev { data_dir: args.data_dir.clone() },
+        };
+        let mut net = NetConfig::new(args.listen, cores, tls);
+        net.cpus = if args.no_pin {
+            Vec::new()
+        } else if args.cpus.is_empty() {
+            (0..cores).collect()
+        } else {
+            args.cpus.clone()
+        };
+        net.steering = {
+            use crate::net::steer_shim::SteeringMode as S;
+            use crate::net::steering::SteeringMode as M;
+            match args.steering {
+                M::Auto => S::Auto,
+                M::Ebpf => S::Ebpf,
+                M::Cbpf => S::Cbpf,
+                M::Off => S::Off,
+            }
+        };
+        net.max_udp_payload = args.max_udp_payload;
+        net.idle_timeout = Duration::from_millis(args.idle_timeout_ms);
+        net.max_conns_per_core = args.max_conns_per_core;
+        net.max_streams_per_conn = args.max_streams_per_conn;
+        net.handshakes_per_sec_per_core = args.handshakes_per_sec_per_core;
+
+        let plan = Arc::new(MeshPlan::new(cores));
+        let stats: Arc<Vec<Arc<AppStats>>> =
+            Arc::new((0..cores).map(|_| Arc::new(AppStats::default())).collect());
+        let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+        let (drained_tx, drained_rx) = mpsc::channel::<()>();
+        let per_core = {
+            let stats = stats.clone();
+            let stop = stop.clone();
+            let ready_tx = Mutex::new(ready_tx);
+            let drained_tx = Mutex::new(drained_tx);
+            move |ctx: crate::net::CoreContext| {
+                let core = ctx.core();
+                let ends = plan.take(core);
+                let settings = settings.clone();
+                let storage = storage.clone();
+                let stats = stats[usize::from(core.0)].clone();
+                let stop = stop.clone();
+                let ready = ready_tx.lock().map(|t| t.clone()).ok();
+                let drained = drained_tx.lock().map(|t| t.clone()).ok();
+                async move {
+                    let (Some(ends), Some(ready), Some(drained)) = (ends, ready, drained) else {
+                        eprintln!("felix: {core}: mesh or channels already taken");
+                        return;
+                    };
+                    tracing::debug!(core = core.0, "opening core");
+                    let started = open_core(core, ends, settings, storage, stats).await;
+                    let app = match started {
+                        Ok(app) => {
+                            let _ = ready.send(Ok(()));
+                            app
+                        }
+                        Err(e) => {
+                            let _ = ready.send(Err(e));
+                            return;
+                        }
+                    };
+                    glommio::spawn_local(watch_stop(app.clone(), stop, drained)).detach();
+                    while let Some(conn) = ctx.accept().await {
+                        glommio::spawn_local(session::serve_connection(app.clone(), conn)).detach();
+                    }
+                }
+            }
+        };
+        let handle = Server::start(net, per_core).map_err(|e| start_error(&e, args))?;
+        let deadline = Instant::now() + Duration::from_secs(600);
+        for _ in 0..cores {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match ready_rx.recv_timeout(left) {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    handle.shutdown();
+                    return Err(e);
+                }
+                Err(_) => {
+                    handle.shutdown();
+                    return Err("a core did not finish starting".into());
+                }
+            }
+        }
+        let broker = Broker {
+            handle,
+            stop,
+            drained: drained_rx,
+            cores,
+            stats,
+            net: Arc::new(Mutex::new(Vec::new())),
+            ready: Arc::new(AtomicBool::new(true)),
+        };
+        broker.refresh();
+        Ok(broker)
+    }
+
+    /// The UDP address the broker listens on.
+    pub fn local_addr(&self) -> std::net::SocketAddr {
+        self.handle.local_addr()
+    }
+
+    /// The steering mode in effect.
+    pub fn steering(&self) -> impl std::fmt::Debug {
+        self.handle.steering()
+    }
+
+    /// Copies the cores' network counters for the admin thread.
+    pub fn refresh(&self) {
+        let snap: Vec<Vec<(&'static str, u64)>> =
+            self.handle.stats().iter().map(|s| s.fields()).collect();
+        if let Ok(mut n) = self.net.lock() {
+            *n = snap;
+        }
+    }
+
+    /// Stops accepting publishes, waits for in-flight appends and flushes, then closes every
+    /// connection and stops the cores.
+    pub fn shutdown(self) {
+        self.ready.store(false, Ordering::Relaxed);
+        self.stop.store(true, Ordering::Relaxed);
+        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        for _ in 0..self.cores {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if self.drained.recv_timeout(left).is_err() {
+                eprintln!("felix: shutdown: a core did not drain within {DRAIN_TIMEOUT:?}");
+                break;
+            }
+        }
+        self.handle.shutdown();
+    }
+}
+
+async fn open_core(
+    core: CoreId,
+    ends: mesh::Ends,
+    settings: Settings,
+    storage: StorageConfig,
+    stats: Arc<AppStats>,
+) -> Result<Rc<CoreApp>, String> {
+    let (mesh, receivers) = Mesh::connect(ends).await;
+    tracing::debug!(core = core.0, "mesh connected");
+    let store =
+        CoreStore::open(storage, core).await.map_err(|e| format!("{core}: storage: {e}"))?;
+    let app = CoreApp::open(core, settings, store.clone(), mesh.clone(), stats).await?;
+    let limit = Rc::new(Semaphore::new(MESH_REQUESTS_IN_FLIGHT_MAX));
+    for (_, rx) in receivers {
+        let app = app.clone();
+        let limit = limit.clone();
+        glommio::spawn_local(async move {
+            while let Some(msg) = rx.recv().await {
+                match msg {
+                    MeshMsg::Reply { id, resp } => app.mesh.complete(id, resp),
+                    MeshMsg::Request { id, from, req } => {
+                        if matches!(req, mesh::CoreRequest::Append { .. }) {
+                            stats::add(&app.stats.counters.forwarded_in, 1);
+                        }
+                        let Ok(permit) = limit.acquire_static_permit(1).await else { return };
+                        let worker = app.clone();
+                        let mut fut = Box::pin(async move { worker.handle_request(req).await });
+                        // The first poll queues an append in storage, in arrival order.
+                        let first = poll_once(&mut fut).await;
+                        let app = app.clone();
+                        glommio::spawn_local(async move {
+                            let resp = match first {
+                                Some(r) => r,
+                                None => fut.await,
+                            };
+                            app.mesh.reply(from, id, resp).await;
+                            drop(permit);
+                        })
+                        .detach();
+                    }
+                }
+            }
+        })
+        .detach();
+    }
+    store.start_retention(RETENTION_INTERVAL).map_err(|e| format!("{core}: retention: {e}"))?;
+    let publisher = app.clone();
+    glommio::spawn_local(async move {
+        loop {
+            glommio::timer::sleep(stats::HISTOGRAM_PUBLISH_INTERVAL).await;
+            publisher.publish_stats();
+        }
+    })
+    .detach();
+    Ok(app)
+}
+
+async fn watch_stop(app: Rc<CoreApp>, stop: Arc<AtomicBool>, drained: mpsc::Sender<()>) {
+    while !stop.load(Ordering::Relaxed) {
+        glommio::timer::sleep(Duration::from_millis(50)).await;
+    }
+    app.stopping.set(true);
+    let deadline = Instant::now() + DRAIN_TIMEOUT / 2;
+    while app.stats.counters.inflight_bytes.load(Ordering::Relaxed) > 0 && Instant::now() < deadline
+    {
+        glommio::timer::sleep(Duration::from_millis(10)).await;
+    }
+    app.flush_all().await;
+    app.publish_stats();
+    let _ = drained.send(());
+}
+
+fn check_data_dir(dir: &std::path::Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| format!("data directory {} cannot be created: {e}", dir.display()))?;
+    let probe = dir.join(".felix-write-probe");
+    std::fs::write(&probe, b"ok")
+        .and_then(|_| std::fs::remove_file(&probe))
+        .map_err(|e| format!("data directory {} is not writable: {e}", dir.display()))
+}
+
+fn check_io_uring() -> Result<(), String> {
+    const KNOB: &str = "/proc/sys/kernel/io_uring_disabled";
+    match std::fs::read_to_string(KNOB).map(|s| s.trim().to_owned()) {
+        Ok(v) if v == "2" => Err(format!("io_uring is disabled ({KNOB} = 2); set it to 0")),
+        _ => Ok(()),
+    }
+}
+
+fn start_error(e: &crate::net::StartError, args: &ServeArgs) -> String {
+    let text = e.to_string();
+    if text.contains("Address already in use") || text.contains("AddrInUse") {
+        return format!("port in use: cannot bind {} ({text})", args.listen);
+    }
+    if text.contains("ENOMEM")
+        || text.contains("memlock")
+        || text.contains("Cannot allocate memory")
+    {
+        return format!(
+            "cannot start the cores: {text}; the memlock limit (ulimit -l) may be too low for io_uring's registered memory"
+        );
+    }
+    if text.contains("Operation not permitted") || text.contains("ENOSYS") {
+        return format!(
+            "cannot start the cores: {text}; io_uring may be unavailable (check /proc/sys/kernel/io_uring_disabled, or a seccomp profile blocking io_uring_setup)"
+        );
+    }
+    text
+}

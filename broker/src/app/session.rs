@@ -1,0 +1,433 @@
+//! One client connection on its owning core: Hello, then requests on any bidirectional stream.
+//!
+//! Per bidirectional stream, one reader decodes frames in order and one responder writes the
+//! answers in the same order (a bounded queue of pending answers between them). A publish is
+//! queued in storage, or on the owning core's mesh channel, before the next frame is read, so
+//! the batches of one stream keep their order per shard. Reading stops while the connection's
+//! or the core's in-flight byte budget is spent, and QUIC flow control pushes back on the
+//! client.
+
+use std::cell::Cell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use felix_proto::{
+    AckMode, Capabilities, ErrorBody, ErrorCode, Frame, FrameDecoder, FrameError, FrameType,
+    HelloOk, Publish, PublishAck, Record, RequestId, StreamInfo, StreamList, PROTOCOL_VERSION,
+};
+use futures_lite::future::poll_once;
+use glommio::channels::local_channel::{self, LocalSender};
+use glommio::sync::Semaphore;
+
+use super::core::{now_ms, CoreApp};
+use super::mesh::{CoreRequest, CoreResponse, WireError};
+use super::meta::{self, StreamMeta};
+use super::stats;
+use super::subscribe;
+use crate::net::{Connection, RecvStream, SendStream};
+
+/// Answers queued per stream before the reader stops reading.
+pub const RESPONSES_IN_FLIGHT_MAX: usize = 1024;
+/// The most bytes one read from a stream takes.
+pub const READ_CHUNK_BYTES: usize = 256 << 10;
+/// Capabilities this broker advertises.
+pub const BROKER_CAPABILITIES: Capabilities = Capabilities::ALL;
+/// QUIC application error code used when the broker closes a connection at shutdown.
+pub const CLOSE_SHUTTING_DOWN: u32 = ErrorCode::ShuttingDown as u32;
+
+type Answer = Pin<Box<dyn Future<Output = Option<Frame>>>>;
+
+/// State of one connection.
+pub struct Session {
+    /// The core.
+    pub app: Rc<CoreApp>,
+    /// The connection.
+    pub conn: Connection,
+    hello: Cell<bool>,
+    budget: Rc<Semaphore>,
+    /// Set once the connection is gone.
+    pub closed: Cell<bool>,
+    next_subscription: Cell<u64>,
+}
+
+/// Serves `conn` until it closes.
+pub async fn serve_connection(app: Rc<CoreApp>, conn: Connection) {
+    let c = &app.stats.counters;
+    stats::add(&c.connections_accepted, 1);
+    stats::add(&c.connections_open, 1);
+    let session = Rc::new(Session {
+        budget: Rc::new(Semaphore::new(app.settings.inflight_bytes_per_conn as u64)),
+        app: app.clone(),
+        conn: conn.clone(),
+        hello: Cell::new(false),
+        closed: Cell::new(false),
+        next_subscription: Cell::new(1),
+    });
+    while let Ok((send, recv)) = conn.accept_bi().await {
+        glommio::spawn_local(serve_stream(session.clone(), send, recv)).detach();
+    }
+    session.closed.set(true);
+    c.connections_open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+}
+
+async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: RecvStream) {
+    let (tx, rx) = local_channel::new_bounded::<Answer>(RESPONSES_IN_FLIGHT_MAX);
+    let responder = glommio::spawn_local(async move {
+        let mut buf = BytesMut::new();
+        while let Some(answer) = rx.recv().await {
+            if let Some(frame) = answer.await {
+                buf.clear();
+                frame.encode(&mut buf);
+                if send.write_all(&buf).await.is_err() {
+                    break;
+                }
+            }
+        }
+        let _ = send.finish();
+    });
+    let mut decoder = FrameDecoder::new(session.app.settings.limits, BROKER_CAPABILITIES);
+    'read: loop {
+        let chunk = match recv.read_chunk(decoder.wanted_bytes().clamp(1, READ_CHUNK_BYTES)).await {
+            Ok(Some(chunk)) => chunk,
+            Ok(None) | Err(_) => break,
+        };
+        decoder.handle_chunk(chunk);
+        while let Some(result) = decoder.poll_frame() {
+            let answer = match result {
+                Ok(frame) => session.dispatch(frame).await,
+                Err(e) => {
+                    let fatal = e.fatal;
+                    let answer = reject(&session, &e);
+                    if tx.send(answer).await.is_err() || fatal {
+                        recv.stop(ErrorCode::Malformed as u32);
+                        break 'read;
+                    }
+                    continue;
+                }
+            };
+            if tx.send(answer).await.is_err() {
+                break 'read;
+            }
+        }
+    }
+    drop(tx);
+    responder.await;
+}
+
+fn reject(session: &Session, e: &FrameError) -> Answer {
+    stats::add(&session.app.stats.counters.rejected_frames, 1);
+    let body = ErrorBody {
+        request_id: e.request_id.unwrap_or_default(),
+        code: e.code(),
+        message: e.to_string(),
+    };
+    let frame = match e.frame_type {
+        Some(FrameType::Publish) if e.request_id.is_some() => Frame::PublishError(body),
+        _ => Frame::Error(body),
+    };
+    ready(Some(frame))
+}
+
+fn ready(frame: Option<Frame>) -> Answer {
+    Box::pin(async move { frame })
+}
+
+fn error_frame(request_id: RequestId, e: WireError) -> Option<Frame> {
+    Some(Frame::Error(ErrorBody { request_id, code: e.code, message: e.message }))
+}
+
+fn request_id_of(frame: &Frame) -> RequestId {
+    match frame {
+        Frame::CreateStream(f) => f.request_id,
+        Frame::DescribeStream(f) => f.request_id,
+        Frame::ListStreams(f) => f.request_id,
+        Frame::Subscribe(f) => f.request_id,
+        Frame::CommitOffset(f) => f.request_id,
+        Frame::Publish(p) => p.ack.map(|a| a.request_id).unwrap_or_default(),
+        _ => RequestId(0),
+    }
+}
+
+impl Session {
+    async fn dispatch(self: &Rc<Self>, frame: Frame) -> Answer {
+        let app = &self.app;
+        if !self.hello.get() {
+            return match frame {
+                Frame::Hello(h) if h.version != PROTOCOL_VERSION => {
+                    stats::add(&app.stats.counters.rejected_frames, 1);
+                    let e = WireError::new(
+                        ErrorCode::UnsupportedVersion,
+                        format!("protocol version {} is not supported; this broker speaks {PROTOCOL_VERSION}", h.version),
+                    );
+                    ready(error_frame(RequestId(0), e))
+                }
+                Frame::Hello(_) => {
+                    self.hello.set(true);
+                    ready(Some(Frame::HelloOk(HelloOk {
+                        version: PROTOCOL_VERSION,
+                        capabilities: BROKER_CAPABILITIES,
+                        limits: app.settings.limits,
+                        core: app.core,
+                        core_count: app.settings.cores as u16,
+                    })))
+                }
+                other => {
+                    stats::add(&app.stats.counters.rejected_frames, 1);
+                    let id = request_id_of(&other);
+                    let e = WireError::new(ErrorCode::Unauthenticated, "Hello must come first");
+                    if let Frame::Publish(_) = other {
+                        return ready(Some(Frame::PublishError(ErrorBody {
+                            request_id: id,
+                            code: e.code,
+                            message: e.message,
+                        })));
+                    }
+                    ready(error_frame(id, e))
+                }
+            };
+        }
+        match frame {
+            Frame::Publish(p) => self.publish(p).await,
+            Frame::Subscribe(s) => {
+                let session = self.clone();
+                let id = s.request_id;
+                // Resolving start positions may take mesh round trips; answer in order.
+                Box::pin(async move {
+                    match subscribe::start(session, s).await {
+                        Ok(ok) => Some(Frame::SubscribeOk(ok)),
+                        Err(e) => error_frame(id, e),
+                    }
+                })
+            }
+            Frame::CreateStream(c) => {
+                let name = match felix_proto::StreamName::parse(&c.stream) {
+                    Ok(n) => n,
+                    Err(e) => {
+                        return ready(error_frame(
+                            c.request_id,
+                            WireError::new(ErrorCode::InvalidStreamName, e.to_string()),
+                        ))
+                    }
+                };
+                let m = StreamMeta { name, shards: c.shards, retention: c.retention };
+                match app.create_stream(m).await {
+                    Ok(m) => ready(Some(stream_info(c.request_id, &m))),
+                    Err(e) => ready(error_frame(c.request_id, e)),
+                }
+            }
+            Frame::DescribeStream(d) => match app.stream(&d.stream, false).await {
+                Ok(entry) => ready(Some(stream_info(d.request_id, &entry.meta))),
+                Err(e) => ready(error_frame(d.request_id, e)),
+            },
+            Frame::ListStreams(l) => match meta::load_all(&app.settings.data_dir) {
+                Ok(all) => {
+                    let streams = all
+                        .into_iter()
+                        .map(|m| m.name.as_str().to_owned())
+                        .filter(|n| n.starts_with(&l.prefix))
+                        .take(felix_proto::limits::MAX_LISTED_STREAMS)
+                        .collect();
+                    ready(Some(Frame::StreamList(StreamList { request_id: l.request_id, streams })))
+                }
+                Err(e) => ready(error_frame(
+                    l.request_id,
+                    WireError::new(ErrorCode::Internal, e.to_string()),
+                )),
+            },
+            Frame::CommitOffset(c) => {
+                let app = app.clone();
+                Box::pin(async move {
+                    let req = CoreRequest::Commit {
+                        stream: c.stream.clone(),
+                        group: c.group,
+                        shard: c.shard,
+                        offset: c.offset,
+                    };
+                    match app.stream(&c.stream, false).await {
+                        Ok(e) if c.shard.0 < e.meta.shards => {}
+                        Ok(_) => {
+                            return error_frame(
+                                c.request_id,
+                                WireError::new(ErrorCode::InvalidShard, format!("no {}", c.shard)),
+                            )
+                        }
+                        Err(e) => return error_frame(c.request_id, e),
+                    }
+                    match app.on_owner(c.shard, req).await {
+                        Ok(CoreResponse::Committed(Ok(()))) => Some(Frame::CommitOk(c.request_id)),
+                        Ok(CoreResponse::Committed(Err(e))) | Err(e) => {
+                            error_frame(c.request_id, e)
+                        }
+                        Ok(_) => error_frame(
+                            c.request_id,
+                            WireError::new(ErrorCode::Internal, "unexpected reply"),
+                        ),
+                    }
+                })
+            }
+            Frame::Ping(n) => ready(Some(Frame::Pong(n))),
+            Frame::Pong(_) => ready(None),
+            Frame::Hello(_) => {
+                stats::add(&app.stats.counters.rejected_frames, 1);
+                ready(error_frame(
+                    RequestId(0),
+                    WireError::new(ErrorCode::InvalidArgument, "Hello was already received"),
+                ))
+            }
+            other => {
+                stats::add(&app.stats.counters.rejected_frames, 1);
+                let e = WireError::new(
+                    ErrorCode::InvalidArgument,
+                    format!("{:?} is not sent by clients", other.frame_type()),
+                );
+                ready(error_frame(request_id_of(&other), e))
+            }
+        }
+    }
+
+    async fn publish(self: &Rc<Self>, p: Publish) -> Answer {
+        let received = Instant::now();
+        let app = self.app.clone();
+        let c = &app.stats.counters;
+        let request_id = p.ack.map(|a| a.request_id);
+        let mode = p.ack.map_or(AckMode::None, |a| a.mode);
+        let fail = move |e: WireError| -> Answer {
+            ready(Some(match request_id {
+                Some(id) => Frame::PublishError(ErrorBody {
+                    request_id: id,
+                    code: e.code,
+                    message: e.message,
+                }),
+                None => Frame::Error(ErrorBody {
+                    request_id: RequestId(0),
+                    code: e.code,
+                    message: e.message,
+                }),
+            }))
+        };
+        if app.stopping.get() {
+            stats::add(&c.publish_errors, 1);
+            return fail(WireError::new(ErrorCode::ShuttingDown, "the broker is shutting down"));
+        }
+        let entry = match app.stream(&p.stream, true).await {
+            Ok(e) => e,
+            Err(e) => {
+                stats::add(&c.publish_errors, 1);
+                return fail(e);
+            }
+        };
+        let shard = match &p.key {
+            Some(k) => felix_proto::shard_for_key(k, entry.meta.shards),
+            None => app.unkeyed_shard(&entry),
+        };
+        let bytes: usize = p.records.iter().map(Bytes::len).sum::<usize>()
+            + p.key.as_ref().map_or(0, Bytes::len) * p.records.len();
+        stats::add(&c.publishes, 1);
+        stats::add(&c.publish_records, p.records.len() as u64);
+        stats::add(&c.publish_bytes, bytes as u64);
+        // Backpressure: wait for budget before queueing (this stops reading the stream).
+        let units = (bytes as u64).max(1);
+        let conn_units = units.min(app.settings.inflight_bytes_per_conn as u64);
+        let core_units = units.min(app.settings.inflight_bytes_per_core as u64);
+        let (Ok(conn_permit), Ok(core_permit)) = (
+            self.budget.acquire_static_permit(conn_units).await,
+            app.core_budget.acquire_static_permit(core_units).await,
+        ) else {
+            return fail(WireError::new(ErrorCode::ShuttingDown, "budget closed"));
+        };
+        stats::add(&c.inflight_bytes, bytes as u64);
+        let records: Vec<Record> =
+            p.records.into_iter().map(|value| Record { key: p.key.clone(), value }).collect();
+        let timestamp_ms = now_ms();
+        let owner = app.owner(shard);
+        let stored: Pin<Box<dyn Future<Output = Result<felix_storage::AppendOutcome, WireError>>>> =
+            if owner == app.core {
+                let app = app.clone();
+                let stream = p.stream;
+                let mut fut: Pin<Box<dyn Future<Output = _>>> = Box::pin(async move {
+                    app.append_local(&stream, shard, &records, timestamp_ms, mode).await
+                });
+                // The first poll queues the batch in storage: its offsets are fixed now.
+                match poll_once(&mut fut).await {
+                    Some(r) => Box::pin(async move { r }),
+                    None => fut,
+                }
+            } else {
+                stats::add(&c.forwarded_out, 1);
+                let req = CoreRequest::Append {
+                    stream: p.stream,
+                    shard,
+                    records,
+                    timestamp_ms,
+                    ack: mode,
+                };
+                match app.mesh.submit(app.core, owner, req).await {
+                    Ok(rx) => Box::pin(async move {
+                        match rx.recv().await {
+                            Some(CoreResponse::Appended(r)) => r,
+                            Some(_) => Err(WireError::new(ErrorCode::Internal, "unexpected reply")),
+                            None => Err(WireError::new(
+                                ErrorCode::ShuttingDown,
+                                "owner core did not answer",
+                            )),
+                        }
+                    }),
+                    Err(e) => Box::pin(async move { Err(e) }),
+                }
+            };
+        Box::pin(async move {
+            let result = stored.await;
+            drop((conn_permit, core_permit));
+            let c = &app.stats.counters;
+            c.inflight_bytes.fetch_sub(bytes as u64, std::sync::atomic::Ordering::Relaxed);
+            match (request_id, result) {
+                (Some(id), Ok(out)) if mode != AckMode::None => {
+                    stats::add(&c.acks, 1);
+                    let us = received.elapsed().as_micros() as u64;
+                    let _ = app.ack_latency_us.borrow_mut().record(us.max(1));
+                    Some(Frame::PublishAck(PublishAck {
+                        request_id: id,
+                        shard,
+                        base_offset: out.base_offset,
+                        count: out.record_count,
+                    }))
+                }
+                (_, Ok(_)) => None,
+                (Some(id), Err(e)) => {
+                    stats::add(&c.publish_errors, 1);
+                    Some(Frame::PublishError(ErrorBody {
+                        request_id: id,
+                        code: e.code,
+                        message: e.message,
+                    }))
+                }
+                (None, Err(e)) => {
+                    stats::add(&c.publish_errors, 1);
+                    error_frame(RequestId(0), e)
+                }
+            }
+        })
+    }
+
+    /// A fresh subscription id on this connection.
+    pub fn next_subscription_id(&self) -> u64 {
+        let id = self.next_subscription.get();
+        self.next_subscription.set(id + 1);
+        id
+    }
+}
+
+fn stream_info(request_id: RequestId, m: &StreamMeta) -> Frame {
+    Frame::StreamInfo(StreamInfo {
+        request_id,
+        stream: m.name.as_str().to_owned(),
+        shards: m.shards,
+        retention: m.retention,
+    })
+}
+
+/// Keeps the `LocalSender` type in this module's vocabulary for subscribe's writer queue.
+pub type FrameSender = LocalSender<Bytes>;

@@ -1,0 +1,169 @@
+//! Per-core broker counters and histograms, and their Prometheus rendering.
+//!
+//! Each core writes only its own `AppStats` (relaxed atomics with a single writer, so no cache
+//! line is contended on the hot path); the admin thread reads them. Histograms are recorded in
+//! a core-local `hdrhistogram` and copied into the shared slot once per
+//! [`HISTOGRAM_PUBLISH_INTERVAL`], the only moment a lock is taken.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+
+/// How often a core copies its histograms for the admin thread.
+pub const HISTOGRAM_PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
+
+macro_rules! counters {
+    ($($name:ident: $help:literal),* $(,)?) => {
+        /// One core's counters (single writer: the core).
+        #[derive(Default, Debug)]
+        pub struct Counters { $(#[doc = $help] pub $name: AtomicU64,)* }
+
+        impl Counters {
+            /// Name, help and value of every counter.
+            pub fn fields(&self) -> Vec<(&'static str, &'static str, u64)> {
+                vec![$((stringify!($name), $help, self.$name.load(Ordering::Relaxed)),)*]
+            }
+        }
+    };
+}
+
+counters! {
+    connections_accepted: "Connections accepted by the broker logic.",
+    connections_open: "Connections currently open.",
+    publishes: "Publish batches received.",
+    publish_records: "Records received in publishes.",
+    publish_bytes: "Payload bytes received in publishes.",
+    acks: "PublishAcks sent.",
+    publish_errors: "Publishes refused with an error.",
+    forwarded_out: "Batches this core forwarded to the owning core.",
+    forwarded_in: "Batches other cores forwarded to this core.",
+    rejected_frames: "Frames rejected (malformed, unknown flags, over limits, unauthenticated).",
+    subscriptions: "Subscriptions started.",
+    event_batches: "EventBatches sent to subscribers.",
+    event_bytes: "EventBatch bytes sent to subscribers.",
+    slow_consumers: "Subscriptions disconnected for being too slow.",
+    commits: "Consumer positions committed.",
+    storage_append_bytes: "Bytes appended to storage (record payloads and keys), i.e. stored.",
+    storage_appends: "Batches appended to storage.",
+    storage_flushes: "fdatasyncs issued by storage.",
+    storage_bytes_written: "Bytes written to log files (encoded, padded).",
+    storage_torn_bytes_dropped: "Bytes of torn tails dropped at recovery.",
+    inflight_bytes: "Publish bytes received and not yet acked (gauge).",
+}
+
+/// One core's statistics.
+#[derive(Debug)]
+pub struct AppStats {
+    /// Counters.
+    pub counters: Counters,
+    /// Publish-to-ack latency in microseconds (published copy).
+    pub ack_latency_us: Mutex<Histogram<u64>>,
+    /// Storage flush latency in microseconds (published copy).
+    pub flush_latency_us: Mutex<Histogram<u64>>,
+    /// Storage fan-in, appends per flush (published copy).
+    pub fan_in: Mutex<Histogram<u64>>,
+}
+
+impl Default for AppStats {
+    fn default() -> Self {
+        Self {
+            counters: Counters::default(),
+            ack_latency_us: Mutex::new(new_histogram()),
+            flush_latency_us: Mutex::new(new_histogram()),
+            fan_in: Mutex::new(new_histogram()),
+        }
+    }
+}
+
+/// A histogram of 1 .. 1 hour in microseconds, 3 significant digits.
+pub fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 3_600_000_000, 3)
+        .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable_histogram()))
+}
+
+fn unreachable_histogram() -> Histogram<u64> {
+    // Histogram::new(3) only fails for sigfig > 5.
+    std::process::abort()
+}
+
+/// Adds `v` to a single-writer counter.
+pub fn add(c: &AtomicU64, v: u64) {
+    c.fetch_add(v, Ordering::Relaxed);
+}
+
+/// Sets a single-writer gauge.
+pub fn set(c: &AtomicU64, v: u64) {
+    c.store(v, Ordering::Relaxed);
+}
+
+/// Replaces a published histogram with the core's current one.
+pub fn publish_histogram(slot: &Mutex<Histogram<u64>>, h: &Histogram<u64>) {
+    if let Ok(mut s) = slot.lock() {
+        s.clone_from(h);
+    }
+}
+
+/// Renders every core's statistics as Prometheus text. `net` holds each core's network
+/// counters as (name, value) pairs.
+pub fn render(cores: &[std::sync::Arc<AppStats>], net: &[Vec<(&'static str, u64)>]) -> String {
+    let mut out = String::new();
+    if let Some(first) = net.first() {
+        for (i, (name, _)) in first.iter().enumerate() {
+            let _ = writeln!(out, "# TYPE felix_net_{name} counter");
+            for (core, fields) in net.iter().enumerate() {
+                if let Some((_, v)) = fields.get(i) {
+                    let _ = writeln!(out, "felix_net_{name}{{core=\"{core}\"}} {v}");
+                }
+            }
+        }
+    }
+    if let Some(first) = cores.first() {
+        for (i, (name, help, _)) in first.counters.fields().iter().enumerate() {
+            let kind = if *name == "inflight_bytes" || *name == "connections_open" {
+                "gauge"
+            } else {
+                "counter"
+            };
+            let metric = if name.starts_with("storage_") {
+                format!("felix_{name}_total")
+            } else {
+                format!("felix_broker_{name}_total")
+            };
+            let metric =
+                if kind == "gauge" { metric.trim_end_matches("_total").to_owned() } else { metric };
+            let _ = writeln!(out, "# HELP {metric} {help}");
+            let _ = writeln!(out, "# TYPE {metric} {kind}");
+            for (core, s) in cores.iter().enumerate() {
+                let v = s.counters.fields()[i].2;
+                let _ = writeln!(out, "{metric}{{core=\"{core}\"}} {v}");
+            }
+        }
+    }
+    for (metric, pick) in [
+        (
+            "felix_publish_ack_latency_us",
+            (|s: &AppStats| &s.ack_latency_us) as fn(&AppStats) -> &Mutex<Histogram<u64>>,
+        ),
+        ("felix_storage_flush_latency_us", |s: &AppStats| &s.flush_latency_us),
+        ("felix_storage_fan_in", |s: &AppStats| &s.fan_in),
+    ] {
+        let _ = writeln!(out, "# TYPE {metric} summary");
+        for (core, s) in cores.iter().enumerate() {
+            let Ok(h) = pick(s).lock() else { continue };
+            for q in [0.5, 0.9, 0.99, 0.999] {
+                let _ = writeln!(
+                    out,
+                    "{metric}{{core=\"{core}\",quantile=\"{q}\"}} {}",
+                    h.value_at_quantile(q)
+                );
+            }
+            let _ = writeln!(out, "{metric}_count{{core=\"{core}\"}} {}", h.len());
+            let sum = h.mean() * h.len() as f64;
+            let _ = writeln!(out, "{metric}_sum{{core=\"{core}\"}} {sum:.0}");
+        }
+    }
+    out
+}

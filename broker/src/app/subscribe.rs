@@ -1,0 +1,169 @@
+//! Subscriptions: one unidirectional stream per subscription, one pump per shard.
+//!
+//! A pump asks the shard's owner core (itself or over the mesh) for batches from its position,
+//! waiting at the tail for new data, encodes each as an EventBatch and queues it for the
+//! subscription's writer. The queue is bounded ([`SUBSCRIPTION_QUEUE_FRAMES`]) and the writer is
+//! bounded by QUIC flow control, so a slow subscriber stops its pumps rather than growing
+//! memory; a writer blocked longer than the slow-consumer limit resets the stream with
+//! `SlowConsumer` (18) and the subscription ends.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use felix_proto::{
+    encode_event_batch, ErrorCode, EventBatch, Frame, Offset, ShardId, Subscribe, SubscribeOk,
+    SubscriptionId,
+};
+use glommio::channels::local_channel::{self, LocalSender};
+
+use super::mesh::{CoreRequest, CoreResponse, WireError};
+use super::session::Session;
+use super::stats;
+
+/// Encoded EventBatches queued per subscription.
+pub const SUBSCRIPTION_QUEUE_FRAMES: usize = 8;
+/// Bytes one read asks the owner for.
+pub const READ_BYTES_MAX: usize = 1 << 20;
+/// How long one read waits at the tail before it asks again.
+pub const TAIL_WAIT_MS: u64 = 500;
+
+/// Starts a subscription; returns the SubscribeOk to send.
+pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, WireError> {
+    let app = session.app.clone();
+    let entry = app.stream(&s.stream, true).await?;
+    let shards: Vec<ShardId> = match &s.shards {
+        None => (0..entry.meta.shards).map(ShardId).collect(),
+        Some(list) => {
+            if let Some(bad) = list.iter().find(|x| x.0 >= entry.meta.shards) {
+                return Err(WireError::new(
+                    ErrorCode::InvalidShard,
+                    format!("{} has no {bad}", s.stream),
+                ));
+            }
+            list.clone()
+        }
+    };
+    let mut positions = Vec::with_capacity(shards.len());
+    for shard in &shards {
+        let req = CoreRequest::Resolve {
+            stream: s.stream.clone(),
+            shard: *shard,
+            start: s.start,
+            group: s.group.clone(),
+        };
+        match app.on_owner(*shard, req).await? {
+            CoreResponse::Position(Ok(pos)) => positions.push((*shard, pos)),
+            CoreResponse::Position(Err(e)) => return Err(e),
+            _ => return Err(WireError::new(ErrorCode::Internal, "unexpected reply")),
+        }
+    }
+    let mut send = session.conn.open_uni().await.map_err(|e| {
+        WireError::new(ErrorCode::LimitReached, format!("cannot open a stream: {e}"))
+    })?;
+    let id = SubscriptionId(session.next_subscription_id());
+    if send.write_all(&Frame::SubscriptionStart(id).to_bytes()).await.is_err() {
+        return Err(WireError::new(ErrorCode::Internal, "subscription stream closed"));
+    }
+    stats::add(&app.stats.counters.subscriptions, 1);
+    let (tx, rx) = local_channel::new_bounded::<Bytes>(SUBSCRIPTION_QUEUE_FRAMES);
+    let slow = app.settings.slow_consumer;
+    let writer_app = app.clone();
+    glommio::spawn_local(async move {
+        let c = &writer_app.stats.counters;
+        while let Some(frame) = rx.recv().await {
+            match glommio::timer::timeout(slow, async {
+                send.write_all(&frame).await.map_err(|e| {
+                    glommio::GlommioError::IoError(std::io::Error::other(e.to_string()))
+                })
+            })
+            .await
+            {
+                Ok(()) => {
+                    stats::add(&c.event_batches, 1);
+                    stats::add(&c.event_bytes, frame.len() as u64);
+                }
+                Err(glommio::GlommioError::TimedOut(_)) => {
+                    stats::add(&c.slow_consumers, 1);
+                    send.reset(ErrorCode::SlowConsumer as u32);
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    })
+    .detach();
+    let tx = Rc::new(tx);
+    for (shard, pos) in positions {
+        glommio::spawn_local(pump(session.clone(), s.stream.clone(), shard, pos, tx.clone()))
+            .detach();
+    }
+    Ok(SubscribeOk { request_id: s.request_id, subscription_id: id, shards })
+}
+
+async fn pump(
+    session: Rc<Session>,
+    stream: String,
+    shard: ShardId,
+    mut next: Offset,
+    tx: Rc<LocalSender<Bytes>>,
+) {
+    let app = session.app.clone();
+    let mut buf = BytesMut::new();
+    while !session.closed.get() && !app.stopping.get() {
+        let req = CoreRequest::Read {
+            stream: stream.clone(),
+            shard,
+            from: next,
+            max_bytes: READ_BYTES_MAX,
+            wait_ms: TAIL_WAIT_MS,
+        };
+        let batches = match app.on_owner(shard, req).await {
+            Ok(CoreResponse::Batches(Ok(b))) => b,
+            Ok(CoreResponse::Batches(Err(e))) if e.code == ErrorCode::OffsetOutOfRange => {
+                // Retention removed what we were about to read: jump to the oldest retained.
+                match app
+                    .on_owner(
+                        shard,
+                        CoreRequest::Resolve {
+                            stream: stream.clone(),
+                            shard,
+                            start: felix_proto::StartAt::Earliest,
+                            group: None,
+                        },
+                    )
+                    .await
+                {
+                    Ok(CoreResponse::Position(Ok(p))) => {
+                        next = p;
+                        continue;
+                    }
+                    _ => return,
+                }
+            }
+            _ => {
+                glommio::timer::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        for b in batches {
+            let end = b.base_offset.0 + b.records.len() as u64;
+            if end <= next.0 {
+                continue;
+            }
+            let skip = next.0.saturating_sub(b.base_offset.0) as usize;
+            let batch = EventBatch {
+                shard,
+                base_offset: Offset(b.base_offset.0 + skip as u64),
+                timestamp_ms: b.first_timestamp_ms,
+                records: b.records.into_iter().skip(skip).collect(),
+            };
+            buf.clear();
+            encode_event_batch(&batch, &mut buf);
+            if tx.send(buf.split().freeze()).await.is_err() {
+                return;
+            }
+            next = Offset(end);
+        }
+    }
+}

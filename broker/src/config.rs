@@ -1,0 +1,322 @@
+//! `felix serve` configuration: flags, their `FELIX_*` environment twins and an optional TOML
+//! file.
+//!
+//! Precedence, highest first: command-line flag, environment variable, config file
+//! (`--config`), built-in default. The effective configuration is printed at start.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::parser::ValueSource;
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser};
+use serde::Deserialize;
+
+use crate::net::steering::SteeringMode;
+
+/// Default listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
+/// Default metrics address.
+pub const DEFAULT_METRICS: &str = "127.0.0.1:9400";
+
+/// Flags of `felix serve`.
+#[derive(Args, Clone, Debug)]
+pub struct ServeArgs {
+    /// UDP address to listen on.
+    #[arg(long, env = "FELIX_LISTEN", default_value = DEFAULT_LISTEN)]
+    pub listen: SocketAddr,
+    /// Cores (executors) to run; 0 means one per online CPU.
+    #[arg(long, env = "FELIX_CORES", default_value_t = 0)]
+    pub cores: usize,
+    /// CPUs to pin the cores to, comma-separated (core i gets the i-th); empty pins core i to CPU i.
+    #[arg(long, env = "FELIX_CPUS", value_delimiter = ',')]
+    pub cpus: Vec<usize>,
+    /// Do not pin cores to CPUs.
+    #[arg(long, env = "FELIX_NO_PIN", default_value_t = false)]
+    pub no_pin: bool,
+    /// Data directory (created if missing).
+    #[arg(long, env = "FELIX_DATA_DIR", default_value = "./felix-data")]
+    pub data_dir: PathBuf,
+    /// TLS certificate chain (PEM). Without it a development certificate is generated into the data directory.
+    #[arg(long, env = "FELIX_CERT", requires = "key")]
+    pub cert: Option<PathBuf>,
+    /// TLS private key (PEM).
+    #[arg(long, env = "FELIX_KEY", requires = "cert")]
+    pub key: Option<PathBuf>,
+    /// Metrics and health HTTP address (`/metrics`, `/health`); `off` disables it.
+    #[arg(long, env = "FELIX_METRICS", default_value = DEFAULT_METRICS)]
+    pub metrics: String,
+    /// Connection-ID steering: auto (eBPF, else classic BPF), ebpf, cbpf, off.
+    #[arg(long, env = "FELIX_STEERING", default_value = "auto")]
+    pub steering: SteeringMode,
+    /// Largest UDP payload the QUIC path may grow to (path MTU discovery ceiling).
+    #[arg(long, env = "FELIX_MAX_UDP_PAYLOAD", default_value_t = crate::net::config::DEFAULT_MAX_UDP_PAYLOAD)]
+    pub max_udp_payload: u16,
+    /// Idle timeout of a connection, in milliseconds.
+    #[arg(long, env = "FELIX_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
+    pub idle_timeout_ms: u64,
+    /// Connections one core accepts.
+    #[arg(long, env = "FELIX_MAX_CONNS_PER_CORE", default_value_t = crate::net::config::DEFAULT_MAX_CONNS_PER_CORE)]
+    pub max_conns_per_core: usize,
+    /// Concurrent streams a connection may open, per direction.
+    #[arg(long, env = "FELIX_MAX_STREAMS_PER_CONN", default_value_t = crate::net::config::DEFAULT_MAX_STREAMS_PER_CONN)]
+    pub max_streams_per_conn: u32,
+    /// Handshakes a core completes per second before it answers with stateless retry.
+    #[arg(long, env = "FELIX_HANDSHAKES_PER_SEC_PER_CORE", default_value_t = crate::net::config::DEFAULT_HANDSHAKES_PER_SEC_PER_CORE)]
+    pub handshakes_per_sec_per_core: u32,
+    /// Create a stream on first publish or subscribe.
+    #[arg(long, env = "FELIX_AUTO_CREATE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub auto_create: bool,
+    /// Shard count of auto-created streams; 0 means one per core.
+    #[arg(long, env = "FELIX_DEFAULT_SHARDS", default_value_t = 0)]
+    pub default_shards: u32,
+    /// Segment size at which a log rolls, in bytes.
+    #[arg(long, env = "FELIX_SEGMENT_BYTES", default_value_t = 256 << 20)]
+    pub segment_bytes: u64,
+    /// Default retention by size per stream log, in bytes; 0 keeps everything.
+    #[arg(long, env = "FELIX_RETENTION_BYTES", default_value_t = 0)]
+    pub retention_bytes: u64,
+    /// Default retention by age, in milliseconds; 0 keeps everything.
+    #[arg(long, env = "FELIX_RETENTION_MS", default_value_t = 0)]
+    pub retention_ms: u64,
+    /// Publish bytes in flight (received, not yet acked) per connection before the broker stops reading it.
+    #[arg(long, env = "FELIX_INFLIGHT_BYTES_PER_CONN", default_value_t = 16 << 20)]
+    pub inflight_bytes_per_conn: usize,
+    /// Publish bytes in flight per core before the core stops reading publishes.
+    #[arg(long, env = "FELIX_INFLIGHT_BYTES_PER_CORE", default_value_t = 64 << 20)]
+    pub inflight_bytes_per_core: usize,
+    /// Seconds a subscriber may stay blocked by flow control before it is disconnected (SlowConsumer).
+    #[arg(long, env = "FELIX_SLOW_CONSUMER_SECS", default_value_t = 30)]
+    pub slow_consumer_secs: u64,
+    /// Allow clients without a token on a non-loopback address.
+    #[arg(long, env = "FELIX_ALLOW_ANONYMOUS", default_value_t = false)]
+    pub allow_anonymous: bool,
+    /// Repair corruption found in the middle of a log by truncating there (reported) instead of refusing to start.
+    #[arg(long, env = "FELIX_REPAIR", default_value_t = false)]
+    pub repair: bool,
+    /// A TOML file with any of these settings (names as the flags, with underscores).
+    #[arg(long, env = "FELIX_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Print the effective configuration and exit.
+    #[arg(long, default_value_t = false)]
+    pub print_config: bool,
+}
+
+/// The config file: every field optional, names as the flags with underscores.
+#[derive(Deserialize, Default, Debug)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<SocketAddr>,
+    cores: Option<usize>,
+    cpus: Option<Vec<usize>>,
+    no_pin: Option<bool>,
+    data_dir: Option<PathBuf>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    metrics: Option<String>,
+    steering: Option<String>,
+    max_udp_payload: Option<u16>,
+    idle_timeout_ms: Option<u64>,
+    max_conns_per_core: Option<usize>,
+    max_streams_per_conn: Option<u32>,
+    handshakes_per_sec_per_core: Option<u32>,
+    auto_create: Option<bool>,
+    default_shards: Option<u32>,
+    segment_bytes: Option<u64>,
+    retention_bytes: Option<u64>,
+    retention_ms: Option<u64>,
+    inflight_bytes_per_conn: Option<usize>,
+    inflight_bytes_per_core: Option<usize>,
+    slow_consumer_secs: Option<u64>,
+    allow_anonymous: Option<bool>,
+    repair: Option<bool>,
+}
+
+/// Why the configuration is unusable.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The config file is not valid TOML of known settings.
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// A setting has an invalid value.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ServeArgs {
+    /// Fills in settings from the config file where neither a flag nor an environment variable
+    /// set them, then resolves derived defaults (`cores` 0, `default_shards` 0).
+    pub fn resolve(mut self, matches: &ArgMatches) -> Result<Self, ConfigError> {
+        if let Some(path) = self.config.clone() {
+            let text = std::fs::read_to_string(&path)
+                .map_err(|source| ConfigError::Read { path: path.clone(), source })?;
+            let file: FileConfig = toml::from_str(&text)
+                .map_err(|e| ConfigError::Parse { path: path.clone(), message: e.to_string() })?;
+            self.apply_file(file, matches)?;
+        }
+        if self.cores == 0 {
+            self.cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+        }
+        if self.default_shards == 0 {
+            self.default_shards = self.cores as u32;
+        }
+        if self.default_shards > felix_proto::limits::MAX_SHARDS_PER_STREAM {
+            return Err(ConfigError::Invalid(format!(
+                "--default-shards {} exceeds {}",
+                self.default_shards,
+                felix_proto::limits::MAX_SHARDS_PER_STREAM
+            )));
+        }
+        if !self.listen.ip().is_loopback() && !self.allow_anonymous {
+            return Err(ConfigError::Invalid(format!(
+                "refusing to listen on non-loopback {} without authentication; pass --allow-anonymous \
+                 (FELIX_ALLOW_ANONYMOUS=true) to accept unauthenticated clients",
+                self.listen
+            )));
+        }
+        Ok(self)
+    }
+
+    fn apply_file(&mut self, f: FileConfig, m: &ArgMatches) -> Result<(), ConfigError> {
+        let unset = |id: &str| matches!(m.value_source(id), Some(ValueSource::DefaultValue) | None);
+        macro_rules! take {
+            ($($field:ident),*) => {$(
+                if let Some(v) = f.$field {
+                    if unset(stringify!($field)) {
+                        self.$field = v;
+                    }
+                }
+            )*};
+        }
+        take!(
+            listen,
+            cores,
+            cpus,
+            no_pin,
+            data_dir,
+            metrics,
+            max_udp_payload,
+            idle_timeout_ms,
+            max_conns_per_core,
+            max_streams_per_conn,
+            handshakes_per_sec_per_core,
+            auto_create,
+            default_shards,
+            segment_bytes,
+            retention_bytes,
+            retention_ms,
+            inflight_bytes_per_conn,
+            inflight_bytes_per_core,
+            slow_consumer_secs,
+            allow_anonymous,
+            repair
+        );
+        if f.cert.is_some() && unset("cert") {
+            self.cert = f.cert;
+        }
+        if f.key.is_some() && unset("key") {
+            self.key = f.key;
+        }
+        if let Some(s) = f.steering {
+            if unset("steering") {
+                self.steering =
+                    s.parse().map_err(|e| ConfigError::Invalid(format!("steering: {e}")))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The metrics address, or `None` when disabled.
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, ConfigError> {
+        if self.metrics.eq_ignore_ascii_case("off") {
+            return Ok(None);
+        }
+        self.metrics.parse().map(Some).map_err(|_| {
+            ConfigError::Invalid(format!("--metrics {:?} is not an address or 'off'", self.metrics))
+        })
+    }
+
+    /// The effective configuration, one `name = value` a line (TOML).
+    pub fn render(&self) -> String {
+        let opt = |p: &Option<PathBuf>| match p {
+            Some(p) => format!("{:?}", p.display().to_string()),
+            None => "\"\" # none: development certificate".to_owned(),
+        };
+        [
+            format!("listen = \"{}\"", self.listen),
+            format!("cores = {}", self.cores),
+            format!("cpus = {:?}", self.cpus),
+            format!("no_pin = {}", self.no_pin),
+            format!("data_dir = {:?}", self.data_dir.display().to_string()),
+            format!("cert = {}", opt(&self.cert)),
+            format!("key = {}", opt(&self.key)),
+            format!("metrics = {:?}", self.metrics),
+            format!("steering = \"{}\"", self.steering),
+            format!("max_udp_payload = {}", self.max_udp_payload),
+            format!("idle_timeout_ms = {}", self.idle_timeout_ms),
+            format!("max_conns_per_core = {}", self.max_conns_per_core),
+            format!("max_streams_per_conn = {}", self.max_streams_per_conn),
+            format!("handshakes_per_sec_per_core = {}", self.handshakes_per_sec_per_core),
+            format!("auto_create = {}", self.auto_create),
+            format!("default_shards = {}", self.default_shards),
+            format!("segment_bytes = {}", self.segment_bytes),
+            format!("retention_bytes = {}", self.retention_bytes),
+            format!("retention_ms = {}", self.retention_ms),
+            format!("inflight_bytes_per_conn = {}", self.inflight_bytes_per_conn),
+            format!("inflight_bytes_per_core = {}", self.inflight_bytes_per_core),
+            format!("slow_consumer_secs = {}", self.slow_consumer_secs),
+            format!("allow_anonymous = {}", self.allow_anonymous),
+            format!("repair = {}", self.repair),
+        ]
+        .join("\n")
+    }
+}
+
+/// Environment variables named `FELIX_*` that no flag reads, so a typo does not pass silently.
+pub fn unknown_env_vars<C: CommandFactory>(
+    vars: impl IntoIterator<Item = String>,
+    also_known: &[&str],
+) -> Vec<String> {
+    let cmd = C::command();
+    let mut known: Vec<String> = Vec::new();
+    collect_env(&cmd, &mut known);
+    vars.into_iter()
+        .filter(|v| v.starts_with("FELIX_"))
+        .filter(|v| !known.iter().any(|k| k == v) && !also_known.contains(&v.as_str()))
+        .collect()
+}
+
+fn collect_env(cmd: &clap::Command, out: &mut Vec<String>) {
+    for arg in cmd.get_arguments() {
+        if let Some(env) = arg.get_env() {
+            out.push(env.to_string_lossy().into_owned());
+        }
+    }
+    for sub in cmd.get_subcommands() {
+        collect_env(sub, out);
+    }
+}
+
+/// Parses `ServeArgs` from an argument list (for tests and the binary).
+pub fn parse_serve(args: &[&str]) -> Result<ServeArgs, String> {
+    #[derive(Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        serve: ServeArgs,
+    }
+    let matches = Wrapper::command().try_get_matches_from(args).map_err(|e| e.to_string())?;
+    let w = Wrapper::from_arg_matches(&matches).map_err(|e| e.to_string())?;
+    w.serve.resolve(&matches).map_err(|e| e.to_string())
+}

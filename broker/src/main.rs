@@ -21,6 +21,8 @@ struct Cli {
 enum Command {
     /// Run a broker (defaults: 127.0.0.1:7400, one core per CPU, ./felix-data, dev certificate).
     Serve(ServeArgs),
+    #[command(flatten)]
+    Client(felix_client::cli::ClientCommand),
 }
 
 fn main() -> ExitCode {
@@ -36,13 +38,56 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
-    for name in config::unknown_env_vars::<Cli>(std::env::vars().map(|(k, _)| k), &["FELIX_LOG"]) {
+    let mut also_known = vec!["FELIX_LOG"];
+    also_known.extend(felix_client::config::ENV_KEYS);
+    for name in config::unknown_env_vars::<Cli>(std::env::vars().map(|(k, _)| k), &also_known) {
         eprintln!("felix: warning: environment variable {name} is not a Felix setting (typo?)");
     }
     match cli.command {
         Command::Serve(args) => {
             let sub = matches.subcommand_matches("serve").cloned().unwrap_or_default();
             serve(args, &sub)
+        }
+        Command::Client(cmd) => client(cmd),
+    }
+}
+
+fn client(cmd: felix_client::cli::ClientCommand) -> ExitCode {
+    // Without any trust setting, trust the development certificate of a local broker started
+    // with the defaults (./felix-data, or FELIX_DATA_DIR).
+    let mut env: Vec<(String, String)> = std::env::vars().collect();
+    let has_trust = env.iter().any(|(k, _)| {
+        matches!(
+            k.as_str(),
+            "FELIX_CA_FILE" | "FELIX_CERT_FINGERPRINT" | "FELIX_DANGER_ACCEPT_ANY_CERT"
+        )
+    });
+    if !has_trust {
+        let dir = std::env::var("FELIX_DATA_DIR").unwrap_or_else(|_| "./felix-data".into());
+        let dev = std::path::Path::new(&dir).join("dev-cert.pem");
+        if dev.exists() {
+            env.push(("FELIX_CA_FILE".into(), dev.display().to_string()));
+        }
+    }
+    let config = match felix_client::ClientConfig::from_env_map(env) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("felix: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("felix: cannot start the client runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(felix_client::cli::run(cmd, config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("felix: {e:#}");
+            ExitCode::FAILURE
         }
     }
 }

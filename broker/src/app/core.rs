@@ -275,14 +275,18 @@ impl CoreApp {
         timestamp_ms: u64,
         ack: AckMode,
     ) -> Result<AppendOutcome, WireError> {
-        let log = match self.streams.borrow().get(stream).and_then(|e| e.log.clone()) {
-            Some(log) => log,
-            None => {
-                return Err(WireError::new(
-                    ErrorCode::StreamNotFound,
-                    format!("{stream} is not open here"),
-                ))
-            }
+        let cached = self.streams.borrow().get(stream).cloned();
+        let entry = match cached {
+            Some(e) => e,
+            // Another core created the stream: load its definition (an await, so callers that
+            // need ordering open the stream before they queue appends).
+            None => self.stream(stream, false).await?,
+        };
+        let Some(log) = entry.log.clone() else {
+            return Err(WireError::new(
+                ErrorCode::Internal,
+                format!("{shard} of {stream} is not on {}", self.core),
+            ));
         };
         let bytes: u64 = records
             .iter()

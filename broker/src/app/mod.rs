@@ -54,6 +54,7 @@ impl Broker {
     /// Starts every core. Returns once each core has recovered its logs.
     pub fn start(args: &ServeArgs) -> Result<Broker, String> {
         check_data_dir(&args.data_dir)?;
+        check_port_free(args.listen)?;
         check_io_uring()?;
         meta::check_layout(&args.data_dir, args.cores).map_err(|e| e.to_string())?;
         let cores = args.cores;
@@ -246,8 +247,11 @@ async fn open_core(
                 match msg {
                     MeshMsg::Reply { id, resp } => app.mesh.complete(id, resp),
                     MeshMsg::Request { id, from, req } => {
-                        if matches!(req, mesh::CoreRequest::Append { .. }) {
+                        if let mesh::CoreRequest::Append { stream, .. } = &req {
                             stats::add(&app.stats.counters.forwarded_in, 1);
+                            // Open the stream here, in arrival order, so the append below is
+                            // queued at its first poll.
+                            let _ = app.stream(stream, false).await;
                         }
                         let Ok(permit) = limit.acquire_static_permit(1).await else { return };
                         let worker = app.clone();
@@ -304,6 +308,21 @@ fn check_data_dir(dir: &std::path::Path) -> Result<(), String> {
     std::fs::write(&probe, b"ok")
         .and_then(|_| std::fs::remove_file(&probe))
         .map_err(|e| format!("data directory {} is not writable: {e}", dir.display()))
+}
+
+/// SO_REUSEPORT would let a second broker silently join the first one's socket group and
+/// split its traffic; a plain bind first tells that the port is taken.
+fn check_port_free(addr: std::net::SocketAddr) -> Result<(), String> {
+    if addr.port() == 0 {
+        return Ok(());
+    }
+    match std::net::UdpSocket::bind(addr) {
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            Err(format!("port in use: {addr} is already bound (another broker?)"))
+        }
+        Err(e) => Err(format!("cannot bind {addr}: {e}")),
+    }
 }
 
 fn check_io_uring() -> Result<(), String> {

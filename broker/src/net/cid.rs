@@ -53,6 +53,7 @@ pub const MAX_STEERABLE_CORES: usize = 255;
 pub const LONG_HEADER_BIT: u8 = 0x80;
 
 const _: () = assert!(CID_LEN <= 20, "QUIC limits connection IDs to 20 bytes");
+const _: () = assert!(CID_LEN == 8, "generate_bytes builds the CID in one u64");
 const _: () = assert!(CORE_BYTE_INDEX < CID_LEN);
 const _: () = assert!(CONFIG_ID != CONFIG_ID_UNROUTABLE);
 const _: () = assert!(CONFIG_ID >> 3 == 0, "the config id has three bits");
@@ -123,12 +124,18 @@ impl CoreCidGenerator {
     }
 
     /// Produces the raw bytes of a new CID.
+    ///
+    /// Built in one 64-bit register (byte i of the CID = bits 8i..8i+8 of `word`): patching the
+    /// bytes of a filled array in memory and reading it back as a whole cost a store-forwarding
+    /// stall of about 10 ns per CID.
     pub fn generate_bytes(&mut self) -> [u8; CID_LEN] {
-        let mut bytes = [0u8; CID_LEN];
-        self.rng.fill_bytes(&mut bytes);
-        bytes[0] = (CONFIG_ID << CONFIG_ID_SHIFT) | (bytes[0] & FIRST_OCTET_RANDOM_MASK);
-        bytes[CORE_BYTE_INDEX] = self.core_byte;
-        bytes
+        const CONFIG_MASK: u64 = !(FIRST_OCTET_RANDOM_MASK as u64) & 0xFF;
+        const CORE_SHIFT: u32 = 8 * CORE_BYTE_INDEX as u32;
+        let random = self.rng.next_u64();
+        let word = (random & !(CONFIG_MASK | (0xFF << CORE_SHIFT)))
+            | (u64::from(CONFIG_ID) << CONFIG_ID_SHIFT)
+            | (u64::from(self.core_byte) << CORE_SHIFT);
+        word.to_le_bytes()
     }
 }
 

@@ -2,13 +2,13 @@
 //! quinn-proto driver.
 
 pub mod cid;
-pub mod steering;
 pub mod config;
 pub mod conn;
 pub mod driver;
 pub mod server;
 pub mod stats;
 pub mod steer_shim;
+pub mod steering;
 pub mod tls;
 
 pub use config::{NetConfig, TlsSource};

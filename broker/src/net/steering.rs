@@ -14,7 +14,7 @@
 //! attach them are in [`crate::sys::bpf`].
 
 use std::fmt;
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::str::FromStr;
 
 use crate::net::cid::{
@@ -203,10 +203,7 @@ fn attach_ebpf(sockets: &[BorrowedFd<'_>], options: &AttachOptions) -> Result<St
         map.set(index, *socket)?;
     }
     let prog = bpf::load_sk_reuseport(&ebpf_program(map.fd().as_raw_fd(), n), PROG_NAME)?;
-    {
-        use std::os::fd::AsFd;
-        bpf::attach_reuseport_ebpf(sockets[0], prog.as_fd())?;
-    }
+    bpf::attach_reuseport_ebpf(sockets[0], prog.as_fd())?;
     Ok(Steering {
         effective: EffectiveSteering::Ebpf,
         sockets: sockets.len(),
@@ -407,6 +404,43 @@ mod tests {
             assert_eq!(pc + 1 + prog[pc].off as usize, pass, "jump at {pc}");
         }
         assert!(n <= 32, "the listing in docs/connection-ids.md has {n} instructions");
+    }
+
+    #[test]
+    fn ebpf_listing_matches_docs() {
+        // docs/connection-ids.md, "eBPF program": map fd 5, 4 sockets.
+        #[rustfmt::skip]
+        let want: [(u8, u8, i16, i32); 26] = [
+            (0xbf, 0x16, 0, 0),    //  0: r6 = r1
+            (0x7a, 0x0a, -8, 0),   //  1: *(u64 *)(r10 - 8) = 0
+            (0xb7, 0x02, 0, 8),    //  2: r2 = 8
+            (0xbf, 0xa3, 0, 0),    //  3: r3 = r10
+            (0x07, 0x03, 0, -8),   //  4: r3 += -8
+            (0xb7, 0x04, 0, 3),    //  5: r4 = 3
+            (0x85, 0x00, 0, 26),   //  6: call bpf_skb_load_bytes
+            (0x55, 0x00, 16, 0),   //  7: if r0 != 0 goto 24
+            (0x71, 0xa1, -8, 0),   //  8: r1 = *(u8 *)(r10 - 8)
+            (0x57, 0x01, 0, 0x80), //  9: r1 &= 0x80
+            (0x55, 0x01, 13, 0),   // 10: if r1 != 0 goto 24
+            (0x71, 0xa1, -7, 0),   // 11: r1 = *(u8 *)(r10 - 7)
+            (0x77, 0x01, 0, 5),    // 12: r1 >>= 5
+            (0x55, 0x01, 10, 0),   // 13: if r1 != 0 goto 24
+            (0x71, 0xa1, -6, 0),   // 14: r1 = *(u8 *)(r10 - 6)
+            (0x35, 0x01, 8, 4),    // 15: if r1 >= 4 goto 24
+            (0x63, 0x1a, -16, 0),  // 16: *(u32 *)(r10 - 16) = r1
+            (0x18, 0x12, 0, 5),    // 17: r2 = map_by_fd(5)
+            (0x00, 0x00, 0, 0),    // 18:   (second half of the 64-bit load)
+            (0xbf, 0x61, 0, 0),    // 19: r1 = r6
+            (0xbf, 0xa3, 0, 0),    // 20: r3 = r10
+            (0x07, 0x03, 0, -16),  // 21: r3 += -16
+            (0xb7, 0x04, 0, 0),    // 22: r4 = 0
+            (0x85, 0x00, 0, 82),   // 23: call bpf_sk_select_reuseport
+            (0xb7, 0x00, 0, 1),    // 24: r0 = SK_PASS
+            (0x95, 0x00, 0, 0),    // 25: exit
+        ];
+        let got: Vec<_> =
+            ebpf_program(5, 4).iter().map(|i| (i.code, i.regs, i.off, i.imm)).collect();
+        assert_eq!(got, want);
     }
 
     /// Runs the classic program over `payload` as the kernel does (a load past the end

@@ -13,7 +13,7 @@
 
 use std::io;
 use std::mem::size_of;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 /// `bpf(2)` command numbers (`enum bpf_cmd`).
 const BPF_MAP_CREATE: libc::c_int = 0;
@@ -102,7 +102,6 @@ const _: () = assert!(size_of::<Insn>() == 8);
 /// r10 read-only frame pointer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
-#[allow(missing_docs)]
 pub enum Reg {
     R0 = 0,
     R1 = 1,
@@ -406,7 +405,6 @@ impl ReuseportSockArray {
 
     /// The map's file descriptor (for [`Insn::ld_map_fd`]).
     pub fn fd(&self) -> BorrowedFd<'_> {
-        use std::os::fd::AsFd;
         self.fd.as_fd()
     }
 

@@ -129,6 +129,26 @@ impl FrameDecoder {
         }))
     }
 
+    /// Call when the byte stream ended: an error if it ended inside a frame (correlated with
+    /// the frame's request id when enough of it arrived), `None` if it ended between frames.
+    pub fn handle_end(&mut self) -> Option<FrameError> {
+        if self.failed || (self.skip == 0 && self.data().is_empty()) {
+            return None;
+        }
+        let data = self.data();
+        let (frame_type, request_id) = if data.len() >= HEADER_LEN {
+            let t = FrameType::from_u8(data[3]);
+            let flags = Flags(u16::from_be_bytes([data[4], data[5]]));
+            (t, t.and_then(|t| request_id_at_start(t, flags, &data[HEADER_LEN..])))
+        } else {
+            (None, None)
+        };
+        let error = DecodeError::Truncated { what: "frame (the stream ended inside it)" };
+        let mut e = self.fatal(frame_type, error);
+        e.request_id = request_id;
+        Some(e)
+    }
+
     fn fatal(&mut self, frame_type: Option<FrameType>, error: DecodeError) -> FrameError {
         self.failed = true;
         self.buf = BytesMut::new();
@@ -319,6 +339,21 @@ mod tests {
         assert_eq!(err.request_id, Some(RequestId(42)));
         assert_eq!(err.error, DecodeError::InvalidValue { what: "ack_mode", value: 9 });
         assert_eq!(d.poll_frame().unwrap().unwrap(), Frame::Pong(3));
+    }
+
+    #[test]
+    fn a_stream_ending_inside_a_frame_is_reported_with_its_request_id() {
+        let bytes = publish(true, false).to_bytes();
+        let mut d = FrameDecoder::new(Limits::default(), Capabilities::ALL);
+        d.handle_bytes(&bytes[..bytes.len() - 3]);
+        assert!(d.poll_frame().is_none());
+        let err = d.handle_end().unwrap();
+        assert_eq!(err.request_id, Some(RequestId(42)));
+        assert!(matches!(err.error, DecodeError::Truncated { .. }));
+        let mut clean = FrameDecoder::new(Limits::default(), Capabilities::ALL);
+        clean.handle_bytes(&bytes);
+        assert!(clean.poll_frame().unwrap().is_ok());
+        assert!(clean.handle_end().is_none());
     }
 
     #[test]

@@ -92,7 +92,13 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
     'read: loop {
         let chunk = match recv.read_chunk(decoder.wanted_bytes().clamp(1, READ_CHUNK_BYTES)).await {
             Ok(Some(chunk)) => chunk,
-            Ok(None) | Err(_) => break,
+            Ok(None) => {
+                if let Some(e) = decoder.handle_end() {
+                    let _ = tx.send(reject(&session, &e)).await;
+                }
+                break;
+            }
+            Err(_) => break,
         };
         decoder.handle_chunk(chunk);
         while let Some(result) = decoder.poll_frame() {

@@ -1,0 +1,160 @@
+//! End to end, real QUIC on loopback with 2 cores: publish in each ack mode, keyed routing
+//! across cores, restart, and the command line.
+
+mod e2e_support;
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use e2e_support::{TestBroker, WAIT};
+use felix_client::{AckMode, PublishSettings, Record, StartAt, SubscribeOptions};
+
+async fn read_n(sub: &mut felix_client::Subscriber, n: usize) -> Vec<felix_client::ReceivedRecord> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        match tokio::time::timeout(WAIT, sub.next()).await {
+            Ok(Ok(Some(r))) => out.push(r),
+            other => panic!("after {} of {n} records: {other:?}", out.len()),
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_and_ack_in_each_mode() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 2, &[]);
+    let client = broker.client().await;
+    client.create_stream("acme/app/modes", 2, Default::default()).await.unwrap();
+    let mut total = 0;
+    for mode in [AckMode::None, AckMode::Written, AckMode::Durable] {
+        let settings =
+            PublishSettings { ack_mode: mode, linger_us: 100, ..PublishSettings::default() };
+        let publisher = client.publisher_with("acme/app/modes", settings).await.unwrap();
+        let mut tickets = Vec::new();
+        for i in 0..40 {
+            let rec = Record::keyed(format!("k{}", i % 4), format!("{mode:?}-{i}"));
+            tickets.push(publisher.send(rec).await.unwrap());
+        }
+        publisher.flush().await.unwrap();
+        for t in tickets {
+            let receipt = tokio::time::timeout(WAIT, t).await.unwrap().unwrap();
+            match mode {
+                AckMode::None => assert!(receipt.is_none()),
+                _ => assert!(receipt.is_some(), "{mode:?} gave no receipt"),
+            }
+        }
+        total += 40;
+    }
+    // Everything, the unacked batches included, is stored and readable.
+    let mut sub = client
+        .subscribe(SubscribeOptions::new("acme/app/modes").start(StartAt::Earliest))
+        .await
+        .unwrap();
+    let got = read_n(&mut sub, total).await;
+    for prefix in ["None", "Written", "Durable"] {
+        assert_eq!(
+            got.iter().filter(|r| r.value.starts_with(prefix.as_bytes())).count(),
+            40,
+            "{prefix}"
+        );
+    }
+    assert!(broker.counter("acks") > 0);
+    assert_eq!(broker.counter("publish_errors"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyed_batches_are_forwarded_across_cores_and_keep_per_key_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 2, &[]);
+    // One connection, on one core: keys whose shards live on the other core must be forwarded
+    // (a client that covers every core would route them to the owner itself).
+    let mut config = broker.client_config();
+    config.connections = Some(1);
+    config.cover_cores = false;
+    let client = felix_client::Client::connect(config).await.unwrap();
+    client.create_stream("acme/app/keyed", 12, Default::default()).await.unwrap();
+    let settings =
+        PublishSettings { ack_mode: AckMode::Durable, linger_us: 50, ..PublishSettings::default() };
+    let publisher = client.publisher_with("acme/app/keyed", settings).await.unwrap();
+    let mut tickets = Vec::new();
+    for seq in 0..30u32 {
+        for key in 0..12 {
+            let rec = Record::keyed(format!("key-{key}"), seq.to_be_bytes().to_vec());
+            tickets.push(publisher.send(rec).await.unwrap());
+        }
+    }
+    publisher.flush().await.unwrap();
+    for t in tickets {
+        tokio::time::timeout(WAIT, t).await.unwrap().unwrap();
+    }
+    assert!(broker.counter("forwarded_out") > 0, "no batch crossed cores");
+    assert_eq!(broker.counter("forwarded_out"), broker.counter("forwarded_in"));
+    let mut sub = client
+        .subscribe(SubscribeOptions::new("acme/app/keyed").start(StartAt::Earliest))
+        .await
+        .unwrap();
+    let got = read_n(&mut sub, 30 * 12).await;
+    let mut per_key: HashMap<Bytes, Vec<u32>> = HashMap::new();
+    let mut shards = std::collections::HashSet::new();
+    for r in got {
+        shards.insert(r.shard);
+        let key = r.key.clone().expect("keyed");
+        assert_eq!(r.shard, felix_proto::shard_for_key(&key, 12), "wrong shard for {key:?}");
+        per_key.entry(key).or_default().push(u32::from_be_bytes(r.value[..4].try_into().unwrap()));
+    }
+    assert!(shards.len() > 1, "only one shard used");
+    assert_eq!(per_key.len(), 12);
+    for (key, seqs) in per_key {
+        assert_eq!(seqs, (0..30).collect::<Vec<_>>(), "order of {key:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_keeps_data() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let broker = TestBroker::start(dir.path(), 2, &[]);
+        let client = broker.client().await;
+        let publisher = client.publisher("acme/app/restart").await.unwrap();
+        for i in 0..100 {
+            publisher.publish(Record::unkeyed(format!("r{i}"))).await.unwrap();
+        }
+        client.close();
+    }
+    let broker = TestBroker::start(dir.path(), 2, &[]);
+    let client = broker.client().await;
+    let mut sub = client
+        .subscribe(SubscribeOptions::new("acme/app/restart").start(StartAt::Earliest))
+        .await
+        .unwrap();
+    let got = read_n(&mut sub, 100).await;
+    let mut values: Vec<String> =
+        got.iter().map(|r| String::from_utf8_lossy(&r.value).into_owned()).collect();
+    values.sort();
+    let mut want: Vec<String> = (0..100).map(|i| format!("r{i}")).collect();
+    want.sort();
+    assert_eq!(values, want);
+}
+
+#[test]
+fn a_different_core_count_is_refused_with_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    drop(TestBroker::start(dir.path(), 2, &[]));
+    let d = dir.path().display().to_string();
+    let serve = felix_broker::config::parse_serve(&[
+        "felix",
+        "--listen",
+        "127.0.0.1:0",
+        "--data-dir",
+        &d,
+        "--cores",
+        "3",
+        "--metrics",
+        "off",
+        "--no-pin",
+    ])
+    .unwrap();
+    let err = felix_broker::app::Broker::start(&serve).err().expect("must refuse");
+    assert!(err.contains("laid out for 2 cores"), "{err}");
+}

@@ -1,0 +1,130 @@
+//! Shared harness of the broker's end-to-end tests: an in-process broker on a free loopback
+//! port with 2 cores, clients that trust its development certificate, and a raw QUIC
+//! connection for sending hand-made bytes.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use felix_broker::app::Broker;
+use felix_broker::config;
+use felix_client::{Client, ClientConfig, PublishSettings, Trust};
+
+/// Bound on every wait in these tests.
+pub const WAIT: Duration = Duration::from_secs(20);
+
+/// A broker running in this process.
+pub struct TestBroker {
+    pub broker: Option<Broker>,
+    pub addr: std::net::SocketAddr,
+    pub dir: PathBuf,
+}
+
+impl TestBroker {
+    /// Starts a broker with `cores` cores on `dir` (extra flags appended).
+    pub fn start(dir: &Path, cores: usize, extra: &[&str]) -> TestBroker {
+        let cores_s = cores.to_string();
+        let dir_s = dir.display().to_string();
+        let mut args = vec![
+            "felix",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            &dir_s,
+            "--cores",
+            &cores_s,
+            "--metrics",
+            "off",
+            "--no-pin",
+        ];
+        args.extend_from_slice(extra);
+        let serve = config::parse_serve(&args).expect("config");
+        let broker = Broker::start(&serve).expect("broker start");
+        TestBroker { addr: broker.local_addr(), broker: Some(broker), dir: dir.to_owned() }
+    }
+
+    /// A client configuration for this broker.
+    pub fn client_config(&self) -> ClientConfig {
+        let mut c = ClientConfig::default();
+        c.addr = self.addr.to_string();
+        c.trust = Some(Trust::CaFile(self.dir.join("dev-cert.pem")));
+        c.publish = PublishSettings { linger_us: 200, ..PublishSettings::default() };
+        c
+    }
+
+    /// A connected client.
+    pub async fn client(&self) -> Client {
+        tokio::time::timeout(WAIT, Client::connect(self.client_config()))
+            .await
+            .expect("connect timed out")
+            .expect("connect")
+    }
+
+    /// The sum over cores of a broker counter.
+    pub fn counter(&self, name: &str) -> u64 {
+        let b = self.broker.as_ref().expect("running");
+        b.stats
+            .iter()
+            .map(|s| s.counters.fields().iter().find(|f| f.0 == name).map_or(0, |f| f.2))
+            .sum()
+    }
+
+    /// Stops the broker gracefully.
+    pub fn stop(&mut self) {
+        if let Some(b) = self.broker.take() {
+            b.shutdown();
+        }
+    }
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A raw QUIC connection (quinn) to the broker, for hand-made bytes.
+pub async fn raw_connection(addr: std::net::SocketAddr, dir: &Path) -> quinn::Connection {
+    let certs = felix_client::tls::read_ca_file(&dir.join("dev-cert.pem")).expect("dev cert");
+    let mut roots = rustls::RootCertStore::empty();
+    for c in certs {
+        roots.add(c).expect("root");
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("tls13")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![felix_proto::ALPN.to_vec()];
+    let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("quic tls");
+    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("endpoint");
+    endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
+    tokio::time::timeout(WAIT, endpoint.connect(addr, "localhost").expect("connect"))
+        .await
+        .expect("handshake timed out")
+        .expect("handshake")
+}
+
+/// Reads frames from `recv` until `n` arrived or the stream ended.
+pub async fn read_frames(recv: &mut quinn::RecvStream, n: usize) -> Vec<felix_proto::Frame> {
+    let mut decoder = felix_proto::FrameDecoder::new(
+        felix_proto::Limits::default(),
+        felix_proto::Capabilities::NONE,
+    );
+    let mut out = Vec::new();
+    while out.len() < n {
+        let chunk =
+            tokio::time::timeout(WAIT, recv.read_chunk(65536, true)).await.expect("read timed out");
+        match chunk {
+            Ok(Some(c)) => decoder.handle_chunk(c.bytes),
+            _ => break,
+        }
+        while let Some(f) = decoder.poll_frame() {
+            out.push(f.expect("broker sent a bad frame"));
+        }
+    }
+    out
+}

@@ -1,0 +1,144 @@
+//! End to end with 2 cores: subscribe from each start position, fanout, consumer groups.
+
+mod e2e_support;
+
+use std::time::Duration;
+
+use e2e_support::{TestBroker, WAIT};
+use felix_client::{
+    AckMode, Client, Offset, PublishSettings, Record, ShardId, StartAt, SubscribeOptions,
+};
+
+async fn publish(client: &Client, stream: &str, from: usize, n: usize) {
+    let settings =
+        PublishSettings { ack_mode: AckMode::Durable, linger_us: 50, ..PublishSettings::default() };
+    let p = client.publisher_with(stream, settings).await.unwrap();
+    for i in from..from + n {
+        p.publish(Record::unkeyed(format!("v{i}"))).await.unwrap();
+    }
+}
+
+async fn values(sub: &mut felix_client::Subscriber, n: usize) -> Vec<String> {
+    let mut out = Vec::new();
+    while out.len() < n {
+        match tokio::time::timeout(WAIT, sub.next()).await {
+            Ok(Ok(Some(r))) => out.push(String::from_utf8_lossy(&r.value).into_owned()),
+            other => panic!("after {} of {n}: {other:?}", out.len()),
+        }
+    }
+    out
+}
+
+async fn nothing_more(sub: &mut felix_client::Subscriber) {
+    if let Ok(r) = tokio::time::timeout(Duration::from_millis(600), sub.next()).await {
+        panic!("unexpected record {r:?}");
+    }
+}
+
+fn vals(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("v{i}")).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subscribe_from_each_start_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 2, &[]);
+    let client = broker.client().await;
+    // One shard, so offsets and order are global to the stream.
+    client.create_stream("acme/app/pos", 1, Default::default()).await.unwrap();
+    publish(&client, "acme/app/pos", 0, 10).await;
+    let opts = |s| SubscribeOptions::new("acme/app/pos").start(s);
+
+    let mut earliest = client.subscribe(opts(StartAt::Earliest)).await.unwrap();
+    assert_eq!(values(&mut earliest, 10).await, vals(0..10));
+
+    let mut at_offset = client.subscribe(opts(StartAt::Offset(Offset(7)))).await.unwrap();
+    assert_eq!(values(&mut at_offset, 3).await, vals(7..10));
+
+    let mut latest = client.subscribe(opts(StartAt::Latest)).await.unwrap();
+    nothing_more(&mut latest).await;
+
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()
+        as u64;
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    publish(&client, "acme/app/pos", 10, 5).await;
+    // Latest sees only what came after it subscribed; the live tail reaches the others too.
+    assert_eq!(values(&mut latest, 5).await, vals(10..15));
+    assert_eq!(values(&mut earliest, 5).await, vals(10..15));
+    let mut by_time = client.subscribe(opts(StartAt::Timestamp(t))).await.unwrap();
+    assert_eq!(values(&mut by_time, 5).await, vals(10..15));
+
+    // An offset beyond the end is a typed error.
+    let err =
+        client.subscribe(opts(StartAt::Offset(Offset(1000)))).await.err().expect("out of range");
+    assert!(err.to_string().contains("OffsetOutOfRange"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fanout_to_three_subscribers() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 2, &[]);
+    let client = broker.client().await;
+    client.create_stream("acme/app/fan", 4, Default::default()).await.unwrap();
+    let mut subs = Vec::new();
+    for _ in 0..3 {
+        let c = broker.client().await;
+        let s = c
+            .subscribe(SubscribeOptions::new("acme/app/fan").start(StartAt::Latest))
+            .await
+            .unwrap();
+        subs.push((c, s));
+    }
+    publish(&client, "acme/app/fan", 0, 60).await;
+    for (_, s) in &mut subs {
+        let mut got = values(s, 60).await;
+        got.sort();
+        let mut want = vals(0..60);
+        want.sort();
+        assert_eq!(got, want);
+    }
+    assert!(broker.counter("subscriptions") >= 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_group_resumes_from_its_commits() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = TestBroker::start(dir.path(), 2, &[]);
+    let client = broker.client().await;
+    // Two shards, one per core: commits are stored by each shard's owner.
+    client.create_stream("acme/app/grp", 2, Default::default()).await.unwrap();
+    let p = client.publisher("acme/app/grp").await.unwrap();
+    for i in 0..20 {
+        p.publish(Record::keyed(format!("k{}", i % 2), format!("v{i}"))).await.unwrap();
+    }
+    let opts = || SubscribeOptions::new("acme/app/grp").start(StartAt::Earliest).group("billing");
+    let mut sub = client.subscribe(opts()).await.unwrap();
+    let mut first = Vec::new();
+    for _ in 0..20 {
+        first.push(tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap().unwrap());
+    }
+    // Commit half of each shard.
+    for shard in [ShardId(0), ShardId(1)] {
+        let n = first.iter().filter(|r| r.shard == shard).count() as u64;
+        sub.commit(shard, Offset(n / 2)).await.unwrap();
+    }
+    drop(sub);
+    client.close();
+    broker.stop();
+    // Restart: the positions are durable.
+    let broker = TestBroker::start(dir.path(), 2, &[]);
+    let client = broker.client().await;
+    let mut again = client.subscribe(opts()).await.unwrap();
+    let mut rest = Vec::new();
+    for _ in 0..10 {
+        rest.push(tokio::time::timeout(WAIT, again.next()).await.unwrap().unwrap().unwrap());
+    }
+    for shard in [ShardId(0), ShardId(1)] {
+        let n = first.iter().filter(|r| r.shard == shard).count() as u64;
+        let offsets: Vec<u64> =
+            rest.iter().filter(|r| r.shard == shard).map(|r| r.offset.0).collect();
+        assert_eq!(offsets, (n / 2..n).collect::<Vec<_>>(), "{shard}");
+    }
+    nothing_more(&mut again).await;
+}

@@ -172,7 +172,36 @@ pub fn parse_start(s: &str) -> Result<StartAt, String> {
     }
 }
 
-/// Runs `cmd` on stdin and stdout.
+/// The whole client side of the `felix` binary: reads the `FELIX_*` environment, runs `cmd`
+/// on a tokio runtime, prints an error to stderr. Exit status 0 on success, 1 on failure, 2 on
+/// a configuration error.
+pub fn main(cmd: ClientCommand) -> std::process::ExitCode {
+    let config = match ClientConfig::parse_env() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("felix: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("felix: cannot start the tokio runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cmd, config)) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("felix: {e:#}");
+            let config_error = e.downcast_ref::<crate::ConfigError>().is_some();
+            std::process::ExitCode::from(if config_error { 2 } else { 1 })
+        }
+    }
+}
+
+/// Runs `cmd` on stdin and stdout. `config` need not be valid yet (trust may come from the
+/// command's flags): it is validated after the flags are applied.
 pub async fn run(cmd: ClientCommand, config: ClientConfig) -> anyhow::Result<()> {
     let stdin = tokio::io::BufReader::new(tokio::io::stdin());
     run_with_io(cmd, config, stdin, tokio::io::stdout()).await
@@ -468,6 +497,39 @@ mod tests {
     struct Felix {
         #[command(subcommand)]
         cmd: ClientCommand,
+    }
+
+    /// How the `felix` binary embeds the commands next to its own.
+    #[derive(Debug, clap::Parser)]
+    struct FelixWithServe {
+        #[command(subcommand)]
+        cmd: Embedded,
+    }
+
+    #[derive(Debug, clap::Subcommand)]
+    #[allow(clippy::large_enum_variant)] // a test parser; the binary's Serve variant is large too
+    enum Embedded {
+        Serve,
+        #[command(flatten)]
+        Client(ClientCommand),
+    }
+
+    #[test]
+    fn the_commands_flatten_into_the_binarys_parser() {
+        let p = FelixWithServe::parse_from(["felix", "subscribe", "-s", "a/b/c", "-o", "earliest"]);
+        assert!(matches!(p.cmd, Embedded::Client(ClientCommand::Subscribe(_))));
+        assert!(matches!(FelixWithServe::parse_from(["felix", "serve"]).cmd, Embedded::Serve));
+    }
+
+    #[test]
+    fn flags_supply_the_trust_the_environment_lacks() {
+        let env = ClientConfig::parse_env_map([("FELIX_ADDR", "127.0.0.1:1")]).unwrap();
+        assert_eq!(env.validate(), Err(crate::ConfigError::NoTrust));
+        let pin = "ab".repeat(32);
+        let args = ConnectArgs { fingerprint: Some(pin.clone()), ..Default::default() };
+        let c = args.apply(env).unwrap();
+        assert_eq!(c.trust, Some(Trust::Fingerprint(pin.parse().unwrap())));
+        assert_eq!(c.addr, "127.0.0.1:1");
     }
 
     #[test]

@@ -237,6 +237,15 @@ impl Client {
                 return Err(ClientError::InvalidName(format!("group {g:?}")));
             }
         }
+        if let Some(shards) = &options.shards {
+            let max = felix_proto::limits::MAX_SUBSCRIBE_SHARDS;
+            if shards.is_empty() || shards.len() > max {
+                return Err(ClientError::InvalidArgument(format!(
+                    "{} shards named; 1..={max} allowed (None reads all)",
+                    shards.len()
+                )));
+            }
+        }
         let index = self.shared.next_subscription_slot.fetch_add(1, Ordering::Relaxed)
             % self.shared.slots.len();
         let conn = self.shared.conn(index).await?;

@@ -216,6 +216,24 @@ impl ClientConfig {
         K: Into<String>,
         V: Into<String>,
     {
+        let c = Self::parse_env_map(vars)?;
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// [`ClientConfig::parse_env_map`] of the process environment.
+    pub fn parse_env() -> Result<Self, ConfigError> {
+        Self::parse_env_map(std::env::vars())
+    }
+
+    /// Like [`ClientConfig::from_env_map`] without the final [`ClientConfig::validate`], for
+    /// callers that add settings afterwards (the CLI's flags) and validate then. Every value
+    /// is still parsed, and one that does not parse is an error.
+    pub fn parse_env_map<K, V>(vars: impl IntoIterator<Item = (K, V)>) -> Result<Self, ConfigError>
+    where
+        K: Into<String>,
+        V: Into<String>,
+    {
         let env: HashMap<String, String> = vars
             .into_iter()
             .map(|(k, v)| (k.into(), v.into()))
@@ -290,7 +308,6 @@ impl ClientConfig {
         if let Some((key, v)) = get("FELIX_IN_FLIGHT_BATCHES_MAX") {
             c.publish.in_flight_batches_max = parse_num(key, &v)?;
         }
-        c.validate()?;
         Ok(c)
     }
 
@@ -308,6 +325,11 @@ impl ClientConfig {
         }
         range("addr", !self.addr.is_empty(), "must be host:port")?;
         range("server_name", !self.server_name.is_empty(), "must not be empty")?;
+        range(
+            "token",
+            self.token.as_ref().is_none_or(|t| t.len() <= felix_proto::limits::MAX_TOKEN_BYTES),
+            "at most 16 KiB",
+        )?;
         if let Some(n) = self.connections {
             range("connections", (1..=CONNECTIONS_MAX).contains(&n), "1..=64")?;
         }

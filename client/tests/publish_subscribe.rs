@@ -286,3 +286,18 @@ async fn a_reset_subscription_stream_reports_the_brokers_code() {
     assert!(matches!(err, ClientError::Broker { code: ErrorCode::SlowConsumer, .. }), "{err}");
     assert_eq!(sub.next().await, Ok(None), "a reset subscription stays ended");
 }
+
+#[tokio::test]
+async fn out_of_range_subscriptions_are_refused_before_sending() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream(STREAM, 1);
+    let client = Client::connect(broker.client_config()).await.unwrap();
+    for shards in [vec![], vec![ShardId(0); 4097]] {
+        let options = SubscribeOptions::new(STREAM).shards(shards);
+        assert!(matches!(client.subscribe(options).await, Err(ClientError::InvalidArgument(_))));
+    }
+    let too_long_group = SubscribeOptions::new(STREAM).group("g".repeat(256));
+    assert!(matches!(client.subscribe(too_long_group).await, Err(ClientError::InvalidName(_))));
+    let err = client.subscribe(SubscribeOptions::new(STREAM).shards(vec![ShardId(3)])).await;
+    assert!(matches!(err, Err(ClientError::Broker { code: ErrorCode::InvalidShard, .. })));
+}

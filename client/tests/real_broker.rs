@@ -104,27 +104,31 @@ fn start_broker() -> Option<RealBroker> {
     Some(RealBroker { child, addr, fingerprint, data_dir })
 }
 
-async fn connect(config: ClientConfig) -> Client {
+async fn connect(broker: &mut RealBroker, config: ClientConfig) -> Client {
     // The broker may print its fingerprint a moment before its sockets serve.
-    let mut last = None;
-    for _ in 0..50 {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
         match Client::connect(config.clone()).await {
             Ok(c) => return c,
-            Err(e @ (ClientError::Timeout { .. } | ClientError::Connect(_))) => last = Some(e),
+            Err(e @ (ClientError::Timeout { .. } | ClientError::Connect(_))) => {
+                if let Ok(Some(status)) = broker.child.try_wait() {
+                    panic!("the broker exited ({status}) after printing its fingerprint: {e}");
+                }
+                assert!(std::time::Instant::now() < deadline, "never connected: {e}");
+            }
             Err(e) => panic!("connect: {e}"),
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("never connected: {last:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_client_works_against_the_real_broker() {
-    let Some(broker) = start_broker() else { return };
+    let Some(mut broker) = start_broker() else { return };
     let mut config = ClientConfig::new(&broker.addr, Trust::Fingerprint(broker.fingerprint));
     config.connect_timeout_ms = 2_000;
     config.ack_timeout_ms = 20_000;
-    let client = connect(config.clone()).await;
+    let client = connect(&mut broker, config.clone()).await;
     assert_eq!(client.core_count(), 2);
     assert!(!client.cores_reached().is_empty());
     println!(
@@ -136,7 +140,7 @@ async fn the_client_works_against_the_real_broker() {
     // Trust: the dev certificate as a CA file works; a wrong pin is refused.
     let mut by_ca = config.clone();
     by_ca.trust = Some(Trust::CaFile(broker.data_dir.path().join("dev-cert.pem")));
-    connect(by_ca).await.list_streams("").await.unwrap();
+    connect(&mut broker, by_ca).await.list_streams("").await.unwrap();
     let mut wrong = broker.fingerprint.0;
     wrong[31] ^= 1;
     let mut pinned_wrong = config.clone();

@@ -87,6 +87,10 @@ pub struct ServeArgs {
     /// Seconds a subscriber may stay blocked by flow control before it is disconnected (SlowConsumer).
     #[arg(long, env = "FELIX_SLOW_CONSUMER_SECS", default_value_t = 30)]
     pub slow_consumer_secs: u64,
+    /// PEM public keys (Ed25519 or P-256) that verify client tokens, comma-separated. With
+    /// keys, every connection must present a valid token; without, authentication is off.
+    #[arg(long, env = "FELIX_AUTH_KEYS", value_delimiter = ',')]
+    pub auth_keys: Vec<PathBuf>,
     /// Allow clients without a token on a non-loopback address.
     #[arg(long, env = "FELIX_ALLOW_ANONYMOUS", default_value_t = false)]
     pub allow_anonymous: bool,
@@ -129,6 +133,7 @@ struct FileConfig {
     slow_consumer_secs: Option<u64>,
     allow_anonymous: Option<bool>,
     repair: Option<bool>,
+    auth_keys: Option<Vec<PathBuf>>,
 }
 
 /// Why the configuration is unusable.
@@ -179,10 +184,10 @@ impl ServeArgs {
                 felix_proto::limits::MAX_SHARDS_PER_STREAM
             )));
         }
-        if !self.listen.ip().is_loopback() && !self.allow_anonymous {
+        if !self.listen.ip().is_loopback() && !self.allow_anonymous && self.auth_keys.is_empty() {
             return Err(ConfigError::Invalid(format!(
-                "refusing to listen on non-loopback {} without authentication; pass --allow-anonymous \
-                 (FELIX_ALLOW_ANONYMOUS=true) to accept unauthenticated clients",
+                "refusing to listen on non-loopback {} without authentication; give --auth-keys, \
+                 or pass --allow-anonymous (FELIX_ALLOW_ANONYMOUS=true) to accept unauthenticated clients",
                 self.listen
             )));
         }
@@ -221,7 +226,8 @@ impl ServeArgs {
             inflight_bytes_per_core,
             slow_consumer_secs,
             allow_anonymous,
-            repair
+            repair,
+            auth_keys
         );
         if f.cert.is_some() && unset("cert") {
             self.cert = f.cert;
@@ -277,6 +283,10 @@ impl ServeArgs {
             format!("inflight_bytes_per_conn = {}", self.inflight_bytes_per_conn),
             format!("inflight_bytes_per_core = {}", self.inflight_bytes_per_core),
             format!("slow_consumer_secs = {}", self.slow_consumer_secs),
+            format!(
+                "auth_keys = {:?}",
+                self.auth_keys.iter().map(|p| p.display().to_string()).collect::<Vec<_>>()
+            ),
             format!("allow_anonymous = {}", self.allow_anonymous),
             format!("repair = {}", self.repair),
         ]

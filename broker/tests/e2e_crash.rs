@@ -42,15 +42,17 @@ fn spawn_broker(dir: &std::path::Path) -> (Killed, String) {
 async fn connect(addr: &str, dir: &std::path::Path) -> Client {
     let deadline = Instant::now() + WAIT;
     loop {
-        let mut c = felix_client::ClientConfig::default();
-        c.addr = addr.to_owned();
-        c.trust = Some(Trust::CaFile(dir.join("dev-cert.pem")));
-        c.connect_timeout_ms = 1000;
-        c.reconnect_attempts_max = 0;
-        c.publish = PublishSettings {
-            ack_mode: AckMode::Durable,
-            linger_us: 100,
-            ..PublishSettings::default()
+        let c = felix_client::ClientConfig {
+            addr: addr.to_owned(),
+            trust: Some(Trust::CaFile(dir.join("dev-cert.pem"))),
+            connect_timeout_ms: 1000,
+            reconnect_attempts_max: 0,
+            publish: PublishSettings {
+                ack_mode: AckMode::Durable,
+                linger_us: 100,
+                ..PublishSettings::default()
+            },
+            ..felix_client::ClientConfig::default()
         };
         if dir.join("dev-cert.pem").exists() {
             if let Ok(client) = Client::connect(c).await {

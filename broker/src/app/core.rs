@@ -48,6 +48,8 @@ pub struct Settings {
     pub inflight_bytes_per_core: usize,
     /// How long a subscriber may block before it is disconnected.
     pub slow_consumer: Duration,
+    /// Token verification; `None` when authentication is off. Immutable after start.
+    pub auth: Option<Arc<super::auth::Authenticator>>,
 }
 
 /// A stream known to this core.

@@ -1,6 +1,7 @@
 //! The broker application: what each core runs on top of the QUIC endpoint, and the process
 //! around the cores (start-up checks, admin thread, signals, shutdown).
 //!
+//! - `auth`: bearer tokens (JWT) and what they allow.
 //! - `core`: one core's state and the handling of its own shards.
 //! - `mesh`: requests between cores (forwarded publishes, remote reads, commits).
 //! - `session`: one client connection: Hello, requests, publish and acks.
@@ -8,6 +9,7 @@
 //! - `meta`: stream definitions and the data directory's layout file.
 //! - `stats`: per-core counters and histograms.
 
+pub mod auth;
 pub mod core;
 pub mod mesh;
 pub mod meta;
@@ -77,6 +79,10 @@ impl Broker {
             inflight_bytes_per_conn: args.inflight_bytes_per_conn.max(1),
             inflight_bytes_per_core: args.inflight_bytes_per_core.max(1),
             slow_consumer: Duration::from_secs(args.slow_consumer_secs.max(1)),
+            auth: match args.auth_keys.is_empty() {
+                true => None,
+                false => Some(Arc::new(auth::Authenticator::load(&args.auth_keys)?)),
+            },
         };
         let mut storage = StorageConfig::new(&args.data_dir);
         storage.segment_bytes_max = args.segment_bytes;

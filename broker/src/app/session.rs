@@ -22,6 +22,7 @@ use futures_lite::future::poll_once;
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::sync::Semaphore;
 
+use super::auth::{Action, Grant};
 use super::core::{now_ms, CoreApp};
 use super::mesh::{CoreRequest, CoreResponse, WireError};
 use super::meta::{self, StreamMeta};
@@ -47,6 +48,7 @@ pub struct Session {
     /// The connection.
     pub conn: Connection,
     hello: Cell<bool>,
+    grant: std::cell::RefCell<Option<Grant>>,
     budget: Rc<Semaphore>,
     /// Set once the connection is gone.
     pub closed: Cell<bool>,
@@ -63,6 +65,7 @@ pub async fn serve_connection(app: Rc<CoreApp>, conn: Connection) {
         app: app.clone(),
         conn: conn.clone(),
         hello: Cell::new(false),
+        grant: std::cell::RefCell::new(None),
         closed: Cell::new(false),
         next_subscription: Cell::new(1),
     });
@@ -170,7 +173,23 @@ impl Session {
                     );
                     ready(error_frame(RequestId(0), e))
                 }
-                Frame::Hello(_) => {
+                Frame::Hello(h) => {
+                    if let Some(auth) = &app.settings.auth {
+                        let verified = match &h.token {
+                            None => Err(WireError::new(
+                                ErrorCode::Unauthenticated,
+                                "this broker requires a token",
+                            )),
+                            Some(t) => auth.verify(t),
+                        };
+                        match verified {
+                            Ok(grant) => *self.grant.borrow_mut() = Some(grant),
+                            Err(e) => {
+                                stats::add(&app.stats.counters.rejected_frames, 1);
+                                return ready(error_frame(RequestId(0), e));
+                            }
+                        }
+                    }
                     self.hello.set(true);
                     ready(Some(Frame::HelloOk(HelloOk {
                         version: PROTOCOL_VERSION,
@@ -194,6 +213,22 @@ impl Session {
                     ready(error_frame(id, e))
                 }
             };
+        }
+        if let Some((action, stream)) = needs(&frame) {
+            if let Err(e) = self.authorize(action, stream) {
+                stats::add(&app.stats.counters.rejected_frames, 1);
+                let id = request_id_of(&frame);
+                return ready(Some(match frame {
+                    Frame::Publish(_) if id != RequestId(0) => Frame::PublishError(ErrorBody {
+                        request_id: id,
+                        code: e.code,
+                        message: e.message,
+                    }),
+                    _ => {
+                        Frame::Error(ErrorBody { request_id: id, code: e.code, message: e.message })
+                    }
+                }));
+            }
         }
         match frame {
             Frame::Publish(p) => self.publish(p).await,
@@ -232,6 +267,7 @@ impl Session {
                 Ok(all) => {
                     let streams = all
                         .into_iter()
+                        .filter(|m| self.authorize_name(Action::Read, &m.name).is_ok())
                         .map(|m| m.name.as_str().to_owned())
                         .filter(|n| n.starts_with(&l.prefix))
                         .take(felix_proto::limits::MAX_LISTED_STREAMS)
@@ -418,11 +454,47 @@ impl Session {
         })
     }
 
+    /// Whether this connection's token allows `action` on `stream` (always, without auth).
+    fn authorize(&self, action: Action, stream: &str) -> Result<(), WireError> {
+        if self.app.settings.auth.is_none() {
+            return Ok(());
+        }
+        let name = felix_proto::StreamName::parse(stream)
+            .map_err(|e| WireError::new(ErrorCode::InvalidStreamName, e.to_string()))?;
+        self.authorize_name(action, &name)
+    }
+
+    fn authorize_name(
+        &self,
+        action: Action,
+        name: &felix_proto::StreamName,
+    ) -> Result<(), WireError> {
+        if self.app.settings.auth.is_none() {
+            return Ok(());
+        }
+        match &*self.grant.borrow() {
+            Some(g) => g.check(action, name, now_ms() / 1000),
+            None => Err(WireError::new(ErrorCode::Unauthenticated, "no token")),
+        }
+    }
+
     /// A fresh subscription id on this connection.
     pub fn next_subscription_id(&self) -> u64 {
         let id = self.next_subscription.get();
         self.next_subscription.set(id + 1);
         id
+    }
+}
+
+/// The permission a request needs, and the stream it names.
+fn needs(frame: &Frame) -> Option<(Action, &str)> {
+    match frame {
+        Frame::Publish(p) => Some((Action::Publish, &p.stream)),
+        Frame::CreateStream(c) => Some((Action::Publish, &c.stream)),
+        Frame::DescribeStream(d) => Some((Action::Read, &d.stream)),
+        Frame::Subscribe(s) => Some((Action::Subscribe, &s.stream)),
+        Frame::CommitOffset(c) => Some((Action::Subscribe, &c.stream)),
+        _ => None,
     }
 }
 

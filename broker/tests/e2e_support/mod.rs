@@ -47,11 +47,12 @@ impl TestBroker {
 
     /// A client configuration for this broker.
     pub fn client_config(&self) -> ClientConfig {
-        let mut c = ClientConfig::default();
-        c.addr = self.addr.to_string();
-        c.trust = Some(Trust::CaFile(self.dir.join("dev-cert.pem")));
-        c.publish = PublishSettings { linger_us: 200, ..PublishSettings::default() };
-        c
+        ClientConfig {
+            addr: self.addr.to_string(),
+            trust: Some(Trust::CaFile(self.dir.join("dev-cert.pem"))),
+            publish: PublishSettings { linger_us: 200, ..PublishSettings::default() },
+            ..ClientConfig::default()
+        }
     }
 
     /// A connected client.

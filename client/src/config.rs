@@ -128,7 +128,9 @@ pub struct PublishSettings {
     pub linger_us: u64,
     /// The most records per batch (further capped by the broker's `max_batch_records`).
     pub batch_records_max: u32,
-    /// The most payload bytes per batch (further capped by the broker's `max_frame_bytes`).
+    /// The most bytes per batch, counting each record's payload and key (the broker stores the
+    /// key with every record); the Publish frame is further capped by the broker's
+    /// `max_frame_bytes`.
     pub batch_bytes_max: u32,
     /// The most batches written but not yet acked, per connection.
     pub in_flight_batches_max: usize,

@@ -244,7 +244,10 @@ struct OpenBatch {
     key: Option<Bytes>,
     records: Vec<Bytes>,
     waiters: Vec<oneshot::Sender<PublishResult>>,
+    /// The Publish frame's size so far (header included).
     frame_bytes: usize,
+    /// Payload plus key bytes per record: what the broker stores (its batch limit).
+    stored_bytes: usize,
     deadline: Instant,
 }
 
@@ -316,19 +319,18 @@ impl Worker {
         self.settings.batch_records_max.min(self.limits.max_batch_records).max(1) as usize
     }
 
-    fn frame_cap(&self, fixed: usize) -> usize {
-        let by_settings = fixed + self.settings.batch_bytes_max as usize;
-        by_settings.min(self.limits.max_frame_bytes as usize)
-    }
-
     async fn add(&mut self, record: Record, tx: oneshot::Sender<PublishResult>) {
         let Record { key, value } = record;
-        let record_bytes = 4 + value.len();
+        let frame_record_bytes = 4 + value.len();
+        let stored_record_bytes = value.len() + key.as_ref().map_or(0, Bytes::len);
         let fixed = frame_fixed_bytes(&self.stream, key.as_ref());
-        let frame_cap = self.frame_cap(fixed);
+        let frame_cap = self.limits.max_frame_bytes as usize;
+        let stored_cap = self.settings.batch_bytes_max as usize;
         let records_cap = self.records_cap();
         let full = self.open.get(&key).is_some_and(|b| {
-            b.records.len() >= records_cap || b.frame_bytes + record_bytes > frame_cap
+            b.records.len() >= records_cap
+                || b.frame_bytes + frame_record_bytes > frame_cap
+                || b.stored_bytes + stored_record_bytes > stored_cap
         });
         if full {
             if let Some(batch) = self.open.remove(&key) {
@@ -347,12 +349,17 @@ impl Worker {
             records: Vec::new(),
             waiters: Vec::new(),
             frame_bytes: fixed,
+            stored_bytes: 0,
             deadline: Instant::now() + linger,
         });
         batch.records.push(value);
         batch.waiters.push(tx);
-        batch.frame_bytes += record_bytes;
-        if batch.records.len() >= records_cap || batch.frame_bytes >= frame_cap {
+        batch.frame_bytes += frame_record_bytes;
+        batch.stored_bytes += stored_record_bytes;
+        if batch.records.len() >= records_cap
+            || batch.frame_bytes >= frame_cap
+            || batch.stored_bytes >= stored_cap
+        {
             if let Some(batch) = self.open.remove(&key) {
                 self.send_batch(batch).await;
             }
@@ -369,6 +376,7 @@ impl Worker {
                     records: std::mem::take(&mut b.records),
                     waiters: std::mem::take(&mut b.waiters),
                     frame_bytes: b.frame_bytes,
+                    stored_bytes: b.stored_bytes,
                     deadline: b.deadline,
                 });
                 false

@@ -157,6 +157,16 @@ async fn batching_respects_linger_and_size_limits() {
     let sizes = broker.state.lock().batch_sizes[before..].to_vec();
     assert_eq!(sizes.iter().sum::<usize>(), 6);
     assert!(sizes.iter().all(|n| *n <= 2), "{sizes:?}");
+    // Keys count towards the byte limit: 30-byte key + 40-byte value, one record per batch.
+    let before = broker.state.lock().batch_sizes.len();
+    let mut tickets = Vec::new();
+    for _ in 0..3 {
+        tickets.push(small.send(Record::keyed(vec![b'k'; 30], vec![7u8; 40])).await.unwrap());
+    }
+    for t in tickets {
+        t.await.unwrap();
+    }
+    assert_eq!(broker.state.lock().batch_sizes[before..], [1, 1, 1]);
 }
 
 #[tokio::test]

@@ -1,0 +1,174 @@
+//! The `felix serve` command line: precedence of flags, environment and config file, the printed
+//! configuration, warnings, start-up errors, and shutdown on SIGTERM.
+
+use std::io::Write;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn felix() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_felix"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FELIX_")) {
+        cmd.env_remove(k);
+    }
+    cmd
+}
+
+fn print_config(cmd: &mut Command) -> String {
+    let out = cmd.arg("--print-config").output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[test]
+fn flags_beat_environment_beats_file_beats_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("felix.toml");
+    let mut f = std::fs::File::create(&file).unwrap();
+    writeln!(f, "cores = 3\ndefault_shards = 7\nsegment_bytes = 1048576\nslow_consumer_secs = 9")
+        .unwrap();
+    let out = print_config(
+        felix()
+            .args(["serve", "--config"])
+            .arg(&file)
+            .args(["--default-shards", "5"])
+            .env("FELIX_SEGMENT_BYTES", "2097152"),
+    );
+    assert!(out.contains("cores = 3"), "file value: {out}");
+    assert!(out.contains("default_shards = 5"), "flag beats file: {out}");
+    assert!(out.contains("segment_bytes = 2097152"), "env beats file: {out}");
+    assert!(out.contains("slow_consumer_secs = 9"), "file value: {out}");
+    assert!(out.contains("listen = \"127.0.0.1:7400\""), "default: {out}");
+}
+
+#[test]
+fn every_environment_twin_takes_effect() {
+    let cases = [
+        ("FELIX_LISTEN", "127.0.0.1:7999", "listen = \"127.0.0.1:7999\""),
+        ("FELIX_CORES", "3", "cores = 3"),
+        ("FELIX_CPUS", "1,0", "cpus = [1, 0]"),
+        ("FELIX_NO_PIN", "true", "no_pin = true"),
+        ("FELIX_DATA_DIR", "/tmp/felix-x", "data_dir = \"/tmp/felix-x\""),
+        ("FELIX_METRICS", "off", "metrics = \"off\""),
+        ("FELIX_STEERING", "cbpf", "steering = \"cbpf\""),
+        ("FELIX_MAX_UDP_PAYLOAD", "1400", "max_udp_payload = 1400"),
+        ("FELIX_IDLE_TIMEOUT_MS", "1234", "idle_timeout_ms = 1234"),
+        ("FELIX_MAX_CONNS_PER_CORE", "77", "max_conns_per_core = 77"),
+        ("FELIX_MAX_STREAMS_PER_CONN", "33", "max_streams_per_conn = 33"),
+        ("FELIX_HANDSHAKES_PER_SEC_PER_CORE", "55", "handshakes_per_sec_per_core = 55"),
+        ("FELIX_AUTO_CREATE", "false", "auto_create = false"),
+        ("FELIX_DEFAULT_SHARDS", "11", "default_shards = 11"),
+        ("FELIX_SEGMENT_BYTES", "4194304", "segment_bytes = 4194304"),
+        ("FELIX_RETENTION_BYTES", "999", "retention_bytes = 999"),
+        ("FELIX_RETENTION_MS", "888", "retention_ms = 888"),
+        ("FELIX_INFLIGHT_BYTES_PER_CONN", "4096", "inflight_bytes_per_conn = 4096"),
+        ("FELIX_INFLIGHT_BYTES_PER_CORE", "8192", "inflight_bytes_per_core = 8192"),
+        ("FELIX_SLOW_CONSUMER_SECS", "4", "slow_consumer_secs = 4"),
+        ("FELIX_ALLOW_ANONYMOUS", "true", "allow_anonymous = true"),
+        ("FELIX_REPAIR", "true", "repair = true"),
+        ("FELIX_AUTH_KEYS", "/k1.pem,/k2.pem", "auth_keys = [\"/k1.pem\", \"/k2.pem\"]"),
+    ];
+    for (var, value, expect) in cases {
+        let out = print_config(felix().arg("serve").env(var, value));
+        assert!(out.contains(expect), "{var}={value} did not take effect:\n{out}");
+    }
+}
+
+#[test]
+fn unknown_felix_variables_are_named_in_a_warning() {
+    let out = felix().args(["serve", "--print-config"]).env("FELIX_CORSE", "4").output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("FELIX_CORSE"), "{err}");
+}
+
+#[test]
+fn non_loopback_without_auth_is_refused() {
+    let out =
+        felix().args(["serve", "--listen", "0.0.0.0:7401", "--print-config"]).output().unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--allow-anonymous"));
+    let ok = felix()
+        .args(["serve", "--listen", "0.0.0.0:7401", "--allow-anonymous", "--print-config"])
+        .output()
+        .unwrap();
+    assert!(ok.status.success());
+}
+
+#[test]
+fn start_errors_are_one_clear_line() {
+    // A data directory that cannot be created.
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let bad = file.path().join("sub");
+    let out = felix()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "off",
+            "--cores",
+            "1",
+            "--data-dir",
+        ])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.lines().any(|l| l.starts_with("felix: data directory")), "{err}");
+
+    // A port in use.
+    let taken = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    let out = felix()
+        .args(["serve", "--listen", &addr, "--metrics", "off", "--cores", "1", "--data-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.lines().any(|l| l.starts_with("felix: port in use")), "{err}");
+}
+
+#[test]
+fn sigterm_drains_and_exits_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = felix()
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "off",
+            "--cores",
+            "2",
+            "--no-pin",
+            "--data-dir",
+        ])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until it serves.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !dir.path().join("core-1").exists() {
+        assert!(Instant::now() < deadline, "broker did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "exit {status:?}: {err}");
+    assert!(err.contains("felix: stopped"), "{err}");
+}

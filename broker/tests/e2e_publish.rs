@@ -158,3 +158,53 @@ fn a_different_core_count_is_refused_with_a_clear_error() {
     let err = felix_broker::app::Broker::start(&serve).err().expect("must refuse");
     assert!(err.contains("laid out for 2 cores"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_export_per_core_counters_and_p99() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 2, &[]);
+    let b = broker.broker.as_ref().unwrap();
+    let admin = felix_broker::admin::start(
+        "127.0.0.1:0".parse().unwrap(),
+        b.stats.clone(),
+        b.net.clone(),
+        b.ready.clone(),
+    )
+    .unwrap();
+    let client = broker.client().await;
+    let p = client.publisher("acme/app/metrics").await.unwrap();
+    for i in 0..50 {
+        p.publish(Record::unkeyed(vec![i as u8; 100])).await.unwrap();
+    }
+    // Histograms are published once a second; counters at once.
+    tokio::time::sleep(std::time::Duration::from_millis(1300)).await;
+    b.refresh();
+    let get = |path: &str| {
+        let mut s = std::net::TcpStream::connect(admin).unwrap();
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").unwrap();
+        let mut body = String::new();
+        s.read_to_string(&mut body).unwrap();
+        body
+    };
+    let health = get("/health");
+    assert!(health.starts_with("HTTP/1.1 200"), "{health}");
+    let text = get("/metrics");
+    let value = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series).map(|v| v.trim().parse::<f64>().unwrap()))
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    let stored = value("felix_storage_append_bytes_total{core=\"0\"}")
+        + value("felix_storage_append_bytes_total{core=\"1\"}");
+    assert_eq!(stored, 5000.0);
+    let p99 = value("felix_publish_ack_latency_us{core=\"0\",quantile=\"0.99\"}")
+        .max(value("felix_publish_ack_latency_us{core=\"1\",quantile=\"0.99\"}"));
+    assert!(p99 > 0.0, "no latency recorded");
+    assert!(
+        value("felix_net_datagrams_in{core=\"0\"}") + value("felix_net_datagrams_in{core=\"1\"}")
+            > 0.0
+    );
+    value("felix_net_misrouted{core=\"1\"}");
+    value("felix_storage_flush_latency_us{core=\"0\",quantile=\"0.99\"}");
+}

@@ -246,10 +246,7 @@ impl Client {
                 )));
             }
         }
-        let index = self.shared.next_subscription_slot.fetch_add(1, Ordering::Relaxed)
-            % self.shared.slots.len();
-        let conn = self.shared.conn(index).await?;
-        Subscriber::start(conn, options).await
+        Subscriber::start(self.clone(), self.shared.next_slot(), options).await
     }
 
     /// Closes every connection. Operations in flight fail with `ConnectionLost`, later ones
@@ -283,6 +280,11 @@ impl Shared {
         slot.core.store(u32::from(c.hello().core.0), Ordering::Relaxed);
         *slot.current.write().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
         Ok(c)
+    }
+
+    /// The slot for the next subscription (round-robin).
+    pub(crate) fn next_slot(&self) -> usize {
+        self.next_subscription_slot.fetch_add(1, Ordering::Relaxed) % self.slots.len()
     }
 
     /// The core of slot `index`'s connection, when known.

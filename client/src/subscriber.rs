@@ -12,9 +12,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use felix_proto::{
-    CommitOffset, ErrorCode, Frame, FrameType, Offset, ShardId, StartAt, Subscribe, SubscriptionId,
+    CommitOffset, ErrorCode, Frame, FrameType, Offset, ShardId, StartAt, Subscribe, SubscribeOk,
+    SubscriptionId,
 };
 
+use crate::client::Client;
 use crate::conn::{unexpected, Conn, SubStream};
 use crate::error::ClientError;
 
@@ -32,12 +34,21 @@ pub struct SubscribeOptions {
     pub group: Option<String>,
     /// The shards to read; `None` reads all.
     pub shards: Option<Vec<ShardId>>,
+    /// Whether a lost connection resumes the subscription on a fresh one (see
+    /// [`Subscriber::next`]).
+    pub resume: bool,
 }
 
 impl SubscribeOptions {
     /// Every shard of `stream`, from the next record stored, no group.
     pub fn new(stream: impl Into<String>) -> Self {
-        Self { stream: stream.into(), start: StartAt::Latest, group: None, shards: None }
+        Self {
+            stream: stream.into(),
+            start: StartAt::Latest,
+            group: None,
+            shards: None,
+            resume: true,
+        }
     }
 
     /// Sets where the subscription starts.
@@ -55,6 +66,12 @@ impl SubscribeOptions {
     /// Restricts the subscription to `shards`.
     pub fn shards(mut self, shards: Vec<ShardId>) -> Self {
         self.shards = Some(shards);
+        self
+    }
+
+    /// Turns resuming after a lost connection on or off (default on).
+    pub fn resume(mut self, resume: bool) -> Self {
+        self.resume = resume;
         self
     }
 }
@@ -76,6 +93,7 @@ pub struct ReceivedRecord {
 
 /// A running subscription.
 pub struct Subscriber {
+    client: Client,
     conn: Arc<Conn>,
     options: SubscribeOptions,
     id: SubscriptionId,
@@ -85,28 +103,20 @@ pub struct Subscriber {
     /// The next offset to read per shard, from the records handed out.
     consumed: BTreeMap<ShardId, Offset>,
     committed: BTreeMap<ShardId, Offset>,
+    resumes: u64,
     ended: bool,
 }
 
 impl Subscriber {
     pub(crate) async fn start(
-        conn: Arc<Conn>,
+        client: Client,
+        slot: usize,
         options: SubscribeOptions,
     ) -> Result<Self, ClientError> {
-        let id = conn.next_request_id();
-        let frame = Frame::Subscribe(Subscribe {
-            request_id: id,
-            stream: options.stream.clone(),
-            shards: options.shards.clone(),
-            start: options.start,
-            group: options.group.clone(),
-        });
-        let ok = match conn.request(id, &frame).await? {
-            Frame::SubscribeOk(ok) => ok,
-            other => return Err(unexpected(&other, FrameType::SubscribeOk)),
-        };
-        let stream = conn.take_subscription_stream(ok.subscription_id).await?;
+        let conn = client.shared.conn(slot).await?;
+        let (ok, stream) = open(&conn, &options, options.start).await?;
         Ok(Self {
+            client,
             conn,
             options,
             id: ok.subscription_id,
@@ -115,8 +125,14 @@ impl Subscriber {
             buffered: VecDeque::new(),
             consumed: BTreeMap::new(),
             committed: BTreeMap::new(),
+            resumes: 0,
             ended: false,
         })
+    }
+
+    /// How many times the subscription resumed after a lost connection.
+    pub fn resumes(&self) -> u64 {
+        self.resumes
     }
 
     /// The broker's id for this subscription.
@@ -136,9 +152,20 @@ impl Subscriber {
 
     /// The next record; `Ok(None)` once the broker has finished the subscription's stream.
     /// Cancel-safe: dropping the future loses no record.
+    ///
+    /// When the connection is lost and `resume` is on, the subscription is opened again on a
+    /// fresh connection (with the client's reconnect backoff) and records already returned
+    /// are skipped, so nothing is returned twice and nothing is missed. It resumes from the
+    /// group's commits (with a group), from the next offset (a single shard), or from the
+    /// original start (earliest, an offset or a time). A subscription without a group over
+    /// several shards that started at `Latest` cannot resume without missing records: it
+    /// fails with `ConnectionLost` instead.
     pub async fn next(&mut self) -> Result<Option<ReceivedRecord>, ClientError> {
         loop {
             if let Some(r) = self.buffered.pop_front() {
+                if self.consumed.get(&r.shard).is_some_and(|next| r.offset < *next) {
+                    continue; // returned before a resume
+                }
                 self.consumed.insert(r.shard, Offset(r.offset.0 + 1));
                 return Ok(Some(r));
             }
@@ -186,9 +213,47 @@ impl Subscriber {
                     let message = "the broker reset the subscription stream".to_owned();
                     return Err(ClientError::Broker { code, message });
                 }
-                Err(e) => return Err(ClientError::ConnectionLost(e.to_string())),
+                Err(e) => {
+                    let lost = ClientError::ConnectionLost(e.to_string());
+                    self.resume_after(lost).await?;
+                }
             }
         }
+    }
+
+    /// Opens the subscription again after `lost`, or returns `lost` when it cannot resume.
+    async fn resume_after(&mut self, lost: ClientError) -> Result<(), ClientError> {
+        let Some(start) = self.resume_start() else {
+            self.ended = true;
+            return Err(lost);
+        };
+        tracing::warn!(error = %lost, stream = %self.options.stream, "resuming subscription");
+        // Whatever was decoded but not returned is read again on the new stream.
+        self.buffered.clear();
+        let slot = self.client.shared.next_slot();
+        let conn = self.client.shared.conn(slot).await?;
+        let (ok, stream) = open(&conn, &self.options, start).await?;
+        self.conn = conn;
+        self.id = ok.subscription_id;
+        self.shards = ok.shards;
+        self.stream = stream;
+        self.resumes += 1;
+        Ok(())
+    }
+
+    /// Where a resumed subscription starts, when it can resume without missing records.
+    fn resume_start(&self) -> Option<StartAt> {
+        let o = &self.options;
+        if !o.resume {
+            return None;
+        }
+        if o.group.is_some() {
+            return Some(o.start);
+        }
+        if let [shard] = self.shards[..] {
+            return Some(self.consumed.get(&shard).map_or(o.start, |next| StartAt::Offset(*next)));
+        }
+        (o.start != StartAt::Latest).then_some(o.start)
     }
 
     /// Commits that the group has consumed `shard` up to, not including, `next_offset`.
@@ -226,4 +291,26 @@ impl Subscriber {
         }
         Ok(())
     }
+}
+
+/// Sends Subscribe on `conn` and takes the subscription's stream.
+async fn open(
+    conn: &Conn,
+    options: &SubscribeOptions,
+    start: StartAt,
+) -> Result<(SubscribeOk, SubStream), ClientError> {
+    let id = conn.next_request_id();
+    let frame = Frame::Subscribe(Subscribe {
+        request_id: id,
+        stream: options.stream.clone(),
+        shards: options.shards.clone(),
+        start,
+        group: options.group.clone(),
+    });
+    let ok = match conn.request(id, &frame).await? {
+        Frame::SubscribeOk(ok) => ok,
+        other => return Err(unexpected(&other, FrameType::SubscribeOk)),
+    };
+    let stream = conn.take_subscription_stream(ok.subscription_id).await?;
+    Ok((ok, stream))
 }

@@ -141,3 +141,99 @@ async fn a_closed_client_does_not_reconnect() {
     assert_eq!(client.list_streams("").await, Err(ClientError::Closed));
     assert_eq!(broker.state.lock().hellos, hellos);
 }
+
+/// A client whose reconnects wait long enough for a test broker restart.
+fn patient(broker: &TestBroker) -> felix_client::ClientConfig {
+    let mut config = broker.client_config();
+    config.connections = Some(1);
+    config.reconnect_backoff_min_ms = 20;
+    config.reconnect_backoff_max_ms = 200;
+    config.reconnect_attempts_max = 100;
+    config.connect_timeout_ms = 1_000;
+    config
+}
+
+async fn next_value(sub: &mut felix_client::Subscriber) -> Result<String, ClientError> {
+    let r = tokio::time::timeout(Duration::from_secs(20), sub.next()).await.expect("stalled")?;
+    Ok(String::from_utf8(r.expect("ended").value.to_vec()).unwrap())
+}
+
+/// Restarts the broker after a short pause, in the background.
+fn restart_later(broker: TestBroker) -> tokio::task::JoinHandle<TestBroker> {
+    tokio::spawn(async move {
+        let stopped = broker.stop().await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        stopped.restart().await
+    })
+}
+
+#[tokio::test]
+async fn a_group_subscription_resumes_after_a_restart_without_duplicates_or_gaps() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream(STREAM, 2);
+    let client = Client::connect(patient(&broker)).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    for i in 0..6 {
+        publisher.publish(Record::keyed(format!("k{}", i % 2), format!("{i}"))).await.unwrap();
+    }
+    let options = felix_client::SubscribeOptions::new(STREAM)
+        .start(felix_client::StartAt::Earliest)
+        .group("g");
+    let mut sub = client.subscribe(options).await.unwrap();
+    let mut seen = Vec::new();
+    for _ in 0..3 {
+        seen.push(next_value(&mut sub).await.unwrap());
+    }
+    let restarted = restart_later(broker);
+    // Records stored while the subscriber reconnects are not missed either.
+    let broker = restarted.await.unwrap();
+    publisher.publish(Record::keyed("k0", "6")).await.unwrap();
+    while seen.len() < 7 {
+        seen.push(next_value(&mut sub).await.unwrap());
+    }
+    seen.sort();
+    assert_eq!(seen, ["0", "1", "2", "3", "4", "5", "6"]);
+    assert_eq!(sub.resumes(), 1);
+    drop(broker);
+}
+
+#[tokio::test]
+async fn a_single_shard_subscription_resumes_at_its_next_offset() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream(STREAM, 1);
+    let client = Client::connect(patient(&broker)).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    let mut sub = client.subscribe(felix_client::SubscribeOptions::new(STREAM)).await.unwrap();
+    publisher.publish(Record::unkeyed("a")).await.unwrap();
+    assert_eq!(next_value(&mut sub).await.unwrap(), "a");
+    let broker = restart_later(broker).await.unwrap();
+    publisher.publish(Record::unkeyed("b")).await.unwrap();
+    assert_eq!(next_value(&mut sub).await.unwrap(), "b");
+    assert_eq!(sub.resumes(), 1);
+    drop(broker);
+}
+
+#[tokio::test]
+async fn subscriptions_that_cannot_resume_exactly_report_the_lost_connection() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream(STREAM, 2);
+    let client = Client::connect(patient(&broker)).await.unwrap();
+    // Several shards from Latest without a group: a resume could miss records.
+    let mut latest = client.subscribe(felix_client::SubscribeOptions::new(STREAM)).await.unwrap();
+    // Resuming turned off.
+    let mut no_resume = client
+        .subscribe(
+            felix_client::SubscribeOptions::new(STREAM)
+                .start(felix_client::StartAt::Earliest)
+                .resume(false),
+        )
+        .await
+        .unwrap();
+    let broker = restart_later(broker).await.unwrap();
+    for sub in [&mut latest, &mut no_resume] {
+        let err = tokio::time::timeout(Duration::from_secs(20), sub.next()).await.unwrap();
+        assert!(matches!(err, Err(ClientError::ConnectionLost(_))), "{err:?}");
+        assert_eq!(sub.resumes(), 0);
+    }
+    drop(broker);
+}

@@ -56,6 +56,21 @@ for bs in ("256k", "4m"):
         j = json.load(open(f))
         bws.append(j["jobs"][0]["write"]["bw_bytes"] / 1e6)
     res["fio"][bs] = {"mb_per_s": agg(bws)}
+# Per-run ratios (log run i / fio run i): the disk's speed drifts between runs on this shared VM.
+def fio_run(bs, run):
+    j = json.load(open(os.path.join(out, f"fio-{bs}-{run}.json")))
+    return j["jobs"][0]["write"]["bw_bytes"] / 1e6
+per_run = {}
+for bs in ("256k", "4m"):
+    rs = [fr["result"]["mb_per_s"] / fio_run(bs, fr["run"]) for fr in runs
+          if fr["kind"] == "appenders" and fr["result"]["appenders"] == 64]
+    per_run[bs] = agg(rs)
+res["per_run_ratio_64_appenders_vs_fio"] = per_run
+fpg = {r["run"]: {} for r in runs}
+for r in runs:
+    if r["kind"] == "shards":
+        fpg[r["run"]][r["result"]["shards"]] = r["result"]["flushes_per_gib"]
+res["per_run_flushes_per_gib_12_vs_1"] = agg([v[12] / v[1] for v in fpg.values() if 1 in v and 12 in v])
 res["ratio_64_appenders_vs_fio_256k"] = res["appenders"][64]["mb_per_s"]["median"] / res["fio"]["256k"]["mb_per_s"]["median"]
 res["ratio_64_appenders_vs_fio_4m"] = res["appenders"][64]["mb_per_s"]["median"] / res["fio"]["4m"]["mb_per_s"]["median"]
 res["flushes_per_gib_12_vs_1_shard"] = res["shards"][12]["flushes_per_gib"]["median"] / res["shards"][1]["flushes_per_gib"]["median"]
@@ -70,6 +85,7 @@ lines += ["", "| fio, direct, fdatasync after every write | MB/s |", "|---|---|"
 for bs, r in res["fio"].items():
     lines.append(f'| bs={bs} | {f(r["mb_per_s"])} |')
 lines += ["", f'Ratio at 64 appenders vs fio bs=256k (the batch size): **{res["ratio_64_appenders_vs_fio_256k"]:.2f}**; vs fio bs=4m (the largest write the log issues): {res["ratio_64_appenders_vs_fio_4m"]:.2f}.', "",
+    f'Per-run ratios (log / fio of the same run), median (min-max): vs bs=256k {f(per_run["256k"])}; vs bs=4m {per_run["4m"]["median"]:.2f} ({per_run["4m"]["min"]:.2f}-{per_run["4m"]["max"]:.2f}).', "",
     "| 16 appenders | MB/s | flushes/GiB | fan-in |", "|---|---|---|---|"]
 for s, r in res["shards"].items():
     lines.append(f'| {s} shard(s) | {f(r["mb_per_s"])} | {f(r["flushes_per_gib"])} | {f(r["fan_in_mean"])} |')

@@ -393,6 +393,20 @@ mod tests {
     }
 
     #[test]
+    fn doc_test_vector() {
+        // The example in docs/storage-format.md, section 2.
+        let hex = "46 58 42 31 01 00 00 00 8a 2b 58 ee 3b 00 00 00 03 00 00 00 01 00 00 00 \
+                   2a 00 00 00 00 00 00 00 e8 03 00 00 00 00 00 00 e8 03 00 00 00 00 00 00 \
+                   00 00 00 00 00 02 00 00 00 61 62";
+        let want: Vec<u8> =
+            hex.split_whitespace().map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
+        let records = [Record::unkeyed(&b"ab"[..])];
+        let mut out = vec![0u8; batch_encoded_len(&records)];
+        encode_batch(&mut out, ShardId(3), Offset(42), 1000, &records);
+        assert_eq!(out, want);
+    }
+
+    #[test]
     fn every_single_bit_flip_is_detected() {
         let buf = encoded(&sample());
         for byte in 0..buf.len() {

@@ -57,15 +57,24 @@ impl LogFile {
             .await
             .map_err(|e| err("creating segment", e))?;
         let len = first_block.len();
-        let n = file.write_at(first_block, 0).await.map_err(|e| err("writing", e))?;
-        if n != len {
-            return Err(StorageError::io(
-                "short write",
-                path.to_owned(),
-                io::Error::from_raw_os_error(libc::ENOSPC),
-            ));
+        let written = async {
+            let n = file.write_at(first_block, 0).await.map_err(|e| err("writing", e))?;
+            if n != len {
+                return Err(StorageError::io(
+                    "short write",
+                    path.to_owned(),
+                    io::Error::from_raw_os_error(libc::ENOSPC),
+                ));
+            }
+            file.fdatasync().await.map_err(|e| err("fdatasync", e))
         }
-        file.fdatasync().await.map_err(|e| err("fdatasync", e))?;
+        .await;
+        if let Err(e) = written {
+            // Do not leave a half-created file behind: the next attempt uses the same name.
+            let _ = file.remove().await;
+            let _ = file.close().await;
+            return Err(e);
+        }
         file.close().await.map_err(|e| err("closing", e))?;
         Self::open(path).await
     }
@@ -142,6 +151,15 @@ impl LogFile {
             .truncate(size)
             .await
             .map_err(|e| StorageError::io("truncating", self.path.clone(), to_io(e)))
+    }
+
+    /// Reserve blocks up to `len` without changing the file size (FALLOC_FL_KEEP_SIZE), so
+    /// that appending writes do not allocate blocks one write at a time.
+    pub(crate) async fn reserve(&self, len: u64) -> Result<()> {
+        self.file
+            .pre_allocate(len, true)
+            .await
+            .map_err(|e| StorageError::io("fallocate", self.path.clone(), to_io(e)))
     }
 
     pub(crate) async fn size(&self) -> Result<u64> {

@@ -158,6 +158,9 @@ impl StreamLog {
                 limit: SHARDS_PER_LOG_MAX,
             });
         }
+        // glommio's directory calls fail (EBADF) on relative paths: make the path absolute.
+        let dir = &std::path::absolute(dir)
+            .map_err(|e| StorageError::io("resolving path", dir.to_owned(), e))?;
         let rec = crate::recovery::recover(dir, config, shards).await?;
         let mut stats = StorageStats::new();
         stats.torn_bytes_dropped = rec.report.torn_bytes_dropped;

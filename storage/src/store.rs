@@ -37,7 +37,9 @@ impl CoreStore {
     /// Open (create) `<config.dir>/core-<core>/`.
     pub async fn open(config: StorageConfig, core: CoreId) -> Result<CoreStore> {
         config.validate()?;
-        let dir = config.dir.join(format!("core-{}", core.0));
+        let dir = std::path::absolute(&config.dir)
+            .map_err(|e| StorageError::io("resolving path", config.dir.clone(), e))?
+            .join(format!("core-{}", core.0));
         io::create_dir_all(&dir).await?;
         Ok(CoreStore {
             inner: Rc::new(StoreInner { dir, config, logs: RefCell::new(BTreeMap::new()) }),
@@ -106,7 +108,3 @@ impl std::fmt::Debug for CoreStore {
         f.debug_struct("CoreStore").field("dir", &self.inner.dir).finish()
     }
 }
-
-/// Keep `StorageError` reachable from this module's docs.
-#[allow(dead_code)]
-type _E = StorageError;

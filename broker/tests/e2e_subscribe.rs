@@ -99,6 +99,12 @@ async fn fanout_to_three_subscribers() {
         assert_eq!(got, want);
     }
     assert!(broker.counter("subscriptions") >= 3);
+    // Subscribers at the live tail were served from memory, and each batch was encoded once
+    // for all three.
+    assert_eq!(broker.counter("log_batches"), 0, "the live tail re-read the log");
+    let served = broker.counter("tail_batches");
+    let encodes = broker.counter("tail_encodes");
+    assert!(encodes > 0 && served >= 3 * encodes, "{served} batches served, {encodes} encodes");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,6 +23,7 @@ use glommio::sync::Semaphore;
 use super::mesh::{CoreRequest, CoreResponse, Mesh, WireError};
 use super::meta::{self, StreamMeta};
 use super::stats::{self, AppStats};
+use super::tail::{EncodedBatch, TailRead};
 
 /// The internal log of consumer positions kept by each core (shard 0 only).
 pub const OFFSETS_LOG: &str = "felix-internal/offsets/v1";
@@ -58,6 +59,8 @@ pub struct StreamEntry {
     pub meta: StreamMeta,
     /// The log of the shards this core owns (none if it owns no shard of the stream).
     pub log: Option<StreamLog>,
+    /// The in-memory tails of the shards this core owns.
+    pub tails: super::tail::StreamTails,
     unkeyed_next: Cell<u32>,
 }
 
@@ -202,7 +205,12 @@ impl CoreApp {
             }
             Some(log)
         };
-        let entry = Rc::new(StreamEntry { meta: m, log, unkeyed_next: Cell::new(0) });
+        let entry = Rc::new(StreamEntry {
+            meta: m,
+            log,
+            tails: Default::default(),
+            unkeyed_next: Cell::new(0),
+        });
         self.streams.borrow_mut().insert(entry.meta.name.as_str().to_owned(), entry.clone());
         Ok(entry)
     }
@@ -294,10 +302,15 @@ impl CoreApp {
             .iter()
             .map(|r| (r.value.len() + r.key.as_ref().map_or(0, Bytes::len)) as u64)
             .sum();
+        // Every append waits at least for its write, so the tail only ever holds written data.
+        let mode = if ack == AckMode::None { AckMode::Written } else { ack };
         let out =
-            log.append(shard, records, timestamp_ms, ack).await.map_err(|e| storage_error(&e))?;
+            log.append(shard, records, timestamp_ms, mode).await.map_err(|e| storage_error(&e))?;
         stats::add(&self.stats.counters.storage_append_bytes, bytes);
         stats::add(&self.stats.counters.storage_appends, 1);
+        entry.tails.with(shard, |t| {
+            t.handle_append(shard, out.base_offset, timestamp_ms, records.to_vec())
+        });
         Ok(out)
     }
 
@@ -308,22 +321,68 @@ impl CoreApp {
         from: Offset,
         max_bytes: usize,
         wait_ms: u64,
-    ) -> Result<Vec<StoredBatch>, WireError> {
+    ) -> Result<Vec<EncodedBatch>, WireError> {
         let log = self.owned_log(stream, shard).await?;
-        let batches = log.read(shard, from, max_bytes).await.map_err(|e| storage_error(&e))?;
-        if !batches.is_empty() || wait_ms == 0 {
-            return Ok(batches);
+        let entry = self.stream(stream, false).await?;
+        let deadline = std::time::Instant::now() + Duration::from_millis(wait_ms);
+        loop {
+            let next = log.next_offset(shard).map_err(|e| storage_error(&e))?;
+            match self.read_tail(&entry, shard, from, max_bytes, next) {
+                TailRead::Batches(b) => return Ok(b),
+                TailRead::Miss => {
+                    let batches =
+                        log.read(shard, from, max_bytes).await.map_err(|e| storage_error(&e))?;
+                    if !batches.is_empty() {
+                        stats::add(&self.stats.counters.log_batches, batches.len() as u64);
+                        return Ok(encode_from(shard, from, batches));
+                    }
+                    if std::time::Instant::now() >= deadline {
+                        return Ok(Vec::new());
+                    }
+                    glommio::timer::sleep(Duration::from_millis(1)).await;
+                }
+                TailRead::AtTail(rx) => {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return Ok(Vec::new());
+                    }
+                    let _ = glommio::timer::timeout(left, async {
+                        rx.recv().await;
+                        Ok(())
+                    })
+                    .await;
+                    if std::time::Instant::now() >= deadline {
+                        // One last look, then give up until the reader asks again.
+                        let next = log.next_offset(shard).map_err(|e| storage_error(&e))?;
+                        return Ok(
+                            match entry.tails.with(shard, |t| t.read(from, max_bytes, next)) {
+                                TailRead::Batches(b) => b,
+                                _ => Vec::new(),
+                            },
+                        );
+                    }
+                }
+            }
         }
-        let waited = glommio::timer::timeout(Duration::from_millis(wait_ms), async {
-            log.wait_for(shard, from)
-                .await
-                .map_err(|e| glommio::GlommioError::IoError(std::io::Error::other(e.to_string())))
+    }
+
+    fn read_tail(
+        &self,
+        entry: &StreamEntry,
+        shard: ShardId,
+        from: Offset,
+        max_bytes: usize,
+        next: Offset,
+    ) -> TailRead {
+        entry.tails.with(shard, |t| {
+            let before = t.encodes;
+            let r = t.read(from, max_bytes, next);
+            stats::add(&self.stats.counters.tail_encodes, t.encodes - before);
+            if let TailRead::Batches(b) = &r {
+                stats::add(&self.stats.counters.tail_batches, b.len() as u64);
+            }
+            r
         })
-        .await;
-        match waited {
-            Ok(()) => log.read(shard, from, max_bytes).await.map_err(|e| storage_error(&e)),
-            Err(_) => Ok(Vec::new()),
-        }
     }
 
     async fn resolve_local(
@@ -461,6 +520,25 @@ impl CoreApp {
         stats::publish_histogram(&self.stats.fan_in, &fan_in);
         stats::publish_histogram(&self.stats.ack_latency_us, &self.ack_latency_us.borrow());
     }
+}
+
+/// Encodes batches read from the log, dropping records before `from`.
+fn encode_from(shard: ShardId, from: Offset, batches: Vec<StoredBatch>) -> Vec<EncodedBatch> {
+    let mut out = Vec::with_capacity(batches.len());
+    for b in batches {
+        let end = b.base_offset.0 + b.records.len() as u64;
+        if end <= from.0 {
+            continue;
+        }
+        let skip = from.0.saturating_sub(b.base_offset.0) as usize;
+        out.push(EncodedBatch::encode(&felix_proto::EventBatch {
+            shard,
+            base_offset: Offset(b.base_offset.0 + skip as u64),
+            timestamp_ms: b.first_timestamp_ms,
+            records: b.records.into_iter().skip(skip).collect(),
+        }));
+    }
+    out
 }
 
 /// Milliseconds since the Unix epoch.

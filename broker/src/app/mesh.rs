@@ -11,7 +11,9 @@ use std::rc::Rc;
 use std::sync::Mutex;
 
 use felix_proto::{AckMode, CoreId, ErrorCode, Offset, Record, ShardId, StartAt};
-use felix_storage::{AppendOutcome, StoredBatch};
+use felix_storage::AppendOutcome;
+
+use super::tail::EncodedBatch;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::channels::shared_channel::{
     self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender,
@@ -97,7 +99,7 @@ pub enum CoreResponse {
     /// Answers Append.
     Appended(Result<AppendOutcome, WireError>),
     /// Answers Read.
-    Batches(Result<Vec<StoredBatch>, WireError>),
+    Batches(Result<Vec<EncodedBatch>, WireError>),
     /// Answers Resolve.
     Position(Result<Offset, WireError>),
     /// Answers Commit.

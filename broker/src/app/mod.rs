@@ -6,6 +6,7 @@
 //! - `mesh`: requests between cores (forwarded publishes, remote reads, commits).
 //! - `session`: one client connection: Hello, requests, publish and acks.
 //! - `subscribe`: subscriptions and their per-shard pumps.
+//! - `tail`: the in-memory live tail of each owned shard, encoded once for all subscribers.
 //! - `meta`: stream definitions and the data directory's layout file.
 //! - `stats`: per-core counters and histograms.
 
@@ -16,6 +17,7 @@ pub mod meta;
 pub mod session;
 pub mod stats;
 pub mod subscribe;
+pub mod tail;
 
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1,8 +1,8 @@
 //! Subscriptions: one unidirectional stream per subscription, one pump per shard.
 //!
-//! A pump asks the shard's owner core (itself or over the mesh) for batches from its position,
-//! waiting at the tail for new data, encodes each as an EventBatch and queues it for the
-//! subscription's writer. The queue is bounded ([`SUBSCRIPTION_QUEUE_FRAMES`]) and the writer is
+//! A pump asks the shard's owner core (itself or over the mesh) for encoded EventBatches from
+//! its position (served from the owner's in-memory tail when they are recent, see `tail`,
+//! waiting there for new data) and queues them for the subscription's writer. The queue is bounded ([`SUBSCRIPTION_QUEUE_FRAMES`]) and the writer is
 //! bounded by QUIC flow control, so a slow subscriber stops its pumps rather than growing
 //! memory; a writer blocked longer than the slow-consumer limit resets the stream with
 //! `SlowConsumer` (18) and the subscription ends.
@@ -10,11 +10,8 @@
 use std::rc::Rc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
-use felix_proto::{
-    encode_event_batch, ErrorCode, EventBatch, Frame, Offset, ShardId, Subscribe, SubscribeOk,
-    SubscriptionId,
-};
+use bytes::Bytes;
+use felix_proto::{ErrorCode, Frame, Offset, ShardId, Subscribe, SubscribeOk, SubscriptionId};
 use glommio::channels::local_channel::{self, LocalSender};
 
 use super::mesh::{CoreRequest, CoreResponse, WireError};
@@ -109,7 +106,6 @@ async fn pump(
     tx: Rc<LocalSender<Bytes>>,
 ) {
     let app = session.app.clone();
-    let mut buf = BytesMut::new();
     while !session.closed.get() && !app.stopping.get() {
         let req = CoreRequest::Read {
             stream: stream.clone(),
@@ -147,23 +143,13 @@ async fn pump(
             }
         };
         for b in batches {
-            let end = b.base_offset.0 + b.records.len() as u64;
-            if end <= next.0 {
+            if b.end() <= next.0 {
                 continue;
             }
-            let skip = next.0.saturating_sub(b.base_offset.0) as usize;
-            let batch = EventBatch {
-                shard,
-                base_offset: Offset(b.base_offset.0 + skip as u64),
-                timestamp_ms: b.first_timestamp_ms,
-                records: b.records.into_iter().skip(skip).collect(),
-            };
-            buf.clear();
-            encode_event_batch(&batch, &mut buf);
-            if tx.send(buf.split().freeze()).await.is_err() {
+            if tx.send(b.frame.clone()).await.is_err() {
                 return;
             }
-            next = Offset(end);
+            next = Offset(b.end());
         }
     }
 }

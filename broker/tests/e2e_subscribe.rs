@@ -148,3 +148,55 @@ async fn a_consumer_group_resumes_from_its_commits() {
     }
     nothing_more(&mut again).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subscriber_that_stops_reading_is_disconnected_as_slow() {
+    use felix_proto::{Capabilities, Frame, Hello, RequestId, Subscribe, PROTOCOL_VERSION};
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 2, &["--slow-consumer-secs", "1"]);
+    let client = broker.client().await;
+    client.create_stream("acme/app/slow", 1, Default::default()).await.unwrap();
+    // A raw subscriber that never reads its subscription stream.
+    let conn = e2e_support::raw_connection(broker.addr, dir.path()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let hello = Frame::Hello(Hello {
+        version: PROTOCOL_VERSION,
+        capabilities: Capabilities::ALL,
+        token: None,
+    });
+    send.write_all(&hello.to_bytes()).await.unwrap();
+    let sub = Frame::Subscribe(Subscribe {
+        request_id: RequestId(1),
+        stream: "acme/app/slow".into(),
+        shards: None,
+        start: StartAt::Latest,
+        group: None,
+    });
+    send.write_all(&sub.to_bytes()).await.unwrap();
+    let frames = e2e_support::read_frames(&mut recv, 2).await;
+    assert!(matches!(frames.last(), Some(Frame::SubscribeOk(_))), "{frames:?}");
+    let mut uni = conn.accept_uni().await.unwrap();
+    // Far more than QUIC's windows hold.
+    let p = client.publisher("acme/app/slow").await.unwrap();
+    let payload = vec![7u8; 32 << 10];
+    for _ in 0..400 {
+        p.send(Record::unkeyed(payload.clone())).await.unwrap();
+    }
+    p.flush().await.unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while broker.counter("slow_consumers") == 0 {
+        assert!(std::time::Instant::now() < deadline, "the slow subscriber was never disconnected");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Reading now ends in a reset carrying SlowConsumer (18).
+    let mut buf = vec![0u8; 1 << 20];
+    let code = loop {
+        match tokio::time::timeout(WAIT, uni.read(&mut buf)).await.unwrap() {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("stream finished instead of reset"),
+            Err(quinn::ReadError::Reset(code)) => break code.into_inner(),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(code, felix_proto::ErrorCode::SlowConsumer as u64);
+}

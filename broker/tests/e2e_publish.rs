@@ -208,3 +208,25 @@ async fn metrics_export_per_core_counters_and_p99() {
     value("felix_net_misrouted{core=\"1\"}");
     value("felix_storage_flush_latency_us{core=\"0\",quantile=\"0.99\"}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_inflight_budgets_push_back_without_losing_or_deadlocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(
+        dir.path(),
+        2,
+        &["--inflight-bytes-per-conn", "8192", "--inflight-bytes-per-core", "16384"],
+    );
+    let client = broker.client().await;
+    let p = client.publisher("acme/app/budget").await.unwrap();
+    let mut tickets = Vec::new();
+    for i in 0..300u32 {
+        tickets.push(p.send(Record::keyed(format!("k{}", i % 5), vec![1u8; 4096])).await.unwrap());
+    }
+    p.flush().await.unwrap();
+    for t in tickets {
+        tokio::time::timeout(WAIT, t).await.expect("ack timed out").unwrap();
+    }
+    assert_eq!(broker.counter("storage_append_bytes"), 300 * (4096 + 2));
+    assert_eq!(broker.counter("inflight_bytes"), 0);
+}

@@ -26,11 +26,15 @@ pub const CONNECTIONS_MAX: usize = 64;
 pub const STREAMS_PER_CONNECTION_MAX: usize = 64;
 /// The most batches in flight (written, not yet acked) per connection.
 pub const IN_FLIGHT_BATCHES_MAX: usize = 4096;
+/// The shortest connection idle timeout, in milliseconds.
+pub const IDLE_TIMEOUT_MS_MIN: u64 = 300;
+/// The longest connection idle timeout, in milliseconds (1 h).
+pub const IDLE_TIMEOUT_MS_MAX: u64 = 3_600_000;
 /// The longest linger time, in microseconds (1 s).
 pub const LINGER_US_MAX: u64 = 1_000_000;
 
 /// Every environment variable [`ClientConfig::from_env_map`] reads.
-pub const ENV_KEYS: [&str; 19] = [
+pub const ENV_KEYS: [&str; 20] = [
     "FELIX_ADDR",
     "FELIX_SERVER_NAME",
     "FELIX_CA_FILE",
@@ -42,6 +46,7 @@ pub const ENV_KEYS: [&str; 19] = [
     "FELIX_COVER_CORES",
     "FELIX_CONNECT_TIMEOUT_MS",
     "FELIX_ACK_TIMEOUT_MS",
+    "FELIX_CLIENT_IDLE_TIMEOUT_MS",
     "FELIX_RECONNECT_BACKOFF_MIN_MS",
     "FELIX_RECONNECT_BACKOFF_MAX_MS",
     "FELIX_RECONNECT_ATTEMPTS_MAX",
@@ -170,6 +175,10 @@ pub struct ClientConfig {
     pub connect_timeout_ms: u64,
     /// The limit on waiting for an ack or any answer, in milliseconds.
     pub ack_timeout_ms: u64,
+    /// How long a silent connection lives, in milliseconds: a broker that died without closing
+    /// is noticed after this long (keep-alives every third of it). Its own idle timeout applies
+    /// too; the smaller wins.
+    pub idle_timeout_ms: u64,
     /// The first delay between reconnect attempts, in milliseconds; doubled after each failure.
     pub reconnect_backoff_min_ms: u64,
     /// The largest delay between reconnect attempts, in milliseconds.
@@ -192,6 +201,7 @@ impl Default for ClientConfig {
             cover_cores: true,
             connect_timeout_ms: 5_000,
             ack_timeout_ms: 30_000,
+            idle_timeout_ms: 10_000,
             reconnect_backoff_min_ms: 50,
             reconnect_backoff_max_ms: 5_000,
             reconnect_attempts_max: 8,
@@ -286,6 +296,9 @@ impl ClientConfig {
         if let Some((key, v)) = get("FELIX_ACK_TIMEOUT_MS") {
             c.ack_timeout_ms = parse_num(key, &v)?;
         }
+        if let Some((key, v)) = get("FELIX_CLIENT_IDLE_TIMEOUT_MS") {
+            c.idle_timeout_ms = parse_num(key, &v)?;
+        }
         if let Some((key, v)) = get("FELIX_RECONNECT_BACKOFF_MIN_MS") {
             c.reconnect_backoff_min_ms = parse_num(key, &v)?;
         }
@@ -343,6 +356,11 @@ impl ClientConfig {
         range("connect_timeout_ms", self.connect_timeout_ms > 0, "must be > 0")?;
         range("ack_timeout_ms", self.ack_timeout_ms > 0, "must be > 0")?;
         range(
+            "idle_timeout_ms",
+            (IDLE_TIMEOUT_MS_MIN..=IDLE_TIMEOUT_MS_MAX).contains(&self.idle_timeout_ms),
+            "300..=3600000",
+        )?;
+        range(
             "reconnect_backoff_max_ms",
             self.reconnect_backoff_min_ms <= self.reconnect_backoff_max_ms,
             "must be >= reconnect_backoff_min_ms",
@@ -367,6 +385,11 @@ impl ClientConfig {
     pub fn ack_timeout(&self) -> Duration {
         Duration::from_millis(self.ack_timeout_ms)
     }
+
+    /// The connection idle timeout.
+    pub fn idle_timeout(&self) -> Duration {
+        Duration::from_millis(self.idle_timeout_ms)
+    }
 }
 
 /// The effective configuration, one `key=value` per line; the token is never printed.
@@ -389,6 +412,7 @@ impl fmt::Display for ClientConfig {
         writeln!(f, "cover_cores={}", self.cover_cores)?;
         writeln!(f, "connect_timeout_ms={}", self.connect_timeout_ms)?;
         writeln!(f, "ack_timeout_ms={}", self.ack_timeout_ms)?;
+        writeln!(f, "idle_timeout_ms={}", self.idle_timeout_ms)?;
         writeln!(
             f,
             "reconnect_backoff_ms={}..{} attempts_max={}",

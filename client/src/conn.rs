@@ -33,9 +33,6 @@ const ORPHAN_SUB_STREAMS_MAX: usize = 64;
 const SUBSCRIPTION_START_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes asked of quinn per read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
-/// QUIC keep-alive, well under the broker's idle timeout, so that an idle subscriber or
-/// publisher keeps its connection.
-pub(crate) const KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(5);
 
 /// An established connection.
 pub(crate) struct Conn {

@@ -27,8 +27,13 @@ pub(crate) struct TlsSetup {
     pub rejection: RejectionNote,
 }
 
-/// Builds the QUIC client configuration for `trust`.
-pub(crate) fn client_config(trust: &Trust) -> Result<TlsSetup, ConfigError> {
+/// Builds the QUIC client configuration for `trust`. A connection whose peer is silent for
+/// `idle_timeout` is closed (the broker's own idle timeout applies too: the smaller wins);
+/// keep-alives every third of it keep a quiet but healthy connection open.
+pub(crate) fn client_config(
+    trust: &Trust,
+    idle_timeout: std::time::Duration,
+) -> Result<TlsSetup, ConfigError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let rejection: RejectionNote = Arc::default();
     let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
@@ -63,7 +68,10 @@ pub(crate) fn client_config(trust: &Trust) -> Result<TlsSetup, ConfigError> {
         .map_err(|e| ConfigError::Tls(e.to_string()))?;
     let mut quic = quinn::ClientConfig::new(Arc::new(crypto));
     let mut transport = quinn::TransportConfig::default();
-    transport.keep_alive_interval(Some(crate::conn::KEEP_ALIVE_INTERVAL));
+    let idle = quinn::IdleTimeout::try_from(idle_timeout)
+        .map_err(|e| ConfigError::Tls(format!("idle timeout: {e}")))?;
+    transport.max_idle_timeout(Some(idle));
+    transport.keep_alive_interval(Some(idle_timeout / 3));
     quic.transport_config(Arc::new(transport));
     Ok(TlsSetup { quic, rejection })
 }
@@ -175,6 +183,6 @@ mod tests {
         std::fs::write(&der, cert.cert.der()).unwrap();
         assert_eq!(read_ca_file(&pem).unwrap(), vec![cert.cert.der().clone()]);
         assert_eq!(read_ca_file(&der).unwrap(), vec![cert.cert.der().clone()]);
-        assert!(client_config(&Trust::CaFile(pem)).is_ok());
+        assert!(client_config(&Trust::CaFile(pem), std::time::Duration::from_secs(10)).is_ok());
     }
 }

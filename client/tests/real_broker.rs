@@ -24,7 +24,28 @@ struct RealBroker {
     child: Child,
     addr: String,
     fingerprint: CertFingerprint,
-    data_dir: tempfile::TempDir,
+    data_dir: std::sync::Arc<tempfile::TempDir>,
+}
+
+impl RealBroker {
+    /// Stops the broker (SIGKILL: the logs recover) and starts it again on the same address
+    /// and data directory, hence the same certificate.
+    fn restart(mut self) -> RealBroker {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let (addr, data_dir) = (self.addr.clone(), self.data_dir.clone());
+        drop(self);
+        // The port can stay taken for a moment (a client endpoint may even get it while the
+        // broker is down): retry, bounded.
+        for _ in 0..50 {
+            match start_broker_on(addr.clone(), data_dir.clone()) {
+                Ok(b) => return b,
+                Err(why) => println!("restart: {why}"),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("the broker started once but does not start again");
+    }
 }
 
 impl Drop for RealBroker {
@@ -44,15 +65,25 @@ fn felix_binary() -> Option<PathBuf> {
 /// Starts `felix serve` with 2 cores on a free loopback port; `None` (with a message) when no
 /// serving broker is available.
 fn start_broker() -> Option<RealBroker> {
-    let Some(bin) = felix_binary() else {
-        println!(
-            "SKIPPED: no felix binary next to the test executable; run cargo test --workspace"
-        );
-        return None;
-    };
     let port = std::net::UdpSocket::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
-    let addr = format!("127.0.0.1:{port}");
-    let data_dir = tempfile::tempdir().unwrap();
+    let data_dir = std::sync::Arc::new(tempfile::tempdir().unwrap());
+    match start_broker_on(format!("127.0.0.1:{port}"), data_dir) {
+        Ok(b) => Some(b),
+        Err(why) => {
+            println!("SKIPPED: no serving broker ({why}); cargo test --workspace builds it");
+            None
+        }
+    }
+}
+
+/// Starts `felix serve` on `addr` with `data_dir` (a restart reuses both).
+fn start_broker_on(
+    addr: String,
+    data_dir: std::sync::Arc<tempfile::TempDir>,
+) -> Result<RealBroker, String> {
+    let Some(bin) = felix_binary() else {
+        return Err("no felix binary next to the test executable".into());
+    };
     let mut cmd = Command::new(&bin);
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FELIX_")) {
         cmd.env_remove(k);
@@ -83,12 +114,11 @@ fn start_broker() -> Option<RealBroker> {
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => {
                 let status = child.wait().unwrap();
-                println!(
-                    "SKIPPED: {} exited ({status}) before serving:\n{}",
+                return Err(format!(
+                    "{} exited ({status}) before serving:\n{}",
                     bin.display(),
                     seen.join("\n")
-                );
-                return None;
+                ));
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {
                 assert!(
@@ -101,7 +131,7 @@ fn start_broker() -> Option<RealBroker> {
     };
     // Keep draining stderr so the broker never blocks on a full pipe.
     std::thread::spawn(move || while rx.recv().is_ok() {});
-    Some(RealBroker { child, addr, fingerprint, data_dir })
+    Ok(RealBroker { child, addr, fingerprint, data_dir })
 }
 
 async fn connect(broker: &mut RealBroker, config: ClientConfig) -> Client {
@@ -217,4 +247,48 @@ async fn the_client_works_against_the_real_broker() {
         assert_eq!(&r.value[..], b"after-commit");
     }
     client.close();
+
+    // Restart: a client reconnects with backoff, a group subscription resumes without
+    // duplicates, and the durable records survived.
+    if !groups {
+        return;
+    }
+    config.connections = Some(1);
+    config.reconnect_backoff_min_ms = 50;
+    config.reconnect_attempts_max = 200;
+    // SIGKILL sends no CONNECTION_CLOSE: the client notices through its idle timeout.
+    config.idle_timeout_ms = 1_500;
+    let client = connect(&mut broker, config).await;
+    let mut sub = client
+        .subscribe(SubscribeOptions::new(stream).start(StartAt::Earliest).group("restart"))
+        .await
+        .unwrap();
+    let total = expected + 1;
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..10 {
+        let r = tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap().unwrap();
+        assert!(seen.insert((r.shard, r.offset)));
+    }
+    let broker = broker.restart();
+    // A record stored by the new broker process reaches the subscriber only through a resume.
+    let publisher = client.publisher(stream).await.unwrap();
+    let mut stored = false;
+    for _ in 0..20 {
+        if let Ok(Some(_)) = publisher.publish(Record::unkeyed("after-restart")).await {
+            stored = true;
+            break;
+        }
+    }
+    assert!(stored, "publishing never recovered after the restart");
+    let mut after_restart = false;
+    while seen.len() < total + 1 {
+        let r = tokio::time::timeout(WAIT, sub.next()).await.expect("stalled after restart");
+        let r = r.unwrap().expect("subscription ended");
+        assert!(seen.insert((r.shard, r.offset)), "record seen twice after resume: {r:?}");
+        after_restart |= &r.value[..] == b"after-restart";
+    }
+    assert!(after_restart);
+    assert!(sub.resumes() >= 1);
+    client.close();
+    drop(broker);
 }

@@ -5,7 +5,7 @@
 //! positions, consumer groups, commits), capability negotiation from the client side, the
 //! `FELIX_*` configuration and the `felix publish|subscribe|streams` commands.
 //! Never does: run inside the broker, assume anything of the broker beyond `docs/protocol.md`,
-//! or write a frame carrying a flag bit the broker did not advertise (see [`conn`]'s
+//! or write a frame carrying a flag bit the broker did not advertise (see `conn`'s
 //! `encode_checked`). `docs/client.md` is the user guide.
 
 pub mod cli;

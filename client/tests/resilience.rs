@@ -22,7 +22,13 @@ async fn the_pool_opens_one_connection_per_core_by_default_and_covers_every_core
     assert_eq!(client.connection_count(), 4);
     assert_eq!(client.core_count(), 4);
     assert_eq!(client.cores_reached(), (0..4).map(CoreId).collect::<Vec<_>>());
-    assert_eq!(broker.state.lock().hellos, 8);
+    let o = broker.state.lock();
+    assert_eq!(o.hellos, 8);
+    // Each connection has its own endpoint (socket and driver task): distinct client ports.
+    let mut ports: Vec<u16> = o.hello_from.iter().map(|a| a.port()).collect();
+    ports.sort_unstable();
+    ports.dedup();
+    assert_eq!(ports.len(), 8, "connections share a socket: {:?}", o.hello_from);
 }
 
 #[tokio::test]

@@ -81,6 +81,8 @@ pub struct Observed {
     pub hellos: usize,
     /// Tokens received in Hello.
     pub tokens: Vec<Option<Bytes>>,
+    /// The client address of each Hello's connection.
+    pub hello_from: Vec<SocketAddr>,
     /// Publish frames received.
     pub publishes: usize,
     /// Records received per publish frame, in order.
@@ -352,6 +354,7 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
                 let mut o = ctx.state.lock();
                 o.hellos += 1;
                 o.tokens.push(h.token.clone());
+                o.hello_from.push(ctx.conn.remote_address());
                 drop(o);
                 if h.version != PROTOCOL_VERSION {
                     return vec![error(RequestId(0), ErrorCode::UnsupportedVersion, "version")];

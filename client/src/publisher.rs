@@ -280,9 +280,7 @@ impl Worker {
                             let mut next = Some(cmd);
                             let mut drained = 0;
                             while let Some(cmd) = next.take() {
-                                if !self.handle(cmd).await {
-                                    return;
-                                }
+                                self.handle(cmd).await;
                                 drained += 1;
                                 if drained < DRAIN_RECORDS_MAX {
                                     next = rx.try_recv().ok();
@@ -302,8 +300,8 @@ impl Worker {
         }
     }
 
-    /// Handles one command; false when the worker must stop.
-    async fn handle(&mut self, cmd: Cmd) -> bool {
+    /// Handles one command.
+    async fn handle(&mut self, cmd: Cmd) {
         match cmd {
             Cmd::Record(record, tx) => self.add(record, tx).await,
             Cmd::Flush(done) => {
@@ -312,7 +310,6 @@ impl Worker {
                 let _ = done.send(());
             }
         }
-        true
     }
 
     fn records_cap(&self) -> usize {

@@ -37,6 +37,8 @@ use crate::net::{NetConfig, Server, TlsSource};
 
 /// How long shutdown waits for in-flight appends to finish and logs to flush.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long start-up waits for a just-released port before calling it taken.
+pub const PORT_RELEASE_WAIT: Duration = Duration::from_secs(3);
 /// How often retention runs.
 pub const RETENTION_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -324,12 +326,20 @@ fn check_port_free(addr: std::net::SocketAddr) -> Result<(), String> {
     if addr.port() == 0 {
         return Ok(());
     }
-    match std::net::UdpSocket::bind(addr) {
-        Ok(_) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-            Err(format!("port in use: {addr} is already bound (another broker?)"))
+    // A broker killed a moment ago can hold the port until the kernel finishes tearing down
+    // its io_uring instances: retry briefly before calling the port taken.
+    let deadline = Instant::now() + PORT_RELEASE_WAIT;
+    loop {
+        match std::net::UdpSocket::bind(addr) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                return Err(format!("port in use: {addr} is already bound (another broker?)"))
+            }
+            Err(e) => return Err(format!("cannot bind {addr}: {e}")),
         }
-        Err(e) => Err(format!("cannot bind {addr}: {e}")),
     }
 }
 

@@ -5,10 +5,16 @@ use std::path::PathBuf;
 use crate::error::{Result, StorageError};
 use crate::format::{FORMAT_ALIGN_BYTES, SEGMENT_HEADER_BYTES};
 
-/// The most bytes one write to a segment carries (several batches, padded). It is also the
-/// torn-tail window of recovery: damage followed by valid data more than this far away
-/// cannot be the one write that was in flight at a crash, so it is corruption.
+/// The most bytes one write to a segment carries (several batches, padded).
 pub const WRITE_BYTES_MAX: usize = 4 << 20;
+/// The writer stops adding batches to a write once it holds this many bytes, so that
+/// several writes can be in flight (the device is several times faster at queue depth > 1).
+pub const WRITE_BYTES_TARGET: usize = 1 << 20;
+/// The most bytes in flight (issued, not yet completed) per log. It is also the torn-tail
+/// window of recovery: all writes that can be unfinished at a crash lie within this
+/// distance of the oldest, so damage followed by valid data further away is corruption.
+pub const WRITE_IN_FLIGHT_BYTES_MAX: usize = 8 << 20;
+const _: () = assert!(WRITE_IN_FLIGHT_BYTES_MAX >= WRITE_BYTES_MAX);
 /// Upper bound for `StorageConfig::batch_bytes_max` (a batch must fit one write).
 pub const BATCH_BYTES_LIMIT: usize = WRITE_BYTES_MAX - FORMAT_ALIGN_BYTES as usize;
 /// Longest stream name accepted, in bytes.

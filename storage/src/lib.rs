@@ -9,10 +9,12 @@
 //! stream, so shard count never multiplies fdatasyncs; a per-shard in-memory index maps
 //! offsets to log positions and is rebuilt on recovery.
 //!
-//! Code map: [`format`] and [`index`] are pure; `log` (appends, reads, group commit),
+//! Code map: [`format`] and [`index`] are pure; `log` (appends, reads), `commit` (writer
+//! and group commit),
 //! `recovery` and `retention` hold the logic; `io` is the only module that touches glommio,
 //! files and clocks; `sys` holds syscalls (none needed so far).
 
+mod commit;
 mod config;
 mod error;
 pub mod format;
@@ -29,7 +31,7 @@ mod sys;
 
 pub use config::{
     stream_dir_name, RetentionConfig, StorageConfig, BATCH_BYTES_LIMIT, STREAM_NAME_BYTES_MAX,
-    WRITE_BYTES_MAX,
+    WRITE_BYTES_MAX, WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX,
 };
 pub use error::{Result, StorageError};
 pub use io::BackgroundQueue;

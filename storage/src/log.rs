@@ -12,22 +12,21 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::rc::{Rc, Weak};
+use std::rc::Rc;
 
 use bytes::Bytes;
 use felix_proto::{AckMode, Offset, Record, ShardId};
 
-use crate::config::{RetentionConfig, StorageConfig, WRITE_BYTES_MAX};
+use crate::config::{RetentionConfig, StorageConfig};
 use crate::error::{Result, StorageError};
 use crate::format::{
-    align_up, batch_encoded_len, batch_slot, decode_records, encode_batch, verify_batch,
-    SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX,
+    batch_encoded_len, decode_records, verify_batch, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX,
 };
 use crate::index::{IndexEntry, Lookup, ShardIndex};
-use crate::io::{self, LogFile, Stopwatch};
+use crate::io::{self, LogFile};
 use crate::scan::{scan_segment, ScanEnd};
 use crate::stats::StorageStats;
-use crate::sync::{completion, Completer, Signal};
+use crate::sync::{completion, Completer, Completion, Signal};
 
 /// Two batches of one shard closer than this are read with one I/O.
 pub const READ_GAP_BYTES_MAX: u64 = 64 << 10;
@@ -92,28 +91,55 @@ impl ShardState {
     pub(crate) fn new(owned: bool, index: ShardIndex) -> Self {
         Self { owned, next_offset: index.next_offset(), index, tail_waiters: Vec::new() }
     }
+
+    /// Wake the tail readers waiting for an offset that is now written.
+    pub(crate) fn wake_tail_waiters(&mut self) {
+        let next = self.index.next_offset();
+        let (ready, wait): (Vec<_>, Vec<_>) =
+            self.tail_waiters.drain(..).partition(|(o, _)| *o < next);
+        self.tail_waiters = wait;
+        for (_, w) in ready {
+            w.complete(());
+        }
+    }
+
+    /// Drop every tail waiter (they get `Closed`).
+    pub(crate) fn drop_tail_waiters(&mut self) {
+        self.tail_waiters.clear();
+    }
 }
 
-struct Pending {
-    shard: ShardId,
-    base_offset: u64,
-    records: Vec<Record>,
-    timestamp_ms: u64,
-    len: usize,
-    ack: AckMode,
-    done: Option<Completer<Result<()>>>,
+/// A batch accepted by `append` and not yet written.
+pub(crate) struct Pending {
+    pub(crate) shard: ShardId,
+    pub(crate) base_offset: u64,
+    pub(crate) records: Vec<Record>,
+    pub(crate) timestamp_ms: u64,
+    pub(crate) len: usize,
+    pub(crate) ack: AckMode,
+    pub(crate) done: Option<Completer<Result<()>>>,
 }
 
 pub(crate) struct State {
     pub(crate) shards: BTreeMap<ShardId, ShardState>,
     /// Oldest first; the last one is active.
     pub(crate) segments: Vec<Segment>,
-    queue: VecDeque<Pending>,
-    queued_bytes: usize,
-    written_pos: u64,
-    durable_pos: u64,
-    durable_waiters: VecDeque<(u64, Completer<Result<()>>)>,
-    poisoned: Option<String>,
+    pub(crate) queue: VecDeque<Pending>,
+    pub(crate) queued_bytes: usize,
+    /// File position in the active segment after the last issued write.
+    pub(crate) issued_end: u64,
+    /// Writes issued and not yet published, and their bytes.
+    pub(crate) inflight: usize,
+    pub(crate) inflight_bytes: u64,
+    /// Resolves when the most recently issued write has published.
+    pub(crate) last_write: Option<Completion<()>>,
+    /// A write failed: (file position to truncate back to, the error).
+    pub(crate) write_failed: Option<(u64, StorageError)>,
+    /// Log position after the last published write.
+    pub(crate) written_pos: u64,
+    pub(crate) durable_pos: u64,
+    pub(crate) durable_waiters: VecDeque<(u64, Completer<Result<()>>)>,
+    pub(crate) poisoned: Option<String>,
     pub(crate) stats: StorageStats,
 }
 
@@ -123,8 +149,8 @@ pub(crate) struct Inner {
     pub(crate) config: StorageConfig,
     pub(crate) retention: RetentionConfig,
     pub(crate) state: RefCell<State>,
-    writer: Signal,
-    flusher: Signal,
+    pub(crate) writer: Signal,
+    pub(crate) flusher: Signal,
 }
 
 impl Drop for Inner {
@@ -168,11 +194,17 @@ impl StreamLog {
         stats.flushes += rec.flushes;
         stats.segments_created += rec.segments_created;
         let written_pos = rec.segments.last().map_or(0, |s| s.base_position + s.end);
+        let issued_end = rec.segments.last().map_or(SEGMENT_HEADER_BYTES, |s| s.end);
         let state = State {
             shards: rec.shards,
             segments: rec.segments,
             queue: VecDeque::new(),
             queued_bytes: 0,
+            issued_end,
+            inflight: 0,
+            inflight_bytes: 0,
+            last_write: None,
+            write_failed: None,
             written_pos,
             durable_pos: written_pos,
             durable_waiters: VecDeque::new(),
@@ -188,8 +220,8 @@ impl StreamLog {
             writer: Signal::new(),
             flusher: Signal::new(),
         });
-        io::spawn(writer_loop(Rc::downgrade(&inner), inner.writer.clone()));
-        io::spawn(flusher_loop(Rc::downgrade(&inner), inner.flusher.clone()));
+        io::spawn(crate::commit::writer_loop(Rc::downgrade(&inner), inner.writer.clone()));
+        io::spawn(crate::commit::flusher_loop(Rc::downgrade(&inner), inner.flusher.clone()));
         Ok((StreamLog { inner }, rec.report))
     }
 
@@ -514,7 +546,10 @@ impl StreamLog {
     /// `Closed` afterwards.
     pub async fn close(self) -> Result<()> {
         loop {
-            let idle = self.inner.state.borrow().queue.is_empty();
+            let idle = {
+                let st = self.inner.state.borrow();
+                st.queue.is_empty() && st.inflight == 0
+            };
             if idle {
                 break;
             }
@@ -548,201 +583,5 @@ fn owned_shard<'a>(
     match shards.get_mut(&shard) {
         Some(s) if s.owned => Ok(s),
         _ => Err(StorageError::UnknownShard { stream: stream.to_owned(), shard }),
-    }
-}
-
-async fn writer_loop(weak: Weak<Inner>, signal: Signal) {
-    while signal.wait().await {
-        loop {
-            let Some(inner) = weak.upgrade() else { return };
-            if !write_once(&inner).await {
-                break;
-            }
-        }
-    }
-}
-
-/// Take queued batches, write them with one aligned write, complete their acks.
-/// Returns false when there was nothing to do.
-async fn write_once(inner: &Rc<Inner>) -> bool {
-    let (first_len, active_end) = {
-        let st = inner.state.borrow();
-        let Some(first) = st.queue.front() else { return false };
-        let active = st.segments.last().expect("a log always has an active segment");
-        (first.len, active.end)
-    };
-    if active_end > SEGMENT_HEADER_BYTES
-        && active_end + align_up(first_len as u64) > inner.config.segment_bytes_max
-    {
-        if let Err(e) = crate::recovery::roll(inner).await {
-            fail_queue(inner, Vec::new(), &e);
-            return true;
-        }
-    }
-    let (file, file_pos, base_position, taken, buf, write_len) = {
-        let mut st = inner.state.borrow_mut();
-        let st = &mut *st;
-        let active = st.segments.last().expect("a log always has an active segment");
-        let (file, file_pos, base_position) =
-            (active.file.clone(), active.end, active.base_position);
-        let room = (inner.config.segment_bytes_max - file_pos).min(WRITE_BYTES_MAX as u64);
-        let mut taken = Vec::new();
-        let mut total = 0usize;
-        let mut queued = 0usize;
-        while let Some(p) = st.queue.front() {
-            if !taken.is_empty() && align_up(total as u64 + batch_slot(p.len as u64)) > room {
-                break;
-            }
-            total += batch_slot(p.len as u64) as usize;
-            queued += p.len;
-            taken.push(st.queue.pop_front().expect("front exists"));
-        }
-        st.queued_bytes -= queued;
-        let write_len = align_up(total as u64) as usize;
-        let mut buf = file.alloc(write_len);
-        let out = buf.as_mut();
-        let mut at = 0usize;
-        for p in &taken {
-            let batch = &mut out[at..at + p.len];
-            encode_batch(batch, p.shard, Offset(p.base_offset), p.timestamp_ms, &p.records);
-            let slot = batch_slot(p.len as u64) as usize;
-            out[at + p.len..at + slot].fill(0);
-            at += slot;
-        }
-        out[at..].fill(0);
-        (file, file_pos, base_position, taken, buf, write_len)
-    };
-    let result = file.write_at(buf, file_pos).await;
-    match result {
-        Ok(()) => {
-            let mut st = inner.state.borrow_mut();
-            let st = &mut *st;
-            let end_pos = base_position + file_pos + write_len as u64;
-            let mut pos = base_position + file_pos;
-            let mut any_durable = false;
-            for p in taken {
-                let s = st.shards.get_mut(&p.shard).expect("queued shards exist");
-                s.index.push(IndexEntry {
-                    base_offset: p.base_offset,
-                    record_count: p.records.len() as u32,
-                    len: p.len as u32,
-                    position: pos,
-                });
-                pos += batch_slot(p.len as u64);
-                let next = s.index.next_offset();
-                for (_, w) in extract(&mut s.tail_waiters, |o| *o < next) {
-                    w.complete(());
-                }
-                let active = st.segments.last_mut().expect("active segment");
-                active.last_timestamp_ms = active.last_timestamp_ms.max(p.timestamp_ms);
-                st.stats.batch_bytes += p.len as u64;
-                match (p.ack, p.done) {
-                    (AckMode::Durable, Some(done)) => {
-                        st.durable_waiters.push_back((end_pos, done));
-                        any_durable = true;
-                    }
-                    (_, Some(done)) => done.complete(Ok(())),
-                    (_, None) => {}
-                }
-            }
-            let active = st.segments.last_mut().expect("active segment");
-            active.end += write_len as u64;
-            st.written_pos = end_pos;
-            st.stats.bytes_written += write_len as u64;
-            st.stats.writes += 1;
-            if any_durable {
-                inner.flusher.notify();
-            }
-        }
-        Err(e) => {
-            if matches!(e, StorageError::NoSpace { .. }) {
-                inner.state.borrow_mut().stats.no_space_errors += 1;
-            }
-            fail_queue(inner, taken, &e);
-            // Cut off whatever part of the failed write reached the file, so that stale
-            // (valid-looking) batches never sit behind later writes.
-            if let Err(te) = file.truncate(file_pos).await {
-                poison(inner, format!("truncate after failed write: {te}"));
-            }
-        }
-    }
-    true
-}
-
-/// Fail `taken` and everything queued behind it; hand their offsets out again.
-fn fail_queue(inner: &Rc<Inner>, taken: Vec<Pending>, e: &StorageError) {
-    let mut st = inner.state.borrow_mut();
-    let st = &mut *st;
-    let failed: Vec<Pending> = taken.into_iter().chain(st.queue.drain(..)).collect();
-    st.queued_bytes = 0;
-    st.stats.append_errors += failed.len() as u64;
-    for s in st.shards.values_mut() {
-        s.next_offset = s.index.next_offset();
-    }
-    for p in failed {
-        if let Some(done) = p.done {
-            done.complete(Err(e.duplicate()));
-        }
-    }
-}
-
-/// Remove and return the elements matching `f`.
-fn extract<T>(v: &mut Vec<(u64, T)>, f: impl Fn(&u64) -> bool) -> Vec<(u64, T)> {
-    let (out, keep): (Vec<_>, Vec<_>) = v.drain(..).partition(|(o, _)| f(o));
-    *v = keep;
-    out
-}
-
-/// An fsync (or truncate) failed: the file's state is unknown, refuse all further work.
-fn poison(inner: &Rc<Inner>, reason: String) {
-    tracing::error!(stream = %inner.name, %reason, "stream log poisoned");
-    let mut st = inner.state.borrow_mut();
-    if st.poisoned.is_none() {
-        st.poisoned = Some(reason);
-    }
-    let waiters: Vec<_> = st.durable_waiters.drain(..).collect();
-    for s in st.shards.values_mut() {
-        s.tail_waiters.clear();
-    }
-    let reason = st.poisoned.clone().unwrap_or_default();
-    drop(st);
-    for (_, w) in waiters {
-        w.complete(Err(StorageError::Poisoned { reason: reason.clone() }));
-    }
-    fail_queue(inner, Vec::new(), &StorageError::Poisoned { reason });
-}
-
-async fn flusher_loop(weak: Weak<Inner>, signal: Signal) {
-    while signal.wait().await {
-        loop {
-            let Some(inner) = weak.upgrade() else { return };
-            let (target, file) = {
-                let st = inner.state.borrow();
-                if st.durable_waiters.is_empty() || st.poisoned.is_some() {
-                    break;
-                }
-                let active = st.segments.last().expect("active segment");
-                (st.written_pos, active.file.clone())
-            };
-            let watch = Stopwatch::start();
-            let result = file.fdatasync().await;
-            let latency_us = watch.elapsed_us();
-            match result {
-                Ok(()) => {
-                    let mut st = inner.state.borrow_mut();
-                    st.durable_pos = st.durable_pos.max(target);
-                    let mut done = Vec::new();
-                    while st.durable_waiters.front().is_some_and(|(pos, _)| *pos <= target) {
-                        done.push(st.durable_waiters.pop_front().expect("front exists").1);
-                    }
-                    st.stats.record_flush(done.len() as u64, latency_us);
-                    drop(st);
-                    for d in done {
-                        d.complete(Ok(()));
-                    }
-                }
-                Err(e) => poison(&inner, format!("fdatasync failed: {e}")),
-            }
-        }
     }
 }

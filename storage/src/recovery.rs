@@ -113,6 +113,7 @@ pub(crate) async fn roll(inner: &Rc<Inner>) -> Result<()> {
     old.fdatasync().await?;
     let seg = create_segment(&inner.dir, &header, inner.config.segment_bytes_max).await?;
     let mut st = inner.state.borrow_mut();
+    st.issued_end = SEGMENT_HEADER_BYTES;
     st.stats.flushes += 3;
     st.stats.segments_created += 1;
     st.stats.bytes_written += SEGMENT_HEADER_BYTES;

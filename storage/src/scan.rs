@@ -3,7 +3,7 @@
 
 use std::ops::ControlFlow;
 
-use crate::config::WRITE_BYTES_MAX;
+use crate::config::WRITE_IN_FLIGHT_BYTES_MAX;
 use crate::error::Result;
 use crate::format::{
     align_up, batch_slot, probe, verify_batch, BatchHeader, FormatError, Probe, FORMAT_ALIGN_BYTES,
@@ -82,9 +82,10 @@ pub(crate) async fn scan_segment(
     Ok(ScanEnd::Clean(pos))
 }
 
-/// Is there a valid batch at an aligned position at or after `damage + WRITE_BYTES_MAX`?
+/// Is there a valid batch at an aligned position at or after
+/// `damage + WRITE_IN_FLIGHT_BYTES_MAX`?
 ///
-/// Every write starts aligned, so if any write landed beyond the one that could have been
+/// Every write starts aligned, so if any write landed beyond the ones that could have been
 /// in flight at a crash, its first batch is found here. Returns that position.
 pub(crate) async fn valid_batch_beyond_window(
     file: &LogFile,
@@ -92,7 +93,7 @@ pub(crate) async fn valid_batch_beyond_window(
     end: u64,
     batch_bytes_limit: usize,
 ) -> Result<Option<u64>> {
-    let mut pos = align_up(damage + WRITE_BYTES_MAX as u64);
+    let mut pos = align_up(damage + WRITE_IN_FLIGHT_BYTES_MAX as u64);
     while pos < end {
         let chunk_len = (SCAN_CHUNK_BYTES as u64).min(end - pos);
         let chunk = file.read_at(pos, chunk_len as usize).await?;

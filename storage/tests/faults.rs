@@ -120,8 +120,8 @@ fn a_bit_flip_before_the_tail_refuses_to_open_unless_repair_is_asked() {
         let (log, _) = open(&path, &config).await.unwrap();
         let (mut n0, mut n1) = (0, 0);
         fill(&log, 0, &mut n0, 10, 2, 1000).await;
-        // More than one write window (4 MiB) of valid data after the damage.
-        fill(&log, 1, &mut n1, 90, 8, 8000).await;
+        // More than the torn-tail window (8 MiB in flight) of valid data after the damage.
+        fill(&log, 1, &mut n1, 160, 8, 8000).await;
         log.clone().close().await.unwrap();
         drop(log);
         let seg = segments(&path).pop().unwrap();
@@ -138,7 +138,7 @@ fn a_bit_flip_before_the_tail_refuses_to_open_unless_repair_is_asked() {
         let (log, report) = open(&path, &config).await.unwrap();
         let repaired = report.repaired.expect("repair reported");
         assert_eq!(repaired.position, 4096);
-        assert!(repaired.bytes_dropped > 4 << 20);
+        assert!(repaired.bytes_dropped > 8 << 20);
         assert_eq!(log.stats().repaired_bytes_dropped, repaired.bytes_dropped);
         assert_eq!(log.next_offset(ShardId(0)).unwrap(), Offset(0));
         let mut next = 0;
@@ -325,29 +325,46 @@ fn enospc_is_a_typed_error_and_nothing_acked_is_lost() {
         let log_dir = mnt.join("log");
         let open_r = || StreamLog::open("t/ns/s", &log_dir, &SHARDS, &config, retention);
         let (log, _) = open_r().await.unwrap();
-        let mut next = 0u64;
-        let mut full = None;
-        for _ in 0..2000 {
-            match log.append(ShardId(0), &records(0, next, 8, 16_000), 1, AckMode::Durable).await {
-                Ok(out) => {
-                    assert_eq!(out.base_offset, Offset(next));
-                    next += 8;
-                }
-                Err(e) => {
-                    full = Some(e);
-                    break;
-                }
+        // 16 concurrent durable appenders (several writes in flight) until the disk is full.
+        let tasks: Vec<_> = (0..16u32)
+            .map(|t| {
+                let log = log.clone();
+                glommio::spawn_local(async move {
+                    let shard = t % 2;
+                    let mut acked = Vec::new();
+                    loop {
+                        let base = log.next_offset_assigned(ShardId(shard));
+                        let batch = records(shard, base, 8, 16_000);
+                        match log.append(ShardId(shard), &batch, 1, AckMode::Durable).await {
+                            Ok(out) => {
+                                assert_eq!(out.base_offset, Offset(base));
+                                acked.push((shard, base));
+                            }
+                            Err(e) => return (acked, e),
+                        }
+                    }
+                })
+            })
+            .collect();
+        let mut acked = Vec::new();
+        for t in tasks {
+            let (a, e) = t.await;
+            assert!(matches!(e, StorageError::NoSpace { .. }), "expected NoSpace, got {e:?}");
+            acked.extend(a);
+        }
+        assert!(!acked.is_empty());
+        assert!(log.stats().no_space_errors >= 1);
+        // Still consistent and readable: dense offsets, every acked batch intact.
+        for shard in 0..2 {
+            let start = log.start_offset(ShardId(shard)).unwrap().0;
+            let end = log.next_offset(ShardId(shard)).unwrap().0;
+            check(&log, shard, start, end, 16_000).await;
+            for (_, base) in acked.iter().filter(|(s, _)| *s == shard) {
+                assert!(*base >= start && base + 8 <= end, "acked {shard}:{base} lost");
             }
         }
-        assert!(
-            matches!(full, Some(StorageError::NoSpace { .. })),
-            "expected NoSpace, got {full:?}"
-        );
-        assert!(log.stats().no_space_errors >= 1);
-        // Still consistent and readable; the failed batch's offsets are handed out again.
-        assert_eq!(log.next_offset(ShardId(0)).unwrap(), Offset(next));
-        let start = log.start_offset(ShardId(0)).unwrap().0;
-        check(&log, 0, start, next, 16_000).await;
+        let mut next = log.next_offset(ShardId(0)).unwrap().0;
+        assert_eq!(log.next_offset_assigned(ShardId(0)), next, "failed offsets not handed back");
         // Free space with retention, then appending works again with dense offsets.
         let out = log.enforce_retention(0).await.unwrap();
         assert!(out.segments_deleted >= 1);

@@ -1,0 +1,298 @@
+//! The write path of a stream log: the writer (queued batches -> aligned writes, several in
+//! flight, published strictly in log order) and the flusher (group commit).
+//!
+//! Writes: the writer takes queued batches in order, up to `WRITE_BYTES_TARGET` per write
+//! (a single larger batch goes alone, up to `WRITE_BYTES_MAX`), encodes them into one
+//! aligned buffer and hands it to a write task. At most `WRITE_IN_FLIGHT_BYTES_MAX` bytes
+//! are in flight, so all unfinished writes lie within that distance of the oldest one (the
+//! torn-tail window of recovery). Each write task waits for its predecessor before it
+//! publishes: indexes, `Written` acks and `written_pos` advance in log order only.
+//!
+//! Flushes: while durable appends wait, take `target = written_pos`, fdatasync, set
+//! `durable_pos = target` and acknowledge every waiter at or below it; repeat at once if
+//! more wait.
+//!
+//! Failures: a failed write fails its batches, everything queued, and every later write
+//! still in flight (their offsets are handed out again); when the last of them is done the
+//! file is truncated back to the published end. A failed fdatasync or truncate poisons the
+//! log.
+
+use std::rc::{Rc, Weak};
+
+use felix_proto::{AckMode, Offset};
+
+use crate::config::{WRITE_BYTES_MAX, WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX};
+use crate::error::StorageError;
+use crate::format::{align_up, batch_slot, encode_batch, SEGMENT_HEADER_BYTES};
+use crate::index::IndexEntry;
+use crate::io::{self, LogFile, Stopwatch, WriteBuf};
+use crate::log::{Inner, Pending};
+use crate::sync::{completion, Completer, Completion, Signal};
+
+pub(crate) async fn writer_loop(weak: Weak<Inner>, signal: Signal) {
+    while signal.wait().await {
+        loop {
+            let Some(inner) = weak.upgrade() else { return };
+            if !issue_write(&inner).await {
+                break;
+            }
+        }
+    }
+}
+
+/// Issue one write if there is work and room. Returns false when the writer should wait
+/// for a signal (nothing queued, no room in flight, a roll or a failure waiting for the
+/// writes in flight).
+async fn issue_write(inner: &Rc<Inner>) -> bool {
+    let needs_roll = {
+        let st = inner.state.borrow();
+        if st.write_failed.is_some() || st.poisoned.is_some() {
+            return false;
+        }
+        let Some(first) = st.queue.front() else { return false };
+        let slot = align_up(batch_slot(first.len as u64));
+        let needs_roll = st.issued_end > SEGMENT_HEADER_BYTES
+            && st.issued_end + slot > inner.config.segment_bytes_max;
+        if st.inflight > 0
+            && (needs_roll || st.inflight_bytes + slot > WRITE_IN_FLIGHT_BYTES_MAX as u64)
+        {
+            return false;
+        }
+        needs_roll
+    };
+    if needs_roll {
+        if let Err(e) = crate::recovery::roll(inner).await {
+            fail_queue(inner, Vec::new(), &e);
+        }
+        return true;
+    }
+    let write = take_write(inner);
+    io::spawn(complete_write(inner.clone(), write));
+    true
+}
+
+/// One write on its way to the file.
+struct Write {
+    file: Rc<LogFile>,
+    buf: WriteBuf,
+    file_pos: u64,
+    base_position: u64,
+    len: u64,
+    batches: Vec<Pending>,
+    after: Option<Completion<()>>,
+    turn: Completer<()>,
+}
+
+/// Take batches from the queue and encode them into one aligned buffer.
+fn take_write(inner: &Rc<Inner>) -> Write {
+    let mut st = inner.state.borrow_mut();
+    let st = &mut *st;
+    let active = st.segments.last().expect("a log always has an active segment");
+    let (file, base_position) = (active.file.clone(), active.base_position);
+    let file_pos = st.issued_end;
+    let in_flight_room = WRITE_IN_FLIGHT_BYTES_MAX as u64 - st.inflight_bytes;
+    let room =
+        (inner.config.segment_bytes_max - file_pos).min(WRITE_BYTES_MAX as u64).min(in_flight_room);
+    let mut batches = Vec::new();
+    let mut total = 0u64;
+    let mut queued = 0usize;
+    while let Some(p) = st.queue.front() {
+        let slot = batch_slot(p.len as u64);
+        if !batches.is_empty()
+            && (align_up(total + slot) > room || total >= WRITE_BYTES_TARGET as u64)
+        {
+            break;
+        }
+        total += slot;
+        queued += p.len;
+        batches.push(st.queue.pop_front().expect("front exists"));
+    }
+    st.queued_bytes -= queued;
+    let len = align_up(total);
+    let mut buf = file.alloc(len as usize);
+    let out = buf.as_mut();
+    let mut at = 0usize;
+    for p in &batches {
+        let batch = &mut out[at..at + p.len];
+        encode_batch(batch, p.shard, Offset(p.base_offset), p.timestamp_ms, &p.records);
+        let slot = batch_slot(p.len as u64) as usize;
+        out[at + p.len..at + slot].fill(0);
+        at += slot;
+    }
+    out[at..].fill(0);
+    st.issued_end += len;
+    st.inflight += 1;
+    st.inflight_bytes += len;
+    let (turn, next) = completion();
+    let after = st.last_write.replace(next);
+    Write { file, buf, file_pos, base_position, len, batches, after, turn }
+}
+
+/// Write, wait for the previous write to publish, then publish this one (or fail it).
+async fn complete_write(inner: Rc<Inner>, w: Write) {
+    let result = w.file.write_at(w.buf, w.file_pos).await;
+    if let Some(after) = w.after {
+        after.await;
+    }
+    let failure = {
+        let mut st = inner.state.borrow_mut();
+        let st = &mut *st;
+        st.inflight -= 1;
+        st.inflight_bytes -= w.len;
+        let earlier = st.write_failed.as_ref().map(|(_, e)| e.duplicate());
+        let poisoned = st.poisoned.clone().map(|reason| StorageError::Poisoned { reason });
+        match (result, earlier.or(poisoned)) {
+            (Ok(()), None) => {
+                publish(&inner, st, w.batches, w.base_position + w.file_pos, w.len);
+                None
+            }
+            (result, earlier) => {
+                let e = match (earlier, result) {
+                    (Some(e), _) => e,
+                    (None, Err(e)) => e,
+                    (None, Ok(())) => StorageError::Closed,
+                };
+                if matches!(e, StorageError::NoSpace { .. }) {
+                    st.stats.no_space_errors += 1;
+                }
+                if st.write_failed.is_none() {
+                    st.write_failed = Some((w.file_pos, e.duplicate()));
+                }
+                Some((e, w.batches))
+            }
+        }
+    };
+    if let Some((e, batches)) = failure {
+        fail_queue(&inner, batches, &e);
+        let truncate_to = {
+            let st = inner.state.borrow();
+            if st.inflight == 0 {
+                st.write_failed.as_ref().map(|(pos, _)| *pos)
+            } else {
+                None
+            }
+        };
+        if let Some(pos) = truncate_to {
+            // Cut off whatever part of the failed writes reached the file, so that stale
+            // (valid-looking) batches never sit behind later writes.
+            if let Err(te) = w.file.truncate(pos).await {
+                poison(&inner, format!("truncate after failed write: {te}"));
+            }
+            let mut st = inner.state.borrow_mut();
+            st.issued_end = pos;
+            st.write_failed = None;
+        }
+    }
+    w.turn.complete(());
+    inner.writer.notify();
+}
+
+/// A write completed in order: index its batches, wake tail readers, ack `Written`
+/// appends and queue `Durable` ones for the flusher.
+fn publish(inner: &Inner, st: &mut crate::log::State, batches: Vec<Pending>, start: u64, len: u64) {
+    let end = start + len;
+    let mut pos = start;
+    let mut any_durable = false;
+    for p in batches {
+        let s = st.shards.get_mut(&p.shard).expect("queued shards exist");
+        s.index.push(IndexEntry {
+            base_offset: p.base_offset,
+            record_count: p.records.len() as u32,
+            len: p.len as u32,
+            position: pos,
+        });
+        pos += batch_slot(p.len as u64);
+        s.wake_tail_waiters();
+        let active = st.segments.last_mut().expect("active segment");
+        active.last_timestamp_ms = active.last_timestamp_ms.max(p.timestamp_ms);
+        st.stats.batch_bytes += p.len as u64;
+        match (p.ack, p.done) {
+            (AckMode::Durable, Some(done)) => {
+                st.durable_waiters.push_back((end, done));
+                any_durable = true;
+            }
+            (_, Some(done)) => done.complete(Ok(())),
+            (_, None) => {}
+        }
+    }
+    let active = st.segments.last_mut().expect("active segment");
+    debug_assert_eq!(active.base_position + active.end, start, "writes publish in order");
+    active.end += len;
+    st.written_pos = end;
+    st.stats.bytes_written += len;
+    st.stats.writes += 1;
+    if any_durable {
+        inner.flusher.notify();
+    }
+}
+
+/// Fail `taken` and everything queued behind it; hand their offsets out again.
+pub(crate) fn fail_queue(inner: &Inner, taken: Vec<Pending>, e: &StorageError) {
+    let mut st = inner.state.borrow_mut();
+    let st = &mut *st;
+    let failed: Vec<Pending> = taken.into_iter().chain(st.queue.drain(..)).collect();
+    st.queued_bytes = 0;
+    st.stats.append_errors += failed.len() as u64;
+    for s in st.shards.values_mut() {
+        s.next_offset = s.index.next_offset();
+    }
+    for p in failed {
+        if let Some(done) = p.done {
+            done.complete(Err(e.duplicate()));
+        }
+    }
+}
+
+/// An fsync (or truncate) failed: the file's state is unknown, refuse all further work.
+fn poison(inner: &Inner, reason: String) {
+    tracing::error!(stream = %inner.name, %reason, "stream log poisoned");
+    let mut st = inner.state.borrow_mut();
+    if st.poisoned.is_none() {
+        st.poisoned = Some(reason);
+    }
+    let waiters: Vec<_> = st.durable_waiters.drain(..).collect();
+    for s in st.shards.values_mut() {
+        s.drop_tail_waiters();
+    }
+    let reason = st.poisoned.clone().unwrap_or_default();
+    drop(st);
+    for (_, w) in waiters {
+        w.complete(Err(StorageError::Poisoned { reason: reason.clone() }));
+    }
+    fail_queue(inner, Vec::new(), &StorageError::Poisoned { reason });
+}
+
+pub(crate) async fn flusher_loop(weak: Weak<Inner>, signal: Signal) {
+    while signal.wait().await {
+        loop {
+            let Some(inner) = weak.upgrade() else { return };
+            let (target, file) = {
+                let st = inner.state.borrow();
+                if st.durable_waiters.is_empty() || st.poisoned.is_some() {
+                    break;
+                }
+                let active = st.segments.last().expect("active segment");
+                (st.written_pos, active.file.clone())
+            };
+            let watch = Stopwatch::start();
+            let result = file.fdatasync().await;
+            let latency_us = watch.elapsed_us();
+            match result {
+                Ok(()) => {
+                    let mut st = inner.state.borrow_mut();
+                    st.durable_pos = st.durable_pos.max(target);
+                    let mut done = Vec::new();
+                    while st.durable_waiters.front().is_some_and(|(pos, _)| *pos <= target) {
+                        done.push(st.durable_waiters.pop_front().expect("front exists").1);
+                    }
+                    st.stats.record_flush(done.len() as u64, latency_us);
+                    drop(st);
+                    for d in done {
+                        d.complete(Ok(()));
+                    }
+                }
+                Err(e) => poison(&inner, format!("fdatasync failed: {e}")),
+            }
+        }
+    }
+}

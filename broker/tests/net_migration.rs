@@ -14,34 +14,59 @@ use support::*;
 const CORES: usize = 4;
 const CONNS: usize = 4;
 const MIGRATIONS_PER_CONN: usize = 6;
-const CHUNK_BYTES: usize = 32 * 1024;
-const CHUNKS: usize = 48;
+const CHUNK_BYTES: usize = 16 * 1024;
+const CHUNKS: usize = 64;
 
-/// One connection: echo `CHUNKS` chunks on one stream, rebinding the client endpoint to a new
-/// port every few chunks. Returns the number of migrations done.
+/// Pause between two rebinds of one client: longer than a path validation on loopback, so each
+/// new path is validated before the next move. (Moving again while the server still validates
+/// the previous path can make the validation fail, and quinn-proto 0.11.19 then trips a debug
+/// assertion: quinn issue #2658, fixed upstream by #2660.)
+const MIGRATION_INTERVAL: Duration = Duration::from_millis(150);
+
+fn chunk(seed: usize, i: usize) -> Vec<u8> {
+    payload(seed * 10_000 + i, CHUNK_BYTES)
+}
+
+/// One connection: echo chunks on one stream while the client rebinds to a new port
+/// `MIGRATIONS_PER_CONN` times; the upload runs until the last migration is done and at least
+/// `CHUNKS` chunks went out. Returns the number of migrations.
 async fn migrating_transfer(ep: quinn::Endpoint, conn: quinn::Connection, seed: usize) -> usize {
-    let data = payload(seed, CHUNK_BYTES * CHUNKS);
     let (mut send, mut recv) = conn.open_bi().await.expect("open_bi");
     let reader = tokio::spawn(async move { recv.read_to_end(usize::MAX).await });
-    let every = CHUNKS / (MIGRATIONS_PER_CONN + 1);
-    let mut migrations = 0;
-    for (i, chunk) in data.chunks(CHUNK_BYTES).enumerate() {
-        send.write_all(chunk).await.expect("write");
-        if i > 0 && i % every == 0 && migrations < MIGRATIONS_PER_CONN {
-            let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
-            ep.rebind(socket).expect("rebind");
-            migrations += 1;
-            // Let some data flow on the new path before the next move.
-            tokio::time::sleep(Duration::from_millis(20)).await;
+    let (done_tx, mut done_rx) = tokio::sync::watch::channel(false);
+    let writer = tokio::spawn(async move {
+        let mut i = 0;
+        while i < CHUNKS || !*done_rx.borrow_and_update() {
+            send.write_all(&chunk(seed, i)).await.expect("write");
+            i += 1;
+            // Pace the upload so it spans the migrations without growing without bound.
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
+        send.finish().expect("finish");
+        i
+    });
+    let mut migrations = 0;
+    while migrations < MIGRATIONS_PER_CONN {
+        tokio::time::sleep(MIGRATION_INTERVAL).await;
+        let socket = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        ep.rebind(socket).expect("rebind");
+        migrations += 1;
     }
-    send.finish().expect("finish");
+    tokio::time::sleep(MIGRATION_INTERVAL).await;
+    done_tx.send(true).unwrap();
+    let chunks = tokio::time::timeout(STEP_TIMEOUT, writer)
+        .await
+        .expect("upload in time")
+        .expect("writer task");
     let back = tokio::time::timeout(STEP_TIMEOUT, reader)
         .await
         .expect("echo in time")
         .expect("reader task")
         .expect("read echo");
-    assert!(back == data, "echo after migrations differs");
+    assert_eq!(back.len(), chunks * CHUNK_BYTES);
+    for (i, got) in back.chunks(CHUNK_BYTES).enumerate() {
+        assert!(got == chunk(seed, i), "chunk {i} differs after migrations");
+    }
     conn.close(0u32.into(), b"done");
     migrations
 }

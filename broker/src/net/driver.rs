@@ -349,7 +349,9 @@ impl CoreState {
         let Some(cs) = conns.get_mut(&ch) else {
             return DriveOutcome::Gone;
         };
-        cs.driver = Some(cx.waker().clone());
+        if !cs.driver.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            cs.driver = Some(cx.waker().clone());
+        }
 
         if cs.conn.poll_timeout().is_some_and(|t| t <= now) {
             cs.conn.handle_timeout(now);
@@ -548,31 +550,28 @@ pub(crate) async fn drive_connection(core: CoreRef, ch: ConnectionHandle) {
                     cx.waker().wake_by_ref();
                     return Poll::Pending;
                 }
-                match deadline {
-                    None => timer = None,
-                    Some(d) => {
-                        let dur = d.saturating_duration_since(Instant::now());
-                        match &mut timer {
-                            Some((at, t)) if *at == d => {
-                                if Pin::new(t).poll(cx).is_ready() {
-                                    timer = None;
-                                    continue;
-                                }
-                            }
-                            Some((at, t)) => {
+                // The armed timer is only moved earlier, never later: a timer that fires before
+                // the connection's real deadline costs one empty driver run, while resetting it
+                // on every ACK (each moves the loss-detection deadline) costs a reactor update
+                // per packet.
+                if let Some(d) = deadline {
+                    let now = Instant::now();
+                    match &mut timer {
+                        Some((at, t)) => {
+                            if d < *at || *at <= now {
                                 *at = d;
-                                t.reset(dur);
-                                if Pin::new(t).poll(cx).is_ready() {
-                                    timer = None;
-                                    continue;
-                                }
+                                t.reset(d.saturating_duration_since(now));
                             }
-                            None => {
-                                let mut t = Timer::new(dur);
-                                if Pin::new(&mut t).poll(cx).is_ready() {
-                                    continue;
-                                }
-                                timer = Some((d, t));
+                            if Pin::new(t).poll(cx).is_ready() {
+                                continue;
+                            }
+                        }
+                        None => {
+                            let mut t = Timer::new(d.saturating_duration_since(now));
+                            let ready = Pin::new(&mut t).poll(cx).is_ready();
+                            timer = Some((d, t));
+                            if ready {
+                                continue;
                             }
                         }
                     }

@@ -1,0 +1,458 @@
+//! The result of a run (written as JSON, histograms serialized in HDR V2 deflate + base64), its
+//! text rendering, and `merge`: several generators' results combined into one fleet report.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+
+use anyhow::Context;
+use base64::Engine;
+use hdrhistogram::serialization::{Deserializer, Serializer, V2DeflateSerializer};
+use hdrhistogram::Histogram;
+
+use crate::config::RunConfig;
+use crate::worker::new_histogram;
+
+/// The version of the JSON layout.
+pub const RESULT_VERSION: u32 = 1;
+/// A generator above this share of its CPUs measured itself, not the broker.
+pub const GENERATOR_BUSY_WARN_PCT: f64 = 80.0;
+/// The broker storing less than this share of what was sent is warned about.
+pub const STORED_SHARE_WARN: f64 = 0.98;
+
+/// A latency histogram with its percentiles, in microseconds.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Latency {
+    /// Samples.
+    pub count: u64,
+    /// Percentiles.
+    pub p50_us: u64,
+    /// 90th percentile.
+    pub p90_us: u64,
+    /// 99th percentile.
+    pub p99_us: u64,
+    /// 99.9th percentile.
+    pub p999_us: u64,
+    /// Largest.
+    pub max_us: u64,
+    /// Mean.
+    pub mean_us: f64,
+    /// The histogram, HDR V2 deflate, base64.
+    pub hdr: String,
+}
+
+impl Latency {
+    /// Summarises and serializes `h`.
+    pub fn of(h: &Histogram<u64>) -> Self {
+        let mut buf = Vec::new();
+        let hdr = match V2DeflateSerializer::new().serialize(h, &mut buf) {
+            Ok(_) => base64::engine::general_purpose::STANDARD.encode(&buf),
+            Err(_) => String::new(),
+        };
+        Self {
+            count: h.len(),
+            p50_us: h.value_at_quantile(0.5),
+            p90_us: h.value_at_quantile(0.9),
+            p99_us: h.value_at_quantile(0.99),
+            p999_us: h.value_at_quantile(0.999),
+            max_us: h.max(),
+            mean_us: h.mean(),
+            hdr,
+        }
+    }
+
+    /// The histogram back from `hdr`.
+    pub fn histogram(&self) -> anyhow::Result<Histogram<u64>> {
+        if self.hdr.is_empty() {
+            return Ok(new_histogram());
+        }
+        let bytes = base64::engine::general_purpose::STANDARD.decode(&self.hdr)?;
+        let h: Histogram<u64> = Deserializer::new()
+            .deserialize(&mut bytes.as_slice())
+            .map_err(|e| anyhow::anyhow!("histogram: {e:?}"))?;
+        Ok(h)
+    }
+}
+
+/// One worker's totals over the measured window.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct WorkerResult {
+    /// Worker index.
+    pub index: usize,
+    /// CPU it was pinned to.
+    pub cpu: Option<usize>,
+    /// Records sent.
+    pub sent_records: u64,
+    /// Bytes sent (value + key).
+    pub sent_bytes: u64,
+    /// Records acked.
+    pub acked_records: u64,
+    /// Errors.
+    pub errors: u64,
+    /// Records delivered to its subscribers.
+    pub delivered_records: u64,
+    /// Publish-to-ack latency.
+    pub ack: Latency,
+    /// Publish-to-delivery latency.
+    pub delivery: Latency,
+}
+
+/// What the broker's own counters and /proc say about the window.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct BrokerResult {
+    /// Bytes stored (value + key) over the window: the throughput figure.
+    pub stored_bytes: u64,
+    /// Bytes stored per broker core.
+    pub stored_bytes_per_core: Vec<u64>,
+    /// fdatasyncs over the window.
+    pub flushes: u64,
+    /// fdatasyncs per GB (1e9 bytes) stored.
+    pub flushes_per_gb: f64,
+    /// Connections the broker accepted during the window (reconnects, in a steady run).
+    pub connections_accepted: u64,
+    /// Publishes the broker refused during the window.
+    pub publish_errors: u64,
+    /// Broker CPU seconds over the window (when its pid was given).
+    pub cpu_s: Option<f64>,
+    /// Broker CPU, % of one core.
+    pub cpu_pct: Option<f64>,
+    /// RSS at the window's start, end and its largest sample, in bytes.
+    pub rss_start_bytes: Option<u64>,
+    /// RSS at the end.
+    pub rss_end_bytes: Option<u64>,
+    /// Largest RSS sample.
+    pub rss_max_bytes: Option<u64>,
+}
+
+/// One second of the run.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct Second {
+    /// Seconds since the warm-up began.
+    pub t_s: f64,
+    /// Inside the measured window.
+    pub measured: bool,
+    /// Bytes sent this second.
+    pub sent_bytes: u64,
+    /// Records acked this second.
+    pub acked_records: u64,
+    /// Errors this second.
+    pub errors: u64,
+    /// Records delivered this second.
+    pub delivered_records: u64,
+    /// Publish-to-ack p50 this second, all workers.
+    pub ack_p50_us: u64,
+    /// Publish-to-ack p99 this second, all workers.
+    pub ack_p99_us: u64,
+    /// Generator CPU, % of one core.
+    pub generator_cpu_pct: f64,
+    /// Broker CPU, % of one core.
+    pub broker_cpu_pct: Option<f64>,
+    /// Broker RSS.
+    pub broker_rss_bytes: Option<u64>,
+    /// Bytes stored this second per broker core.
+    pub stored_bytes_per_core: Vec<u64>,
+    /// The broker's publish-to-ack p99 per core (its histogram as of this second).
+    pub broker_ack_p99_us_per_core: Vec<u64>,
+    /// Connections accepted by the broker this second.
+    pub broker_connections_accepted: u64,
+}
+
+/// The JSON result of one generator's run.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct RunResult {
+    /// Layout version.
+    pub version: u32,
+    /// The effective configuration.
+    pub config: RunConfig,
+    /// Unix ms when the measured window began and ended.
+    pub window_start_unix_ms: u64,
+    /// End of the window.
+    pub window_end_unix_ms: u64,
+    /// Measured seconds.
+    pub measured_s: f64,
+    /// Load average (1 min) at the start and end of the window.
+    pub load_average_1m: (Option<f64>, Option<f64>),
+    /// Records sent in the window.
+    pub sent_records: u64,
+    /// Bytes (value + key) sent in the window.
+    pub sent_bytes: u64,
+    /// Records acked in the window.
+    pub acked_records: u64,
+    /// Errors in the window.
+    pub errors: u64,
+    /// Subscriptions restarted in the window.
+    pub resubscribes: u64,
+    /// Records delivered to subscribers in the window.
+    pub delivered_records: u64,
+    /// Bytes delivered to subscribers in the window.
+    pub delivered_bytes: u64,
+    /// Generator CPU seconds in the window.
+    pub generator_cpu_s: f64,
+    /// Generator CPU, % of one core.
+    pub generator_cpu_pct: f64,
+    /// CPUs the generator may run on.
+    pub generator_cpus: usize,
+    /// Generator CPU as % of the CPUs it may use.
+    pub generator_busy_pct: f64,
+    /// The broker's side, when its metrics were scraped.
+    pub broker: Option<BrokerResult>,
+    /// Stored MB (1e6 bytes) per second: the throughput.
+    pub stored_mb_s: Option<f64>,
+    /// Sent MB per second (the generator's offer; not the throughput).
+    pub sent_mb_s: f64,
+    /// Stored MB per broker CPU-second.
+    pub stored_mb_per_broker_cpu_s: Option<f64>,
+    /// Publish-to-ack latency of every worker together.
+    pub ack: Latency,
+    /// Publish-to-delivery latency of every worker together.
+    pub delivery: Latency,
+    /// Per worker.
+    pub workers: Vec<WorkerResult>,
+    /// Per second, warm-up included.
+    pub timeline: Vec<Second>,
+    /// Why the figures may not mean what they seem.
+    pub warnings: Vec<String>,
+    /// Worker errors seen (last message per worker).
+    pub last_errors: Vec<String>,
+}
+
+impl RunResult {
+    /// The warnings DESIGN section 6 asks for, from the figures.
+    pub fn derive_warnings(&mut self) {
+        if self.generator_busy_pct > GENERATOR_BUSY_WARN_PCT {
+            self.warnings.push(format!(
+                "generator was {:.0}% busy (> {GENERATOR_BUSY_WARN_PCT}%): this run may measure \
+                 the generator, not the broker",
+                self.generator_busy_pct
+            ));
+        }
+        if let Some(b) = &self.broker {
+            if self.sent_bytes > 0
+                && (b.stored_bytes as f64) < STORED_SHARE_WARN * self.sent_bytes as f64
+            {
+                self.warnings.push(format!(
+                    "broker stored {} bytes, less than the {} sent ({:.1}%)",
+                    b.stored_bytes,
+                    self.sent_bytes,
+                    100.0 * b.stored_bytes as f64 / self.sent_bytes as f64
+                ));
+            }
+        } else {
+            self.warnings.push(
+                "broker metrics not scraped: no stored figure, sent bytes are not throughput"
+                    .into(),
+            );
+        }
+        if self.errors > 0 {
+            self.warnings.push(format!("{} errors in the window", self.errors));
+        }
+    }
+
+    /// The end-of-run report.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let mb = |b: u64| b as f64 / 1e6;
+        let _ = writeln!(o, "== felix-loadgen result: {} ==", self.config.label);
+        let _ = writeln!(
+            o,
+            "window {:.1} s, load average {} -> {}",
+            self.measured_s,
+            fmt_opt(self.load_average_1m.0),
+            fmt_opt(self.load_average_1m.1)
+        );
+        let _ = writeln!(
+            o,
+            "client sent   {:>10.1} MB ({:.1} MB/s, {} records, {} acked, {} errors)",
+            mb(self.sent_bytes),
+            self.sent_mb_s,
+            self.sent_records,
+            self.acked_records,
+            self.errors
+        );
+        if let Some(b) = &self.broker {
+            let _ = writeln!(
+                o,
+                "broker stored {:>10.1} MB ({:.1} MB/s = throughput; per core {:?} MB)",
+                mb(b.stored_bytes),
+                self.stored_mb_s.unwrap_or(0.0),
+                b.stored_bytes_per_core
+                    .iter()
+                    .map(|v| (mb(*v) * 10.0).round() / 10.0)
+                    .collect::<Vec<_>>()
+            );
+            let _ = writeln!(
+                o,
+                "broker flushes {} ({:.0} per GB), connections accepted {}, publish errors {}",
+                b.flushes, b.flushes_per_gb, b.connections_accepted, b.publish_errors
+            );
+            let _ = writeln!(
+                o,
+                "broker CPU {}% of a core, {} MB per broker CPU-second, RSS {} -> {} (max {}) MiB",
+                fmt_opt(b.cpu_pct),
+                fmt_opt(self.stored_mb_per_broker_cpu_s),
+                fmt_opt(b.rss_start_bytes.map(|v| v as f64 / 1048576.0)),
+                fmt_opt(b.rss_end_bytes.map(|v| v as f64 / 1048576.0)),
+                fmt_opt(b.rss_max_bytes.map(|v| v as f64 / 1048576.0)),
+            );
+        }
+        let _ = writeln!(
+            o,
+            "generator CPU {:.1}% of a core, {:.1}% of its {} CPU(s)",
+            self.generator_cpu_pct, self.generator_busy_pct, self.generator_cpus
+        );
+        let _ = writeln!(o, "publish-to-ack latency (us):");
+        let _ = writeln!(
+            o,
+            "  {:<8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "worker", "acked", "p50", "p90", "p99", "p99.9", "max"
+        );
+        for w in &self.workers {
+            let l = &w.ack;
+            let _ = writeln!(
+                o,
+                "  {:<8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8}",
+                w.index, l.count, l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.max_us
+            );
+        }
+        let l = &self.ack;
+        let _ = writeln!(
+            o,
+            "  {:<8} {:>10} {:>8} {:>8} {:>8} {:>8} {:>8}",
+            "all", l.count, l.p50_us, l.p90_us, l.p99_us, l.p999_us, l.max_us
+        );
+        if self.delivery.count > 0 {
+            let l = &self.delivery;
+            let _ = writeln!(
+                o,
+                "publish-to-delivery (us): {} records ({:.1} MB), p50 {} p99 {} max {}, resubscribes {}",
+                self.delivered_records,
+                mb(self.delivered_bytes),
+                l.p50_us,
+                l.p99_us,
+                l.max_us,
+                self.resubscribes
+            );
+        }
+        for w in &self.warnings {
+            let _ = writeln!(o, "WARNING: {w}");
+        }
+        for e in &self.last_errors {
+            let _ = writeln!(o, "last error: {e}");
+        }
+        o
+    }
+}
+
+/// The fleet report of several generators.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct FleetReport {
+    /// Labels of the merged results.
+    pub labels: Vec<String>,
+    /// Largest difference between window starts, in ms (how together they started).
+    pub start_skew_ms: u64,
+    /// Sum of sent bytes.
+    pub sent_bytes: u64,
+    /// Stored bytes, per broker metrics address counted once (the largest figure of its
+    /// generators, whose windows overlap).
+    pub stored_bytes: u64,
+    /// Stored MB per second over the longest window.
+    pub stored_mb_s: f64,
+    /// Errors.
+    pub errors: u64,
+    /// Highest generator busy %.
+    pub generator_busy_pct_max: f64,
+    /// Merged publish-to-ack latency.
+    pub ack: Latency,
+    /// Merged publish-to-delivery latency.
+    pub delivery: Latency,
+}
+
+/// Combines results into one fleet report.
+pub fn merge(results: &[RunResult]) -> anyhow::Result<FleetReport> {
+    anyhow::ensure!(!results.is_empty(), "nothing to merge");
+    let mut ack = new_histogram();
+    let mut delivery = new_histogram();
+    let mut stored: BTreeMap<String, u64> = BTreeMap::new();
+    for r in results {
+        ack.add(r.ack.histogram().with_context(|| format!("{}: ack histogram", r.config.label))?)
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        delivery
+            .add(
+                r.delivery
+                    .histogram()
+                    .with_context(|| format!("{}: delivery histogram", r.config.label))?,
+            )
+            .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        if let (Some(m), Some(b)) = (&r.config.metrics, &r.broker) {
+            let e = stored.entry(m.clone()).or_default();
+            *e = (*e).max(b.stored_bytes);
+        }
+    }
+    let starts = results.iter().map(|r| r.window_start_unix_ms);
+    let skew = starts.clone().max().unwrap_or(0) - starts.min().unwrap_or(0);
+    let window_s = results.iter().map(|r| r.measured_s).fold(0.0, f64::max).max(1e-9);
+    let stored_bytes: u64 = stored.values().sum();
+    Ok(FleetReport {
+        labels: results.iter().map(|r| r.config.label.clone()).collect(),
+        start_skew_ms: skew,
+        sent_bytes: results.iter().map(|r| r.sent_bytes).sum(),
+        stored_bytes,
+        stored_mb_s: stored_bytes as f64 / 1e6 / window_s,
+        errors: results.iter().map(|r| r.errors).sum(),
+        generator_busy_pct_max: results.iter().map(|r| r.generator_busy_pct).fold(0.0, f64::max),
+        ack: Latency::of(&ack),
+        delivery: Latency::of(&delivery),
+    })
+}
+
+impl FleetReport {
+    /// Text form.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "== fleet of {} generators: {} ==",
+            self.labels.len(),
+            self.labels.join(", ")
+        );
+        let _ = writeln!(o, "start skew {} ms", self.start_skew_ms);
+        let _ = writeln!(
+            o,
+            "sent {:.1} MB, stored {:.1} MB ({:.1} MB/s), errors {}, busiest generator {:.0}%",
+            self.sent_bytes as f64 / 1e6,
+            self.stored_bytes as f64 / 1e6,
+            self.stored_mb_s,
+            self.errors,
+            self.generator_busy_pct_max
+        );
+        let a = &self.ack;
+        let _ = writeln!(
+            o,
+            "publish-to-ack (us): {} samples, p50 {} p90 {} p99 {} p99.9 {} max {}",
+            a.count, a.p50_us, a.p90_us, a.p99_us, a.p999_us, a.max_us
+        );
+        o
+    }
+}
+
+fn fmt_opt(v: Option<f64>) -> String {
+    v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_round_trips_through_hdr() {
+        let mut h = new_histogram();
+        for v in 1..=1000u64 {
+            h.record(v * 10).expect("in range");
+        }
+        let l = Latency::of(&h);
+        assert_eq!(l.count, 1000);
+        assert!(!l.hdr.is_empty());
+        let back = l.histogram().expect("decodes");
+        assert_eq!(back.len(), 1000);
+        assert_eq!(back.value_at_quantile(0.99), h.value_at_quantile(0.99));
+    }
+}

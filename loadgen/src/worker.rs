@@ -1,0 +1,310 @@
+//! A worker: one OS thread, pinned when asked, with its own current-thread tokio runtime and
+//! its own [`felix_client::Client`] (so its own quinn endpoints and connections). Nothing is
+//! funnelled through another thread: the worker's publisher and subscriber tasks run on it.
+//!
+//! Call order: [`spawn`], wait for [`WorkerShared::connected`] on every worker, set the
+//! run's `go` flag, read the counters and drain the histograms ([`WorkerShared::take_intervals`])
+//! while it runs, set `stop`, join.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use felix_client::{Client, Publisher, Record, StartAt, SubscribeOptions};
+use hdrhistogram::Histogram;
+use tokio::time::Instant;
+
+use crate::config::{RunConfig, SubscribeFrom, TIMESTAMP_BYTES};
+use crate::sys;
+
+/// The longest a worker waits for its last acks after `stop`.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Pause after a failed operation before the next try (no hot error loop).
+pub const ERROR_PAUSE: Duration = Duration::from_millis(50);
+/// How often a waiting worker looks at the run's flags.
+const FLAG_POLL: Duration = Duration::from_millis(1);
+/// Records a paced publisher sends in one go at most.
+const PACE_BURST_MAX: u64 = 256;
+
+/// What a worker shares with the run: cumulative counters and interval histograms.
+#[derive(Debug)]
+pub struct WorkerShared {
+    /// Set when the client is connected and publishers are ready.
+    pub connected: AtomicBool,
+    /// Set when the worker gave up (see `last_error`).
+    pub failed: AtomicBool,
+    /// Records handed to the publisher.
+    pub sent_records: AtomicU64,
+    /// Value plus key bytes handed to the publisher (what the broker counts as stored).
+    pub sent_bytes: AtomicU64,
+    /// Records acked (or written, with ack mode none).
+    pub acked_records: AtomicU64,
+    /// Failed sends, failed acks and subscription errors.
+    pub errors: AtomicU64,
+    /// Subscriptions restarted after an error.
+    pub resubscribes: AtomicU64,
+    /// Records delivered to subscribers.
+    pub delivered_records: AtomicU64,
+    /// Value plus key bytes delivered to subscribers.
+    pub delivered_bytes: AtomicU64,
+    /// The most recent error, for the report.
+    pub last_error: Mutex<Option<String>>,
+    /// Publish-to-ack latency (us) since the last drain.
+    ack_us: Mutex<Histogram<u64>>,
+    /// Publish-to-delivery latency (us) since the last drain.
+    delivery_us: Mutex<Histogram<u64>>,
+}
+
+/// The run's flags every worker watches.
+#[derive(Debug, Default)]
+pub struct RunFlags {
+    /// Start publishing and subscribing.
+    pub go: AtomicBool,
+    /// Stop sending; drain; exit.
+    pub stop: AtomicBool,
+}
+
+/// A latency histogram: 1 us .. 10 minutes, 3 significant digits.
+pub fn new_histogram() -> Histogram<u64> {
+    // The bounds are constants that satisfy new_with_bounds' conditions (low >= 1,
+    // high >= 2 * low, sigfig <= 5), so this cannot fail.
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("constant histogram bounds")
+}
+
+impl WorkerShared {
+    fn new() -> Self {
+        Self {
+            connected: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            sent_records: AtomicU64::new(0),
+            sent_bytes: AtomicU64::new(0),
+            acked_records: AtomicU64::new(0),
+            errors: AtomicU64::new(0),
+            resubscribes: AtomicU64::new(0),
+            delivered_records: AtomicU64::new(0),
+            delivered_bytes: AtomicU64::new(0),
+            last_error: Mutex::new(None),
+            ack_us: Mutex::new(new_histogram()),
+            delivery_us: Mutex::new(new_histogram()),
+        }
+    }
+
+    /// Takes the ack and delivery histograms recorded since the last call.
+    pub fn take_intervals(&self) -> (Histogram<u64>, Histogram<u64>) {
+        let take = |m: &Mutex<Histogram<u64>>| match m.lock() {
+            Ok(mut h) => std::mem::replace(&mut *h, new_histogram()),
+            Err(_) => new_histogram(),
+        };
+        (take(&self.ack_us), take(&self.delivery_us))
+    }
+
+    fn error(&self, e: impl std::fmt::Display) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        if let Ok(mut l) = self.last_error.lock() {
+            *l = Some(e.to_string());
+        }
+    }
+
+    fn record(m: &Mutex<Histogram<u64>>, us: u64) {
+        if let Ok(mut h) = m.lock() {
+            h.saturating_record(us.max(1));
+        }
+    }
+}
+
+/// Starts worker `index`.
+pub fn spawn(
+    index: usize,
+    config: Arc<RunConfig>,
+    flags: Arc<RunFlags>,
+) -> std::io::Result<(Arc<WorkerShared>, JoinHandle<()>)> {
+    let shared = Arc::new(WorkerShared::new());
+    let s = shared.clone();
+    let handle =
+        std::thread::Builder::new().name(format!("loadgen-w{index}")).spawn(move || {
+            if let Some(cpu) = config.worker_cpus.get(index).copied().flatten() {
+                if !sys::pin_current_thread(cpu) {
+                    s.error(format!("worker {index}: pinning to CPU {cpu} refused"));
+                }
+            }
+            let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+                Ok(rt) => rt,
+                Err(e) => {
+                    s.error(format!("worker {index}: runtime: {e}"));
+                    s.failed.store(true, Ordering::Relaxed);
+                    return;
+                }
+            };
+            if let Err(e) = rt.block_on(run(index, &config, &flags, &s)) {
+                s.error(format!("worker {index}: {e}"));
+                s.failed.store(true, Ordering::Relaxed);
+            }
+        })?;
+    Ok((shared, handle))
+}
+
+async fn run(
+    index: usize,
+    config: &Arc<RunConfig>,
+    flags: &Arc<RunFlags>,
+    shared: &Arc<WorkerShared>,
+) -> anyhow::Result<()> {
+    let client = Client::connect(config.client_config()).await?;
+    let publisher =
+        if config.publishers > 0 { Some(client.publisher(&config.stream).await?) } else { None };
+    shared.connected.store(true, Ordering::Relaxed);
+    while !flags.go.load(Ordering::Relaxed) {
+        if flags.stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        tokio::time::sleep(FLAG_POLL).await;
+    }
+    for task in 0..config.subscribers {
+        tokio::spawn(subscribe(client.clone(), config.clone(), shared.clone(), task));
+    }
+    let mut publishers = Vec::new();
+    if let Some(p) = &publisher {
+        for task in 0..config.publishers {
+            let seed = index * config.publishers + task;
+            publishers.push(tokio::spawn(publish(
+                p.clone(),
+                config.clone(),
+                flags.clone(),
+                shared.clone(),
+                seed,
+            )));
+        }
+    }
+    while !flags.stop.load(Ordering::Relaxed) {
+        tokio::time::sleep(FLAG_POLL * 10).await;
+    }
+    for t in publishers {
+        let _ = tokio::time::timeout(DRAIN_TIMEOUT, t).await;
+    }
+    if let Some(p) = publisher {
+        if tokio::time::timeout(DRAIN_TIMEOUT, p.flush()).await.is_err() {
+            shared.error("acks still missing after the drain timeout");
+        }
+    }
+    client.close();
+    Ok(())
+}
+
+/// One publisher task: records of `payload_bytes` with the send time in front, keys
+/// round-robin (starting at `seed`, so tasks interleave), paced when a rate is set.
+async fn publish(
+    publisher: Publisher,
+    config: Arc<RunConfig>,
+    flags: Arc<RunFlags>,
+    shared: Arc<WorkerShared>,
+    seed: usize,
+) {
+    let keys: Vec<Bytes> =
+        (0..config.keys).map(|k| Bytes::from(format!("key-{k:05}").into_bytes())).collect();
+    let filler = vec![0xa5u8; config.payload_bytes - TIMESTAMP_BYTES];
+    let started = Instant::now();
+    let mut sent = 0u64;
+    let mut key_index = seed;
+    while !flags.stop.load(Ordering::Relaxed) {
+        let due = match config.rate_per_task {
+            Some(rate) => {
+                let due = (started.elapsed().as_secs_f64() * rate) as u64;
+                if due <= sent {
+                    tokio::time::sleep(FLAG_POLL).await;
+                    continue;
+                }
+                (due - sent).min(PACE_BURST_MAX)
+            }
+            None => PACE_BURST_MAX,
+        };
+        for _ in 0..due {
+            let mut value = BytesMut::with_capacity(config.payload_bytes);
+            value.extend_from_slice(&sys::unix_us().to_le_bytes());
+            value.extend_from_slice(&filler);
+            let record = if keys.is_empty() {
+                Record::unkeyed(value.freeze())
+            } else {
+                key_index = (key_index + 1) % keys.len();
+                Record::keyed(keys[key_index].clone(), value.freeze())
+            };
+            let bytes = (record.value.len() + record.key.as_ref().map_or(0, |k| k.len())) as u64;
+            let t0 = Instant::now();
+            match publisher.send(record).await {
+                Ok(ticket) => {
+                    sent += 1;
+                    shared.sent_records.fetch_add(1, Ordering::Relaxed);
+                    shared.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
+                    let s = shared.clone();
+                    tokio::spawn(async move {
+                        match ticket.await {
+                            Ok(_) => {
+                                let us = t0.elapsed().as_micros() as u64;
+                                WorkerShared::record(&s.ack_us, us);
+                                s.acked_records.fetch_add(1, Ordering::Relaxed);
+                            }
+                            Err(e) => s.error(e),
+                        }
+                    });
+                }
+                Err(e) => {
+                    shared.error(e);
+                    tokio::time::sleep(ERROR_PAUSE).await;
+                    break;
+                }
+            }
+            if flags.stop.load(Ordering::Relaxed) {
+                break;
+            }
+        }
+    }
+}
+
+/// One subscriber task: reads the whole stream until the worker stops, measuring
+/// publish-to-delivery latency from the send time in each payload; resubscribes after errors.
+async fn subscribe(client: Client, config: Arc<RunConfig>, shared: Arc<WorkerShared>, task: usize) {
+    let start = match config.subscribe_from {
+        SubscribeFrom::Earliest => StartAt::Earliest,
+        SubscribeFrom::Latest => StartAt::Latest,
+    };
+    let mut first = true;
+    loop {
+        if !first {
+            shared.resubscribes.fetch_add(1, Ordering::Relaxed);
+            tokio::time::sleep(ERROR_PAUSE).await;
+        }
+        first = false;
+        let options = SubscribeOptions::new(config.stream.clone()).start(start);
+        let mut sub = match client.subscribe(options).await {
+            Ok(s) => s,
+            Err(e) => {
+                shared.error(format!("subscriber {task}: {e}"));
+                continue;
+            }
+        };
+        loop {
+            match sub.next().await {
+                Ok(Some(r)) => {
+                    let bytes = r.value.len() + r.key.as_ref().map_or(0, |k| k.len());
+                    shared.delivered_records.fetch_add(1, Ordering::Relaxed);
+                    shared.delivered_bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+                    if let Some(ts) = r.value.get(..TIMESTAMP_BYTES) {
+                        let mut b = [0u8; TIMESTAMP_BYTES];
+                        b.copy_from_slice(ts);
+                        let sent_us = u64::from_le_bytes(b);
+                        WorkerShared::record(
+                            &shared.delivery_us,
+                            sys::unix_us().saturating_sub(sent_us),
+                        );
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    shared.error(format!("subscriber {task}: {e}"));
+                    break;
+                }
+            }
+        }
+    }
+}

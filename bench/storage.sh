@@ -17,7 +17,7 @@ mkdir -p "$OUT" "$(dirname "$DATA")"
 command -v fio >/dev/null || apt-get install -y fio
 cargo build --release -p felix-storage --example append_bench
 BIN=target/release/examples/append_bench
-{ echo "date: $(date -u +%FT%TZ)"; uname -r; nproc; df -hT "$(dirname "$DATA")"; fio --version; } > "$OUT/environment.txt"
+{ echo "date: $(date -u +%FT%TZ)"; uname -r; nproc; uptime; df -hT "$(dirname "$DATA")"; fio --version; } > "$OUT/environment.txt"
 : > "$OUT/runs.jsonl"
 bench() { # kind appenders shards
   rm -rf "$DATA"; sync

@@ -1,12 +1,14 @@
 //! `StreamLog`: one physical log per (stream, core) holding all of that core's shards of
-//! the stream, with a per-shard index. Appends, group commit, reads and tail notification.
+//! the stream, with a per-shard index. Appends, reads and tail notification; the write
+//! path (writer and group commit) is in `commit`.
 //!
 //! Call order: [`StreamLog::open`] (recovers) -> any number of concurrent
 //! [`StreamLog::append`], [`StreamLog::read`], [`StreamLog::wait_for`] from tasks of the
 //! same executor -> optionally [`StreamLog::close`]. Two background tasks run per log: the
-//! writer (turns queued batches into aligned writes, one write in flight) and the flusher
-//! (group commit: one fdatasync covers every write completed before it was issued, and the
-//! next starts as soon as the previous ends while durable appends wait).
+//! writer (turns queued batches into aligned writes, up to 8 MiB in flight, published in
+//! log order) and the flusher (group commit: one fdatasync covers every write published
+//! before it was issued, and the next starts as soon as the previous ends while durable
+//! appends wait).
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};

@@ -132,6 +132,10 @@ pub struct RunArgs {
     /// Batches in flight per connection.
     #[arg(long, env = "FELIX_LOADGEN_IN_FLIGHT_BATCHES", default_value_t = 64)]
     pub in_flight_batches: usize,
+    /// Records sent and not yet acked, per worker (a closed loop; 0: only the client's own
+    /// queue and in-flight limits bound it, and latency then measures that queue).
+    #[arg(long, env = "FELIX_LOADGEN_OUTSTANDING", default_value_t = 1024)]
+    pub outstanding: usize,
     /// Warm-up seconds (run, not counted).
     #[arg(long, env = "FELIX_LOADGEN_WARMUP_S", default_value_t = 2.0)]
     pub warmup_s: f64,
@@ -240,6 +244,8 @@ pub struct RunConfig {
     pub linger_us: u64,
     /// In-flight batches per connection.
     pub in_flight_batches: usize,
+    /// Records in flight per worker (0: unbounded).
+    pub outstanding: usize,
     /// Warm-up seconds.
     pub warmup_s: f64,
     /// Measured seconds.
@@ -331,6 +337,7 @@ impl RunArgs {
             rate: self.rate,
             linger_us: self.linger_us,
             in_flight_batches: self.in_flight_batches,
+            outstanding: self.outstanding,
             warmup_s: self.warmup_s,
             duration_s: self.duration_s,
             start_at: self.start_at,
@@ -399,6 +406,7 @@ impl RunConfig {
             ("linger_us", self.linger_us.to_string()),
             ("in_flight_batches", self.in_flight_batches.to_string()),
             ("batch_bytes_max", c.publish.batch_bytes_max.to_string()),
+            ("outstanding_per_worker", self.outstanding.to_string()),
             ("warmup_s", self.warmup_s.to_string()),
             ("duration_s", self.duration_s.to_string()),
             ("start_at", opt(self.start_at.map(|s| s.to_string()))),
@@ -467,6 +475,7 @@ mod tests {
             "--rate=1000",
             "--linger-us=250",
             "--in-flight-batches=9",
+            "--outstanding=33",
             "--warmup-s=0.5",
             "--duration-s=3",
             "--start-at=1700000000000",
@@ -497,6 +506,7 @@ mod tests {
         assert_eq!(c.rate_per_task, Some(100.0), "1000/s over 2 workers x 5 tasks");
         assert_eq!(c.linger_us, 250);
         assert_eq!(c.in_flight_batches, 9);
+        assert_eq!(c.outstanding, 33);
         assert_eq!((c.warmup_s, c.duration_s), (0.5, 3.0));
         assert_eq!(c.start_at, Some(1_700_000_000_000));
         assert!(c.soak);

@@ -25,6 +25,9 @@ pub struct BrokerSample {
     pub connections_accepted: Vec<u64>,
     /// `felix_broker_publish_errors_total` per core.
     pub publish_errors: Vec<u64>,
+    /// `felix_publish_ack_latency_us{quantile="0.5"}` per core (the broker's histogram).
+    #[serde(default)]
+    pub ack_p50_us: Vec<u64>,
     /// `felix_publish_ack_latency_us{quantile="0.99"}` per core (the broker's histogram).
     pub ack_p99_us: Vec<u64>,
 }
@@ -61,7 +64,7 @@ pub fn scrape(addr: &str) -> anyhow::Result<BrokerSample> {
     let Some((head, body)) = page.split_once("\r\n\r\n") else {
         bail!("metrics answer without a header end");
     };
-    if !head.starts_with("HTTP/1.") || !head.split_whitespace().nth(1).is_some_and(|c| c == "200") {
+    if !head.starts_with("HTTP/1.") || head.split_whitespace().nth(1).is_none_or(|c| c != "200") {
         bail!("metrics answered {:?}", head.lines().next().unwrap_or(""));
     }
     Ok(parse(body))
@@ -81,6 +84,7 @@ pub fn parse(text: &str) -> BrokerSample {
         };
         let key = match (name, label(labels, "quantile")) {
             ("felix_publish_ack_latency_us", Some("0.99")) => "ack_p99_us",
+            ("felix_publish_ack_latency_us", Some("0.5")) => "ack_p50_us",
             ("felix_storage_append_bytes_total", None) => "append_bytes",
             ("felix_storage_flushes_total", None) => "flushes",
             ("felix_broker_connections_accepted_total", None) => "connections_accepted",
@@ -105,6 +109,7 @@ pub fn parse(text: &str) -> BrokerSample {
         connections_accepted: take("connections_accepted"),
         publish_errors: take("publish_errors"),
         ack_p99_us: take("ack_p99_us"),
+        ack_p50_us: take("ack_p50_us"),
     }
 }
 
@@ -142,6 +147,7 @@ felix_net_datagrams_in{core=\"0\"} 77
         assert_eq!(s.connections_accepted, vec![2]);
         assert_eq!(s.publish_errors, vec![0, 1], "missing core 0 reads as 0");
         assert_eq!(s.ack_p99_us, vec![900, 1200], "only the 0.99 quantile");
+        assert_eq!(s.ack_p50_us, vec![80]);
         let before = parse(&PAGE.replace("} 250", "} 50"));
         assert_eq!(s.delta(&before, |s| &s.append_bytes), vec![0, 200]);
         assert_eq!(BrokerSample::total(&s.append_bytes), 350);

@@ -68,7 +68,7 @@ pub fn draw_all(r: &RunResult, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     files.push(path);
 
     let h = r.ack.histogram()?;
-    if h.len() > 0 {
+    if !h.is_empty() {
         // x: -log10(1 - q) so 90, 99, 99.9 % are evenly spaced.
         let mut points = Vec::new();
         for i in 0..=400 {

@@ -111,6 +111,11 @@ pub struct BrokerResult {
     pub connections_accepted: u64,
     /// Publishes the broker refused during the window.
     pub publish_errors: u64,
+    /// The broker's publish-to-ack p50 and p99 per core at the window's end (its histogram
+    /// since it started: run a fresh broker per measurement).
+    pub ack_p50_us_per_core: Vec<u64>,
+    /// p99 per core.
+    pub ack_p99_us_per_core: Vec<u64>,
     /// Broker CPU seconds over the window (when its pid was given).
     pub cpu_s: Option<f64>,
     /// Broker CPU, % of one core.
@@ -283,6 +288,11 @@ impl RunResult {
                 o,
                 "broker flushes {} ({:.0} per GB), connections accepted {}, publish errors {}",
                 b.flushes, b.flushes_per_gb, b.connections_accepted, b.publish_errors
+            );
+            let _ = writeln!(
+                o,
+                "broker publish-to-ack per core (its histogram): p50 {:?} us, p99 {:?} us",
+                b.ack_p50_us_per_core, b.ack_p99_us_per_core
             );
             let _ = writeln!(
                 o,

@@ -357,6 +357,8 @@ impl<'a> Sampler<'a> {
                         &e.delta(s, |s| &s.connections_accepted),
                     ),
                     publish_errors: BrokerSample::total(&e.delta(s, |s| &s.publish_errors)),
+                    ack_p50_us_per_core: e.ack_p50_us.clone(),
+                    ack_p99_us_per_core: e.ack_p99_us.clone(),
                     cpu_s: broker_cpu_s,
                     cpu_pct: broker_cpu_s.map(|c| 100.0 * c / window_s),
                     rss_start_bytes: start.rss,

@@ -14,6 +14,7 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use felix_client::{Client, Publisher, Record, StartAt, SubscribeOptions};
 use hdrhistogram::Histogram;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 use crate::config::{RunConfig, SubscribeFrom, TIMESTAMP_BYTES};
@@ -165,6 +166,7 @@ async fn run(
         tokio::spawn(subscribe(client.clone(), config.clone(), shared.clone(), task));
     }
     let mut publishers = Vec::new();
+    let window = (config.outstanding > 0).then(|| Arc::new(Semaphore::new(config.outstanding)));
     if let Some(p) = &publisher {
         for task in 0..config.publishers {
             let seed = index * config.publishers + task;
@@ -173,6 +175,7 @@ async fn run(
                 config.clone(),
                 flags.clone(),
                 shared.clone(),
+                window.clone(),
                 seed,
             )));
         }
@@ -199,6 +202,7 @@ async fn publish(
     config: Arc<RunConfig>,
     flags: Arc<RunFlags>,
     shared: Arc<WorkerShared>,
+    window: Option<Arc<Semaphore>>,
     seed: usize,
 ) {
     let keys: Vec<Bytes> =
@@ -230,6 +234,13 @@ async fn publish(
                 Record::keyed(keys[key_index].clone(), value.freeze())
             };
             let bytes = (record.value.len() + record.key.as_ref().map_or(0, |k| k.len())) as u64;
+            let permit = match &window {
+                Some(w) => match w.clone().acquire_owned().await {
+                    Ok(p) => Some(p),
+                    Err(_) => break,
+                },
+                None => None,
+            };
             let t0 = Instant::now();
             match publisher.send(record).await {
                 Ok(ticket) => {
@@ -238,6 +249,7 @@ async fn publish(
                     shared.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
                     let s = shared.clone();
                     tokio::spawn(async move {
+                        let _permit = permit;
                         match ticket.await {
                             Ok(_) => {
                                 let us = t0.elapsed().as_micros() as u64;

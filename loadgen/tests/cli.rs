@@ -1,0 +1,191 @@
+//! The binary end to end: every `FELIX_LOADGEN_*` variable takes effect (`--print-config`), and a
+//! short mixed run against a real broker (`target/<profile>/felix`, skipped with a message when
+//! it has not been built) stores what it sent, writes a JSON result that `merge` and `plot`
+//! read back.
+
+use std::net::{TcpListener, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const LOADGEN: &str = env!("CARGO_BIN_EXE_felix-loadgen");
+
+fn loadgen() -> Command {
+    let mut c = Command::new(LOADGEN);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("FELIX_") {
+            c.env_remove(k);
+        }
+    }
+    c
+}
+
+#[test]
+fn every_env_var_takes_effect() {
+    let cases = [
+        ("FELIX_LOADGEN_ADDR", "10.1.2.3:7777", "addr = 10.1.2.3:7777"),
+        ("FELIX_LOADGEN_SERVER_NAME", "felix.test", "server_name = felix.test"),
+        ("FELIX_LOADGEN_METRICS", "off", "metrics = -"),
+        ("FELIX_LOADGEN_BROKER_PID", "4242", "broker_pid = 4242"),
+        ("FELIX_LOADGEN_WORKLOAD", "mixed", "workload = mixed"),
+        ("FELIX_LOADGEN_STREAM", "a/b/c", "stream = a/b/c"),
+        ("FELIX_LOADGEN_SHARDS", "7", "shards = 7"),
+        ("FELIX_LOADGEN_WORKERS", "3", "workers = 3"),
+        ("FELIX_LOADGEN_CPUS", "0", "worker_cpus = 0"),
+        ("FELIX_LOADGEN_CONNECTIONS", "5", "connections_per_worker = 5"),
+        ("FELIX_LOADGEN_PUBLISHERS", "6", "publishers_per_worker = 6"),
+        ("FELIX_LOADGEN_SUBSCRIBERS", "0", "subscribers_per_worker = 0"),
+        ("FELIX_LOADGEN_SUBSCRIBE_FROM", "earliest", "subscribe_from = earliest"),
+        ("FELIX_LOADGEN_PAYLOAD_BYTES", "512", "payload_bytes = 512"),
+        ("FELIX_LOADGEN_BATCH_RECORDS", "16", "batch_records = 16"),
+        ("FELIX_LOADGEN_KEYS", "0", "keys = unkeyed"),
+        ("FELIX_LOADGEN_ACK", "none", "ack = none"),
+        ("FELIX_LOADGEN_RATE", "500", "rate = 500 records/s"),
+        ("FELIX_LOADGEN_LINGER_US", "77", "linger_us = 77"),
+        ("FELIX_LOADGEN_IN_FLIGHT_BATCHES", "11", "in_flight_batches = 11"),
+        ("FELIX_LOADGEN_OUTSTANDING", "99", "outstanding_per_worker = 99"),
+        ("FELIX_LOADGEN_WARMUP_S", "0.25", "warmup_s = 0.25"),
+        ("FELIX_LOADGEN_DURATION_S", "9", "duration_s = 9"),
+        ("FELIX_LOADGEN_START_AT", "1700000000123", "start_at = 1700000000123"),
+        ("FELIX_LOADGEN_SOAK", "true", "soak = true"),
+        ("FELIX_LOADGEN_JSON", "/tmp/x.json", "json = /tmp/x.json"),
+        ("FELIX_LOADGEN_PLOTS", "/tmp/plots", "plots = /tmp/plots"),
+        ("FELIX_LOADGEN_LABEL", "host-7", "label = host-7"),
+        ("FELIX_LOADGEN_QUIET", "true", "progress = false"),
+        ("FELIX_LOADGEN_CA_FILE", "/etc/felix.pem", "ca_file = /etc/felix.pem"),
+    ];
+    for (key, value, expect) in cases {
+        let mut c = loadgen();
+        c.args(["run", "--print-config"]).env(key, value);
+        if key != "FELIX_LOADGEN_CA_FILE" {
+            c.args(["--ca-file", "/x.pem"]);
+        }
+        if key == "FELIX_LOADGEN_SUBSCRIBERS" {
+            c.args(["--workload", "publish"]);
+        }
+        let out = c.output().expect("run felix-loadgen");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{key}={value}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            stdout.lines().any(|l| l.trim() == expect),
+            "{key}={value} did not show `{expect}` in\n{stdout}"
+        );
+    }
+    let bad = loadgen()
+        .args(["run", "--print-config", "--ca-file", "/x.pem"])
+        .env("FELIX_LOADGEN_PAYLOAD_BYTES", "3")
+        .output()
+        .expect("run");
+    assert!(!bad.status.success(), "a payload too small for the timestamp is refused");
+}
+
+struct Broker {
+    child: Child,
+    dir: tempfile::TempDir,
+    addr: String,
+    metrics: String,
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn broker_binary() -> Option<PathBuf> {
+    let exe = Path::new(LOADGEN);
+    let bin = exe.parent()?.join("felix");
+    bin.exists().then_some(bin)
+}
+
+fn start_broker(bin: &Path) -> Broker {
+    let udp = UdpSocket::bind("127.0.0.1:0").expect("udp port");
+    let tcp = TcpListener::bind("127.0.0.1:0").expect("tcp port");
+    let addr = udp.local_addr().expect("addr").to_string();
+    let metrics = tcp.local_addr().expect("addr").to_string();
+    drop((udp, tcp));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut child = Command::new(bin)
+        .args(["serve", "--listen", &addr, "--cores", "1", "--metrics", &metrics, "--data-dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn broker");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if dir.path().join("dev-cert.pem").exists()
+            && felix_loadgen::metrics::scrape(&metrics).is_ok()
+        {
+            return Broker { child, dir, addr, metrics };
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("broker did not come up on {addr} / {metrics}");
+}
+
+#[test]
+fn short_mixed_run_stores_what_it_sent_and_merges() {
+    let Some(bin) = broker_binary() else {
+        eprintln!(
+            "SKIP: no broker binary next to felix-loadgen (build it: cargo build -p felix-broker)"
+        );
+        return;
+    };
+    let broker = start_broker(&bin);
+    let out_dir = tempfile::tempdir().expect("tempdir");
+    let json = out_dir.path().join("r.json");
+    let plots = out_dir.path().join("plots");
+    let pid = broker.child.id().to_string();
+    let out = loadgen()
+        .args(["run", "--workload", "mixed", "--stream", "t/lg/mixed", "--shards", "2"])
+        .args(["--addr", &broker.addr, "--metrics", &broker.metrics, "--broker-pid", &pid])
+        .arg("--ca-file")
+        .arg(broker.dir.path().join("dev-cert.pem"))
+        .args(["--workers", "2", "--publishers", "2", "--payload-bytes", "1024", "--keys", "4"])
+        .args(["--warmup-s", "0.5", "--duration-s", "1.5", "--rate", "2000", "--label", "t1"])
+        .arg("--json")
+        .arg(&json)
+        .arg("--plots")
+        .arg(&plots)
+        .output()
+        .expect("run loadgen");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "loadgen failed\n{stdout}\n{stderr}");
+    assert!(stdout.contains("workload = mixed"), "configuration printed first");
+    assert!(stderr.contains("stored"), "progress lines on stderr:\n{stderr}");
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    let sent = r["sent_bytes"].as_u64().expect("sent_bytes");
+    let stored = r["broker"]["stored_bytes"].as_u64().expect("stored_bytes");
+    assert!(sent > 0, "records were sent");
+    assert!(stored > 0, "the broker stored bytes in the window");
+    assert_eq!(r["errors"].as_u64(), Some(0), "{stdout}");
+    assert!(r["acked_records"].as_u64().unwrap_or(0) > 0);
+    assert!(r["delivered_records"].as_u64().unwrap_or(0) > 0, "subscribers received records");
+    assert_eq!(r["workers"].as_array().map(Vec::len), Some(2));
+    assert!(r["broker"]["cpu_pct"].as_f64().is_some(), "broker CPU sampled from /proc");
+    for f in ["throughput.svg", "latency.svg", "per_core_throughput.svg", "per_core_p99.svg"] {
+        assert!(plots.join(f).exists(), "{f} drawn");
+    }
+    let merged = out_dir.path().join("fleet.json");
+    let out = loadgen()
+        .arg("merge")
+        .arg(&json)
+        .arg(&json)
+        .arg("--json")
+        .arg(&merged)
+        .output()
+        .expect("merge");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let fleet: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&merged).expect("fleet")).expect("parse");
+    assert_eq!(fleet["sent_bytes"].as_u64(), Some(2 * sent), "sent bytes add up");
+    assert_eq!(fleet["stored_bytes"].as_u64(), Some(stored), "one broker counted once");
+    let acked = r["ack"]["count"].as_u64().expect("ack count");
+    assert_eq!(fleet["ack"]["count"].as_u64(), Some(2 * acked), "histograms merged");
+}

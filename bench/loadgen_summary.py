@@ -1,0 +1,223 @@
+#!/usr/bin/env python3
+"""Summaries of bench/run.sh: median and spread (min-max) per scenario, ratios to the physical
+limits measured in the same run, written as summary.md in each scenario directory and as
+bench/results/<date>-summary.md.
+
+Usage: bench/loadgen_summary.py <results dir> <date> <cpus>
+"""
+import glob
+import json
+import os
+import statistics
+import sys
+
+RES, DATE, NCPU = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+
+def load(pattern):
+    out = []
+    for p in sorted(glob.glob(pattern)):
+        try:
+            with open(p) as f:
+                out.append(json.load(f))
+        except (OSError, ValueError) as e:
+            print(f"skip {p}: {e}")
+    return out
+
+
+def spread(values, fmt="{:.1f}"):
+    values = [v for v in values if v is not None]
+    if not values:
+        return "-", None
+    med = statistics.median(values)
+    text = fmt.format(med)
+    if len(values) > 1:
+        text += f" ({fmt.format(min(values))}-{fmt.format(max(values))})"
+    return text, med
+
+
+def limits():
+    d = f"{RES}/{DATE}-limits"
+    rows = []
+    if os.path.exists(f"{d}/raw.jsonl"):
+        with open(f"{d}/raw.jsonl") as f:
+            rows = [json.loads(l) for l in f if l.strip()]
+    out = {}
+    for name in sorted({r["limit"] for r in rows}):
+        rs = [r for r in rows if r["limit"] == name]
+        out[name] = {"mb_s": spread([r["mb_s"] for r in rs]), "runs": len(rs), "rows": rs}
+        if name.startswith("udp"):
+            out[name]["mb_per_cpu_s"] = spread([r.get("mb_per_cpu_s") for r in rs], "{:.0f}")
+            out[name]["sink_busy"] = spread([100 * r.get("sink_busy", 0) for r in rs], "{:.0f}")
+        if name.startswith("fio"):
+            out[name]["fdatasync_p50_us"] = spread([r.get("fdatasync_p50_us") for r in rs], "{:.0f}")
+    return out
+
+
+def run_row(r):
+    b = r.get("broker") or {}
+    p50 = b.get("ack_p50_us_per_core") or [None]
+    p99 = b.get("ack_p99_us_per_core") or [None]
+    return {
+        "stored_mb_s": r.get("stored_mb_s"),
+        "sent_mb_s": r.get("sent_mb_s"),
+        "per_cpu_s": r.get("stored_mb_per_broker_cpu_s"),
+        "broker_cpu": b.get("cpu_pct"),
+        "gen_busy": r.get("generator_busy_pct"),
+        "p50": r["ack"]["p50_us"] / 1000,
+        "p99": r["ack"]["p99_us"] / 1000,
+        "broker_p50": max(p50) / 1000 if p50[0] is not None else None,
+        "broker_p99": max(p99) / 1000 if p99[0] is not None else None,
+        "flushes_per_gb": b.get("flushes_per_gb"),
+        "stored_share": (b.get("stored_bytes", 0) / r["sent_bytes"] * 100) if r.get("sent_bytes") else None,
+        "errors": r.get("errors", 0),
+        "load": r.get("load_average_1m", [None, None]),
+        "warnings": r.get("warnings", []),
+    }
+
+
+def publish_table(runs):
+    rows = [run_row(r) for r in runs]
+    s = {k: spread([row[k] for row in rows], f) for k, f in [
+        ("stored_mb_s", "{:.1f}"), ("sent_mb_s", "{:.1f}"), ("per_cpu_s", "{:.0f}"),
+        ("broker_cpu", "{:.0f}"), ("gen_busy", "{:.0f}"), ("p50", "{:.2f}"), ("p99", "{:.2f}"),
+        ("broker_p50", "{:.2f}"), ("broker_p99", "{:.2f}"), ("flushes_per_gb", "{:.0f}"),
+        ("stored_share", "{:.1f}")]}
+    loads = [x for row in rows for x in row["load"] if x is not None]
+    s["load"] = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
+    s["errors"] = sum(row["errors"] for row in rows)
+    s["warnings"] = sorted({w for row in rows for w in row["warnings"]})
+    s["runs"] = len(rows)
+    return s
+
+
+def write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+    print(f"wrote {path}")
+
+
+def main():
+    lim = limits()
+    fio = lim.get("fio_fdatasync_seq_write_1m", {}).get("mb_s", ("-", None))[1]
+    aead = lim.get("aes128gcm_seal_open_1200", {}).get("mb_s", ("-", None))[1]
+    udp = lim.get("udp_loopback_gso_gro_1200", {}).get("mb_per_cpu_s", ("-", None))[1]
+    top = [f"# Benchmarks {DATE} (bench/run.sh, {NCPU} CPUs)\n"]
+
+    if lim:
+        t = [f"# Physical limits, {DATE}\n",
+             "Measured by bench/run.sh in the same session as the scenarios.\n",
+             "| limit | MB/s median (min-max) | runs | notes |", "|---|---|---|---|"]
+        for name, v in lim.items():
+            note = ""
+            if name.startswith("fio"):
+                note = (f"{v['rows'][0]['bs']} writes, fdatasync after each; "
+                        f"fdatasync p50 {v['fdatasync_p50_us'][0]} us")
+            if name.startswith("aes"):
+                note = "one core, ring, seal+open of 1200 bytes (each byte counted once)"
+            if name.startswith("udp"):
+                note = (f"raw GSO sender -> GRO sink on one core; sink {v['sink_busy'][0]}% busy, "
+                        f"{v['mb_per_cpu_s'][0]} MB per sink CPU-second")
+            t.append(f"| {name} | {v['mb_s'][0]} | {v['runs']} | {note} |")
+        write(f"{RES}/{DATE}-limits/summary.md", "\n".join(t) + "\n")
+        top += ["## Physical limits", *t[2:], ""]
+
+    pub = {}
+    for name in ["publish-1shard", "publish-12shards"]:
+        runs = load(f"{RES}/{DATE}-{name}/run*.json")
+        if runs:
+            pub[name] = publish_table(runs)
+    if pub:
+        head = ("| scenario | stored MB/s | MB per broker CPU-s | broker CPU % | generator busy % | "
+                "client p50 ms | client p99 ms | broker p50 ms | broker p99 ms | flushes/GB | "
+                "stored/sent % | runs | load avg |")
+        t = [head, "|" + "---|" * 13]
+        for name, s in pub.items():
+            t.append(f"| {name} | {s['stored_mb_s'][0]} | {s['per_cpu_s'][0]} | {s['broker_cpu'][0]} | "
+                     f"{s['gen_busy'][0]} | {s['p50'][0]} | {s['p99'][0]} | {s['broker_p50'][0]} | "
+                     f"{s['broker_p99'][0]} | {s['flushes_per_gb'][0]} | {s['stored_share'][0]} | "
+                     f"{s['runs']} | {s['load']} |")
+        ratios = ["", "Ratios to the limits measured in the same session (medians):", ""]
+        for name, s in pub.items():
+            st, pc = s["stored_mb_s"][1], s["per_cpu_s"][1]
+            parts = []
+            if st and fio:
+                parts.append(f"stored MB/s / fio fdatasync'd 1 MiB writes = {st / fio:.2f}")
+            if pc and aead:
+                parts.append(f"MB per broker CPU-s / one core's AES-GCM = {pc / aead:.2f}")
+            if pc and udp:
+                parts.append(f"MB per broker CPU-s / UDP GSO/GRO MB per CPU-s = {pc / udp:.2f}")
+            ratios.append(f"- {name}: " + "; ".join(parts))
+        notes = ["",
+                 "Durable keyed publish: 4 KiB records, 64 per batch, 12 keys, ack durable; broker "
+                 "`--cores 1` pinned to CPU 0, generator (1 worker, 4 publisher tasks, 1024 records "
+                 "outstanding) pinned to CPU 1; fresh broker and data dir per run. Stored = the "
+                 "broker's felix_storage_append_bytes_total over the window (the throughput). "
+                 "Client latency is send-to-ack including the generator's closed-loop queue; broker "
+                 "latency is the broker's own publish-to-ack histogram (its p50/p99 at the end).",
+                 ""]
+        for name, s in pub.items():
+            errs = f"errors {s['errors']}"
+            warns = "; ".join(s["warnings"]) or "none"
+            notes.append(f"- {name}: {errs}; warnings: {warns}")
+        for name, s in pub.items():
+            text = "\n".join([f"# {name}, {DATE}\n", head, t[1], t[[n for n in pub].index(name) + 2],
+                              *ratios, *notes]) + "\n"
+            text += f"\nPlots of each run: `plots-run*/` (throughput, latency, per-core throughput, per-core p99).\n"
+            write(f"{RES}/{DATE}-{name}/summary.md", text)
+        top += ["## Durable keyed publish (1 vs 12 shards)", *t, *ratios, *notes, ""]
+
+    scal = {}
+    for cores in range(1, NCPU + 1):
+        runs = load(f"{RES}/{DATE}-scaling/cores{cores}-run*.json")
+        if runs:
+            scal[cores] = publish_table(runs)
+    if scal:
+        t = ["| broker cores | stored MB/s | MB per broker CPU-s | broker CPU % | generator busy % | "
+             "client p99 ms | runs |", "|---|---|---|---|---|---|---|"]
+        for c, s in scal.items():
+            t.append(f"| {c} | {s['stored_mb_s'][0]} | {s['per_cpu_s'][0]} | {s['broker_cpu'][0]} | "
+                     f"{s['gen_busy'][0]} | {s['p99'][0]} | {s['runs']} |")
+        note = ("12-shard durable keyed publish on 1..N broker cores. On this machine N = "
+                f"{NCPU}: with {NCPU} broker cores the generator shares the broker's CPUs, so "
+                "these figures say nothing about scaling; they mean something on a many-core "
+                "machine." if NCPU <= 4 else f"12-shard durable keyed publish on 1..{NCPU} broker cores.")
+        write(f"{RES}/{DATE}-scaling/summary.md",
+              "\n".join([f"# Scaling, {DATE}\n", note, "", *t]) + "\n")
+        top += ["## Scaling", note, "", *t, ""]
+
+    soak = load(f"{RES}/{DATE}-soak/soak.json")
+    if soak:
+        r = soak[0]
+        b = r.get("broker") or {}
+        tl = [s for s in r["timeline"] if s["measured"] and s.get("broker_rss_bytes")]
+        mib = lambda v: v / 1048576
+        first = [mib(s["broker_rss_bytes"]) for s in tl[:30]]
+        last = [mib(s["broker_rss_bytes"]) for s in tl[-30:]]
+        growth = (statistics.mean(last) - statistics.mean(first)) if first and last else None
+        lines = [f"# Soak, {DATE}\n",
+                 f"Mixed run: publish at {r['config'].get('rate')} records/s of 4 KiB (12 keys, "
+                 f"durable) plus {r['config']['subscribers']} fanout subscribers, "
+                 f"{r['measured_s']:.0f} s measured.\n",
+                 "| figure | value |", "|---|---|",
+                 f"| errors | {r['errors']} |",
+                 f"| broker connections accepted in the window (reconnects) | {b.get('connections_accepted')} |",
+                 f"| resubscribes | {r['resubscribes']} |",
+                 f"| records acked / sent | {r['acked_records']} / {r['sent_records']} |",
+                 f"| records delivered to subscribers | {r['delivered_records']} |",
+                 f"| stored MB/s | {r.get('stored_mb_s') or 0:.1f} |",
+                 f"| broker RSS first 30 s mean, MiB | {statistics.mean(first) if first else 0:.1f} |",
+                 f"| broker RSS last 30 s mean, MiB | {statistics.mean(last) if last else 0:.1f} |",
+                 f"| broker RSS max, MiB | {mib(b.get('rss_max_bytes') or 0):.1f} |",
+                 f"| RSS growth, MiB | {growth if growth is not None else 0:.1f} |",
+                 f"| publish-to-ack p50 / p99 ms | {r['ack']['p50_us']/1000:.2f} / {r['ack']['p99_us']/1000:.2f} |",
+                 f"| publish-to-delivery p50 / p99 ms | {r['delivery']['p50_us']/1000:.2f} / {r['delivery']['p99_us']/1000:.2f} |",
+                 f"| generator busy % | {r['generator_busy_pct']:.0f} |",
+                 "", "Plots: `plots/` (broker_rss.svg is the memory over time)."]
+        write(f"{RES}/{DATE}-soak/summary.md", "\n".join(lines) + "\n")
+        top += ["## Soak", *lines[1:-1], ""]
+
+    write(f"{RES}/{DATE}-summary.md", "\n".join(top) + "\n")
+
+
+main()

@@ -61,8 +61,11 @@ fn durable_appends(appenders: usize, iters: u64) -> Duration {
 fn bench_append(c: &mut Criterion) {
     let mut g = c.benchmark_group("durable_append_64x4KiB");
     g.throughput(Throughput::Bytes((RECORDS * RECORD_BYTES) as u64));
+    // Short windows keep each sample's log small (about 0.2 s of appends, < 200 MB):
+    // this VM slows down sharply once the page cache has grown by several GB.
     g.sample_size(10);
-    g.measurement_time(Duration::from_secs(5));
+    g.warm_up_time(Duration::from_secs(1));
+    g.measurement_time(Duration::from_secs(2));
     for appenders in [1usize, 16] {
         g.bench_function(format!("{appenders}_appenders"), |b| {
             b.iter_custom(|iters| durable_appends(appenders, iters))

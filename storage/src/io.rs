@@ -225,7 +225,7 @@ pub(crate) fn spawn(fut: impl Future<Output = ()> + 'static) {
 
 /// A background task queue with `shares` (the foreground default is 1000).
 #[derive(Clone, Copy, Debug)]
-pub struct BackgroundQueue(TaskQueueHandle);
+pub(crate) struct BackgroundQueue(TaskQueueHandle);
 
 impl BackgroundQueue {
     /// Create a throughput-oriented queue with few shares on the current executor.

@@ -34,7 +34,6 @@ pub use config::{
     WRITE_BYTES_MAX, WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX,
 };
 pub use error::{Result, StorageError};
-pub use io::BackgroundQueue;
 pub use log::{AppendOutcome, RetentionOutcome, StoredBatch, StreamLog, READ_GAP_BYTES_MAX};
 pub use recovery::{RecoveryReport, RepairReport, SEGMENT_SUFFIX};
 pub use stats::StorageStats;

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summaries of bench/run.sh: median and spread (min-max) per scenario, ratios to the physical
 limits measured in the same run, written as summary.md in each scenario directory and as
-bench/results/<date>-summary.md.
+bench/results/<date>-publish-suite/summary.md.
 
 Usage: bench/loadgen_summary.py <results dir> <date> <cpus>
 """
@@ -102,7 +102,9 @@ def main():
     fio = lim.get("fio_fdatasync_seq_write_1m", {}).get("mb_s", ("-", None))[1]
     aead = lim.get("aes128gcm_seal_open_1200", {}).get("mb_s", ("-", None))[1]
     udp = lim.get("udp_loopback_gso_gro_1200", {}).get("mb_per_cpu_s", ("-", None))[1]
-    top = [f"# Benchmarks {DATE} (bench/run.sh, {NCPU} CPUs)\n"]
+    top = [f"# Benchmarks {DATE} (bench/run.sh, {NCPU} CPUs)\n",
+           f"Commit {os.environ.get('GIT_COMMIT', '?')}, kernel {os.environ.get('KERNEL', '?')}. "
+           "Other agents shared this machine; the load average of each scenario is in its table.\n"]
 
     if lim:
         t = [f"# Physical limits, {DATE}\n",
@@ -192,8 +194,12 @@ def main():
         b = r.get("broker") or {}
         tl = [s for s in r["timeline"] if s["measured"] and s.get("broker_rss_bytes")]
         mib = lambda v: v / 1048576
-        first = [mib(s["broker_rss_bytes"]) for s in tl[:30]]
+        # RSS grows while the broker starts up and fills its buffers; compare the 30 s after
+        # the first minute (or third of the run) with the last 30 s.
+        settle = min(60, len(tl) // 3)
+        first = [mib(s["broker_rss_bytes"]) for s in tl[settle:settle + 30]]
         last = [mib(s["broker_rss_bytes"]) for s in tl[-30:]]
+        settle_s = tl[settle]["t_s"] if tl else 0
         growth = (statistics.mean(last) - statistics.mean(first)) if first and last else None
         lines = [f"# Soak, {DATE}\n",
                  f"Mixed run: publish at {r['config'].get('rate')} records/s of 4 KiB (12 keys, "
@@ -206,7 +212,7 @@ def main():
                  f"| records acked / sent | {r['acked_records']} / {r['sent_records']} |",
                  f"| records delivered to subscribers | {r['delivered_records']} |",
                  f"| stored MB/s | {r.get('stored_mb_s') or 0:.1f} |",
-                 f"| broker RSS first 30 s mean, MiB | {statistics.mean(first) if first else 0:.1f} |",
+                 f"| broker RSS at t = {settle_s:.0f}-{settle_s + 30:.0f} s, mean MiB | {statistics.mean(first) if first else 0:.1f} |",
                  f"| broker RSS last 30 s mean, MiB | {statistics.mean(last) if last else 0:.1f} |",
                  f"| broker RSS max, MiB | {mib(b.get('rss_max_bytes') or 0):.1f} |",
                  f"| RSS growth, MiB | {growth if growth is not None else 0:.1f} |",
@@ -217,7 +223,8 @@ def main():
         write(f"{RES}/{DATE}-soak/summary.md", "\n".join(lines) + "\n")
         top += ["## Soak", *lines[1:-1], ""]
 
-    write(f"{RES}/{DATE}-summary.md", "\n".join(top) + "\n")
+    os.makedirs(f"{RES}/{DATE}-publish-suite", exist_ok=True)
+    write(f"{RES}/{DATE}-publish-suite/summary.md", "\n".join(top) + "\n")
 
 
 main()

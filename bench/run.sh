@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The benchmark suite, end to end on this machine, with felix-loadgen (docs/loadgen.md).
 #
-#   bench/run.sh [runs=3] [duration_s=5] [soak_s=180]
+#   bench/run.sh [runs=5] [duration_s=2] [soak_s=180]
+# (2 s windows keep each run to a few hundred MB: this VM slows once the page cache grows.)
 #
 # Scenarios (each run: fresh broker and data dir, broker pinned to CPU $BROKER_CPU with
 # --cores 1 --cpus $BROKER_CPU, generator pinned to CPU $GEN_CPU with taskset):
@@ -14,12 +15,13 @@
 #   scaling         the 12-shard publish on 1..N broker cores (N = CPUs found)
 #   soak            a mixed publish+subscribe run at a fixed rate for soak_s seconds
 # Writes bench/results/<date>-<scenario>/ (run JSONs, SVG plots, summary.md) and
-# bench/results/<date>-summary.md. Data lives under $DATA_ROOT (wiped between runs).
+# bench/results/<date>-publish-suite/summary.md (all scenarios on one page). Data lives under
+# $DATA_ROOT (wiped between runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RUNS=${1:-3}
-DURATION=${2:-5}
+RUNS=${1:-5}
+DURATION=${2:-2}
 SOAK_S=${3:-180}
 WARMUP=${WARMUP:-1}
 BROKER_CPU=${BROKER_CPU:-0}
@@ -28,6 +30,9 @@ DATA_ROOT=${DATA_ROOT:-/tmp/felix-bench}
 SCENARIOS=${SCENARIOS:-"limits publish scaling soak"}
 PORT=${PORT:-7600}
 MPORT=${MPORT:-9600}
+# A 1500-byte path (IPv4 + UDP headers off), not loopback's 64 KiB MTU. The client uses quinn's
+# defaults (1200 initial, discovery up to 1452): the client crate has no hook for it.
+MAX_UDP_PAYLOAD=${MAX_UDP_PAYLOAD:-1452}
 DATE=$(date -u +%F)
 T=target/release
 RES=${RES:-bench/results}
@@ -58,7 +63,8 @@ start_broker() {
   mkdir -p "$DATA_ROOT/data"
   sync
   taskset -c "$cpus" $T/felix serve --listen 127.0.0.1:$PORT --cores "$cores" --cpus "$cpus" \
-    --data-dir "$DATA_ROOT/data" --metrics 127.0.0.1:$MPORT > "$DATA_ROOT/broker.log" 2>&1 &
+    --data-dir "$DATA_ROOT/data" --metrics 127.0.0.1:$MPORT --max-udp-payload "$MAX_UDP_PAYLOAD" \
+    > "$DATA_ROOT/broker.log" 2>&1 &
   broker_pid=$!
   for _ in $(seq 1 200); do
     if [ -f "$DATA_ROOT/data/dev-cert.pem" ] && curl -sf 127.0.0.1:$MPORT/health > /dev/null; then
@@ -78,6 +84,8 @@ loadgen() {
     --warmup-s "$WARMUP" --json "$json" --quiet "$@" > "${json%.json}.txt" 2>&1 || {
       echo "loadgen failed ($label):"; tail -20 "${json%.json}.txt"; }
   grep -E "broker stored|generator CPU|WARNING" "${json%.json}.txt" | sed "s/^/  [$label] /"
+  # The broker's own effective configuration, as evidence of what ran.
+  grep -E "^felix" "$DATA_ROOT/broker.log" | head -8 > "${json%.json}.broker.txt" || true
 }
 
 scenario_limits() {
@@ -183,5 +191,6 @@ for s in $SCENARIOS; do
   "scenario_$s"
 done
 rm -rf "$DATA_ROOT/data"
-python3 bench/loadgen_summary.py "$RES" "$DATE" "$NCPU"
+GIT_COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- broker storage proto client loadgen || echo '+uncommitted')" \
+  KERNEL="$(uname -r)" python3 bench/loadgen_summary.py "$RES" "$DATE" "$NCPU"
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -184,6 +184,9 @@ pub struct RunResult {
     pub acked_records: u64,
     /// Errors in the window.
     pub errors: u64,
+    /// Distinct shards the keys map to (DESIGN 6.5: a keyed load must use more than one).
+    #[serde(default)]
+    pub key_shards: Option<u64>,
     /// Subscriptions restarted in the window.
     pub resubscribes: u64,
     /// Records delivered to subscribers in the window.
@@ -247,6 +250,12 @@ impl RunResult {
                     .into(),
             );
         }
+        if self.config.keys > 1
+            && self.config.shards.is_some_and(|s| s > 1)
+            && self.key_shards == Some(1)
+        {
+            self.warnings.push("every key maps to one shard: sharding was not exercised".into());
+        }
         if self.errors > 0 {
             self.warnings.push(format!("{} errors in the window", self.errors));
         }
@@ -264,6 +273,14 @@ impl RunResult {
             fmt_opt(self.load_average_1m.0),
             fmt_opt(self.load_average_1m.1)
         );
+        if let Some(n) = self.key_shards {
+            let _ = writeln!(
+                o,
+                "keys: {} map to {n} distinct shard(s) of {}",
+                self.config.keys,
+                self.config.shards.map_or_else(|| "?".to_owned(), |s| s.to_string())
+            );
+        }
         let _ = writeln!(
             o,
             "client sent   {:>10.1} MB ({:.1} MB/s, {} records, {} acked, {} errors)",

@@ -395,6 +395,12 @@ impl<'a> Sampler<'a> {
             sent_bytes: total.sent_bytes,
             acked_records: total.acked,
             errors: total.errors,
+            key_shards: self
+                .workers
+                .iter()
+                .map(|w| w.key_shards.load(Ordering::Relaxed))
+                .max()
+                .filter(|n| *n > 0),
             resubscribes: total.resubscribes,
             delivered_records: total.delivered_records,
             delivered_bytes: total.delivered_bytes,

@@ -48,6 +48,8 @@ pub struct WorkerShared {
     pub resubscribes: AtomicU64,
     /// Records delivered to subscribers.
     pub delivered_records: AtomicU64,
+    /// Distinct shards the keys map to (0: unknown, e.g. unkeyed or stream not described).
+    pub key_shards: AtomicU64,
     /// Value plus key bytes delivered to subscribers.
     pub delivered_bytes: AtomicU64,
     /// The most recent error, for the report.
@@ -85,6 +87,7 @@ impl WorkerShared {
             errors: AtomicU64::new(0),
             resubscribes: AtomicU64::new(0),
             delivered_records: AtomicU64::new(0),
+            key_shards: AtomicU64::new(0),
             delivered_bytes: AtomicU64::new(0),
             last_error: Mutex::new(None),
             ack_us: Mutex::new(new_histogram()),
@@ -155,6 +158,11 @@ async fn run(
     let client = Client::connect(config.client_config()).await?;
     let publisher =
         if config.publishers > 0 { Some(client.publisher(&config.stream).await?) } else { None };
+    if let Some(p) = &publisher {
+        let shards: std::collections::BTreeSet<u32> =
+            (0..config.keys).filter_map(|k| p.shard_for_key(&key_bytes(k)).map(|s| s.0)).collect();
+        shared.key_shards.store(shards.len() as u64, Ordering::Relaxed);
+    }
     shared.connected.store(true, Ordering::Relaxed);
     while !flags.go.load(Ordering::Relaxed) {
         if flags.stop.load(Ordering::Relaxed) {
@@ -205,8 +213,7 @@ async fn publish(
     window: Option<Arc<Semaphore>>,
     seed: usize,
 ) {
-    let keys: Vec<Bytes> =
-        (0..config.keys).map(|k| Bytes::from(format!("key-{k:05}").into_bytes())).collect();
+    let keys: Vec<Bytes> = (0..config.keys).map(key_bytes).collect();
     let filler = vec![0xa5u8; config.payload_bytes - TIMESTAMP_BYTES];
     let started = Instant::now();
     let mut sent = 0u64;
@@ -271,6 +278,11 @@ async fn publish(
             }
         }
     }
+}
+
+/// Key number `k`.
+fn key_bytes(k: u32) -> Bytes {
+    Bytes::from(format!("key-{k:05}").into_bytes())
 }
 
 /// One subscriber task: reads the whole stream until the worker stops, measuring

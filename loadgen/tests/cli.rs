@@ -168,6 +168,8 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
     assert!(r["acked_records"].as_u64().unwrap_or(0) > 0);
     assert!(r["delivered_records"].as_u64().unwrap_or(0) > 0, "subscribers received records");
     assert_eq!(r["workers"].as_array().map(Vec::len), Some(2));
+    let key_shards = r["key_shards"].as_u64().expect("keys mapped to shards");
+    assert_eq!(key_shards, 2, "4 keys use both shards of the stream");
     assert!(r["broker"]["cpu_pct"].as_f64().is_some(), "broker CPU sampled from /proc");
     for f in ["throughput.svg", "latency.svg", "per_core_throughput.svg", "per_core_p99.svg"] {
         assert!(plots.join(f).exists(), "{f} drawn");

@@ -71,6 +71,7 @@ def run_row(r):
         "flushes_per_gb": b.get("flushes_per_gb"),
         "stored_share": (b.get("stored_bytes", 0) / r["sent_bytes"] * 100) if r.get("sent_bytes") else None,
         "errors": r.get("errors", 0),
+        "key_shards": r.get("key_shards"),
         "load": r.get("load_average_1m", [None, None]),
         "warnings": r.get("warnings", []),
     }
@@ -88,6 +89,8 @@ def publish_table(runs):
     s["errors"] = sum(row["errors"] for row in rows)
     s["warnings"] = sorted({w for row in rows for w in row["warnings"]})
     s["runs"] = len(rows)
+    ks = sorted({row["key_shards"] for row in rows if row["key_shards"] is not None})
+    s["key_shards"] = ",".join(str(k) for k in ks) or "-"
     return s
 
 
@@ -161,7 +164,8 @@ def main():
         for name, s in pub.items():
             errs = f"errors {s['errors']}"
             warns = "; ".join(s["warnings"]) or "none"
-            notes.append(f"- {name}: {errs}; warnings: {warns}")
+            notes.append(f"- {name}: 12 keys mapped to {s['key_shards']} distinct shard(s); {errs}; "
+                         f"warnings: {warns}")
         for name, s in pub.items():
             text = "\n".join([f"# {name}, {DATE}\n", head, t[1], t[[n for n in pub].index(name) + 2],
                               *ratios, *notes]) + "\n"

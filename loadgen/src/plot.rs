@@ -30,6 +30,7 @@ struct Series {
 /// Draws every plot of `r` into `dir`; returns the files written.
 pub fn draw_all(r: &RunResult, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+    let w = Some(r.config.warmup_s);
     let mut files = Vec::new();
     let t = |s: &crate::report::Second| s.t_s;
     let dt = |i: usize| {
@@ -57,14 +58,7 @@ pub fn draw_all(r: &RunResult, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     if !stored.is_empty() {
         series.push(Series { name: "broker stored MB/s".into(), points: stored });
     }
-    lines(
-        &path,
-        &format!("{}: throughput over time", r.config.label),
-        "s",
-        "MB/s",
-        &series,
-        false,
-    )?;
+    lines(&path, &format!("{}: throughput over time", r.config.label), "s", "MB/s", &series, w)?;
     files.push(path);
 
     let h = r.ack.histogram()?;
@@ -83,7 +77,7 @@ pub fn draw_all(r: &RunResult, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
             "nines",
             "ms",
             &[Series { name: "publish-to-ack".into(), points }],
-            false,
+            None,
         )?;
         files.push(path);
     }
@@ -114,7 +108,7 @@ pub fn draw_all(r: &RunResult, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
             "s",
             "MB/s",
             &per_core,
-            false,
+            w,
         )?;
         files.push(path);
         let p99: Vec<Series> = (0..cores)
@@ -136,7 +130,7 @@ pub fn draw_all(r: &RunResult, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
             "s",
             "ms",
             &p99,
-            false,
+            w,
         )?;
         files.push(path);
     }
@@ -150,7 +144,7 @@ pub fn draw_all(r: &RunResult, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
                 .collect(),
         };
         let path = dir.join("broker_rss.svg");
-        lines(&path, &format!("{}: broker RSS", r.config.label), "s", "MiB", &[rss], true)?;
+        lines(&path, &format!("{}: broker RSS", r.config.label), "s", "MiB", &[rss], w)?;
         files.push(path);
     }
     Ok(files)
@@ -162,7 +156,7 @@ fn lines(
     x_label: &str,
     y_label: &str,
     series: &[Series],
-    from_zero: bool,
+    window_start_s: Option<f64>,
 ) -> anyhow::Result<()> {
     let err = |e: &dyn std::fmt::Display| anyhow::anyhow!("plot {}: {e}", path.display());
     let root = SVGBackend::new(path, SIZE).into_drawing_area();
@@ -175,7 +169,7 @@ fn lines(
         y_max = y_max.max(*y);
         y_min = y_min.min(*y);
     }
-    let y_low = if from_zero || y_min == f64::MAX { 0.0 } else { 0.0f64.min(y_min) };
+    let y_low = if y_min == f64::MAX { 0.0 } else { 0.0f64.min(y_min) };
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 18))
         .margin(12)
@@ -193,6 +187,16 @@ fn lines(
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 16, y)], colour.stroke_width(2))
             });
+    }
+    if let Some(x) = window_start_s.filter(|x| *x > 0.0) {
+        chart
+            .draw_series(LineSeries::new(
+                [(x, y_low), (x, y_max * 1.1)],
+                BLACK.mix(0.5).stroke_width(1),
+            ))
+            .map_err(|e| err(&e))?
+            .label("measured window starts")
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK.mix(0.5)));
     }
     chart
         .configure_series_labels()

@@ -12,6 +12,7 @@
 #                   GSO/GRO on one core (bench's net_upload/net_udp_sink)
 #   publish-1shard  durable keyed publish, 4 KiB records, 64 per batch, 12 keys, 1 shard
 #   publish-12shards  the same on a 12-shard stream
+#   publish-12shards-fixedrate  the same at 10,000 records/s (latency without queueing)
 #   scaling         the 12-shard publish on 1..N broker cores (N = CPUs found)
 #   soak            a mixed publish+subscribe run at a fixed rate for soak_s seconds
 # Writes bench/results/<date>-<scenario>/ (run JSONs, SVG plots, summary.md) and
@@ -139,9 +140,14 @@ PY
 }
 
 scenario_publish() {
-  for shards in 1 12; do
-    local name=publish-1shard
-    [ "$shards" = 12 ] && name=publish-12shards
+  # name shards extra-args: saturated 1 and 12 shards, then 12 shards at a fixed 10,000
+  # records/s (41 MB/s), whose latency is not the closed loop's queueing.
+  local spec
+  for spec in "publish-1shard 1" "publish-12shards 12" "publish-12shards-fixedrate 12 --rate 10000"; do
+    # shellcheck disable=SC2086
+    set -- $spec
+    local name=$1 shards=$2
+    shift 2
     local out=$RES/$DATE-$name
     mkdir -p "$out"
     for run in $(seq 1 "$RUNS"); do
@@ -149,7 +155,7 @@ scenario_publish() {
       loadgen "$GEN_CPU" "$out/run$run.json" "$name-run$run" --workload publish \
         --stream bench/publish/s$shards --shards "$shards" --keys 12 --payload-bytes 4096 \
         --batch-records 64 --ack durable --duration-s "$DURATION" --workers 1 --cpus "$GEN_CPU" \
-        --plots "$out/plots-run$run"
+        --plots "$out/plots-run$run" "$@"
       stop_broker
     done
   done

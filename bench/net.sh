@@ -9,8 +9,8 @@
 # (utime + stime, /proc/self/stat). The generator reports its own CPU share, so a run whose
 # generator was the bottleneck (> 80% busy) is flagged.
 #
-# Usage: bench/net.sh [runs=3] [warmup_s=2] [measure_s=6]
-# Writes bench/results/<date>-net/{raw.jsonl,results.json,summary.md}.
+# Usage: [CONNS=4] [SUBDIR=name] bench/net.sh [runs=3] [warmup_s=2] [measure_s=6]
+# Writes bench/results/<date>-net[/SUBDIR]/{raw.jsonl,results.json,summary.md}.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +23,7 @@ GEN_CPU=${GEN_CPU:-1}
 
 cargo build --release -p felix-bench --bins
 T=target/release
-OUT=bench/results/$(date -u +%F)-net
+OUT=bench/results/$(date -u +%F)-net${SUBDIR:+/$SUBDIR}
 mkdir -p "$OUT"
 RAW=$OUT/raw.jsonl
 : > "$RAW"

@@ -13,6 +13,7 @@ use felix_broker::net::steering::SteeringMode;
 use felix_broker::net::{CoreContext, NetConfig, Server, TlsSource};
 
 fn main() -> anyhow::Result<()> {
+    init_tracing();
     let args: Vec<String> = std::env::args().collect();
     anyhow::ensure!(
         args.len() >= 5,
@@ -101,4 +102,16 @@ fn process_cpu_us() -> u64 {
 /// Linux reports /proc times in USER_HZ ticks, 100 per second on every architecture we run.
 fn clock_ticks() -> u64 {
     100
+}
+
+/// A tracing subscriber at `info` (as the broker binary runs): without any subscriber, the
+/// `log` feature of quinn-proto's tracing turns every per-packet span into a `log` call.
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
 }

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 fn main() -> anyhow::Result<()> {
+    init_tracing();
     let args: Vec<String> = std::env::args().collect();
     anyhow::ensure!(args.len() >= 4, "usage: net_quinn_sink <listen> <warmup_s> <measure_s>");
     let listen: std::net::SocketAddr = args[1].parse()?;
@@ -112,6 +113,7 @@ async fn run(
         })
     );
     endpoint.close(0u32.into(), b"");
+    let _ = tokio::time::timeout(Duration::from_millis(200), endpoint.wait_idle()).await;
     Ok(())
 }
 
@@ -123,4 +125,16 @@ fn process_cpu_us() -> u64 {
     let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
         + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
     ticks * 10_000
+}
+
+/// A tracing subscriber at `info` (as the broker binary runs): without any subscriber, the
+/// `log` feature of quinn-proto's tracing turns every per-packet span into a `log` call.
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
 }

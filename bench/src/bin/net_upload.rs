@@ -20,6 +20,7 @@ fn main() -> anyhow::Result<()> {
     let secs = Duration::from_secs_f64(args[3].parse()?);
     let c0 = process_cpu_us();
     let t0 = Instant::now();
+    let samples = sample_busy_per_second();
     let sent = match args[1].as_str() {
         "quic" => {
             let conns: usize = args.get(4).map(|c| c.parse()).transpose()?.unwrap_or(4);
@@ -33,6 +34,16 @@ fn main() -> anyhow::Result<()> {
     };
     let wall = t0.elapsed().as_secs_f64();
     let cpu_us = process_cpu_us() - c0;
+    // Busy share per second while uploading: drop the first second (handshakes, warm-up) and
+    // the last (the sink may already have stopped), and report the median of the rest.
+    let mut per_second = samples.lock().map(|s| s.clone()).unwrap_or_default();
+    if per_second.len() > 2 {
+        per_second.remove(0);
+        per_second.pop();
+    }
+    let mut sorted = per_second.clone();
+    sorted.sort_by(f64::total_cmp);
+    let busy = sorted.get(sorted.len() / 2).copied().unwrap_or(0.0);
     println!(
         "{}",
         serde_json::json!({
@@ -40,7 +51,8 @@ fn main() -> anyhow::Result<()> {
             "wall_s": wall,
             "sent": sent,
             "cpu_us": cpu_us,
-            "generator_busy": cpu_us as f64 / 1e6 / wall,
+            "generator_busy": busy,
+            "generator_busy_per_second": per_second,
         })
     );
     Ok(())
@@ -69,11 +81,12 @@ async fn quic(addr: std::net::SocketAddr, secs: Duration, conns: usize) -> anyho
             let chunk = bytes::Bytes::from(vec![0x5a_u8; 64 * 1024]);
             let deadline = Instant::now() + secs;
             let mut sent = 0u64;
-            while Instant::now() < deadline {
-                // The sink closes the connection when its measurement ends: that ends the upload.
-                if send.write_chunk(chunk.clone()).await.is_err() {
-                    break;
-                }
+            let deadline = tokio::time::Instant::from_std(deadline);
+            // Ends at the deadline even when blocked on flow control, or earlier when the sink
+            // closes the connection at the end of its measurement.
+            while let Ok(Ok(())) =
+                tokio::time::timeout_at(deadline, send.write_chunk(chunk.clone())).await
+            {
                 sent += chunk.len() as u64;
             }
             let _ = send.finish();
@@ -159,6 +172,26 @@ impl rustls::client::danger::ServerCertVerifier for AcceptAny {
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
     }
+}
+
+/// Samples this process's CPU share once per second on a helper thread.
+fn sample_busy_per_second() -> Arc<std::sync::Mutex<Vec<f64>>> {
+    let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let out = samples.clone();
+    std::thread::spawn(move || {
+        let mut last = process_cpu_us();
+        let mut at = Instant::now();
+        loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let now = process_cpu_us();
+            let busy = (now - last) as f64 / 1e6 / at.elapsed().as_secs_f64();
+            (last, at) = (now, Instant::now());
+            if let Ok(mut s) = out.lock() {
+                s.push(busy);
+            }
+        }
+    });
+    samples
 }
 
 /// utime + stime of this process from /proc/self/stat, in microseconds (USER_HZ = 100).

@@ -16,6 +16,7 @@
 use std::cell::RefCell;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{self, IoSliceMut};
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -74,11 +75,40 @@ pub(crate) struct CoreLimits {
     pub(crate) handshakes_per_sec: u32,
 }
 
+/// Hasher for small integer ids (quinn-proto connection handles, stream ids): one multiply
+/// instead of SipHash on the per-datagram path. Keys are slab indices or stream ids bounded by
+/// `max_streams_per_conn`, so a peer cannot grow a map enough for collisions to matter.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+/// A map keyed by small integer ids.
+pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
 /// Application-side wakers and state of one connection.
 #[derive(Default)]
 pub(crate) struct Waiters {
-    pub(crate) readers: HashMap<StreamId, Waker>,
-    pub(crate) writers: HashMap<StreamId, Waker>,
+    pub(crate) readers: IdMap<StreamId, Waker>,
+    pub(crate) writers: IdMap<StreamId, Waker>,
     pub(crate) accept: [Vec<Waker>; 2],
     pub(crate) open: [Vec<Waker>; 2],
     pub(crate) closed: Vec<Waker>,
@@ -163,7 +193,7 @@ pub(crate) struct CoreState {
     pub(crate) core: CoreId,
     cores: usize,
     endpoint: Endpoint,
-    pub(crate) conns: HashMap<ConnectionHandle, ConnState>,
+    pub(crate) conns: IdMap<ConnectionHandle, ConnState>,
     io: Rc<SocketIo>,
     pub(crate) stats: Arc<CoreStats>,
     limits: CoreLimits,
@@ -196,7 +226,7 @@ impl CoreState {
                 core,
                 cores,
                 endpoint,
-                conns: HashMap::new(),
+                conns: IdMap::default(),
                 io,
                 stats,
                 limits,

@@ -11,6 +11,9 @@ use std::time::Duration;
 
 use crate::app::stats::{self, AppStats};
 
+/// Request header lines read at most (the rest is ignored).
+const MAX_HEADER_LINES: usize = 64;
+
 /// Network counters per core, refreshed by the main thread.
 pub type NetSnapshot = Arc<Mutex<Vec<Vec<(&'static str, u64)>>>>;
 
@@ -26,6 +29,7 @@ pub fn start(
     std::thread::Builder::new().name("felix-admin".into()).spawn(move || {
         for stream in listener.incoming().flatten() {
             let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(2)));
             let _ = serve(stream, &cores, &net, &ready);
         }
     })?;
@@ -43,8 +47,11 @@ fn serve(
     reader.read_line(&mut line)?;
     // Drain the headers (bounded by the read timeout).
     let mut header = String::new();
-    while reader.read_line(&mut header)? > 2 {
+    for _ in 0..MAX_HEADER_LINES {
         header.clear();
+        if reader.read_line(&mut header)? <= 2 {
+            break;
+        }
     }
     let path = line.split_whitespace().nth(1).unwrap_or("/");
     let (status, body) = match path {

@@ -154,7 +154,11 @@ fn serve(args: ServeArgs, matches: &clap::ArgMatches) -> ExitCode {
         broker.refresh();
     }
     eprintln!("felix: shutting down (a second signal exits at once)");
-    broker.shutdown();
-    eprintln!("felix: stopped");
-    ExitCode::SUCCESS
+    if broker.shutdown() {
+        eprintln!("felix: stopped");
+        ExitCode::SUCCESS
+    } else {
+        eprintln!("felix: stopped without draining every core (the logs recover on restart)");
+        ExitCode::FAILURE
+    }
 }

@@ -119,3 +119,30 @@ async fn requests_before_hello_and_unsupported_versions_are_refused() {
     let frames = read_frames(&mut recv, 1).await;
     assert_eq!(error_of(&frames[0]).1, ErrorCode::UnsupportedVersion);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn reserved_names_and_impossible_shard_counts_are_refused_and_restart_still_works() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = TestBroker::start(dir.path(), 2, &[]);
+    let client = broker.client().await;
+    // The broker's own tenant is not reachable by clients.
+    let err =
+        client.create_stream("felix-internal/offsets/v1", 1, Default::default()).await.unwrap_err();
+    assert!(err.to_string().contains("InvalidStreamName"), "{err}");
+    let err = match client.publisher("felix-internal/offsets/v1").await {
+        Err(e) => e.to_string(),
+        Ok(p) => p.publish(felix_client::Record::unkeyed("x")).await.unwrap_err().to_string(),
+    };
+    assert!(err.contains("InvalidStreamName"), "{err}");
+    // More shards than one log per core can hold: refused before anything is written.
+    let err =
+        client.create_stream("acme/app/huge", 2 * 254 + 1, Default::default()).await.unwrap_err();
+    assert!(err.to_string().contains("InvalidArgument"), "{err}");
+    client.create_stream("acme/app/ok", 2 * 254, Default::default()).await.unwrap();
+    client.close();
+    broker.stop();
+    let broker = TestBroker::start(dir.path(), 2, &[]);
+    let client = broker.client().await;
+    let names = client.list_streams("").await.unwrap();
+    assert_eq!(names, vec!["acme/app/ok".to_owned()]);
+}

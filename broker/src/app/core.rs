@@ -139,8 +139,7 @@ impl CoreApp {
         if let Some(e) = self.streams.borrow().get(name) {
             return Ok(e.clone());
         }
-        let parsed = StreamName::parse(name)
-            .map_err(|e| WireError::new(ErrorCode::InvalidStreamName, e.to_string()))?;
+        let parsed = parse_client_stream(name)?;
         let found = meta::load(&self.settings.data_dir, &parsed).map_err(internal)?;
         let m = match found {
             Some(m) => m,
@@ -161,10 +160,12 @@ impl CoreApp {
 
     /// Creates a stream explicitly. Creating an existing stream with the same settings succeeds.
     pub async fn create_stream(&self, m: StreamMeta) -> Result<StreamMeta, WireError> {
-        if m.shards == 0 || m.shards > felix_proto::limits::MAX_SHARDS_PER_STREAM {
+        parse_client_stream(m.name.as_str())?;
+        let max = max_shards(self.settings.cores);
+        if m.shards == 0 || m.shards > max {
             return Err(WireError::new(
                 ErrorCode::InvalidArgument,
-                format!("shards must be 1..={}", felix_proto::limits::MAX_SHARDS_PER_STREAM),
+                format!("shards must be 1..={max} on a broker with {} cores", self.settings.cores),
             ));
         }
         let (found, _) = meta::create(&self.settings.data_dir, &m).map_err(internal)?;
@@ -341,13 +342,23 @@ impl CoreApp {
                     }
                     glommio::timer::sleep(Duration::from_millis(1)).await;
                 }
+                TailRead::Crowded => {
+                    let left = deadline.saturating_duration_since(std::time::Instant::now());
+                    if left.is_zero() {
+                        return Ok(Vec::new());
+                    }
+                    glommio::timer::sleep(
+                        left.min(Duration::from_millis(super::tail::CROWDED_RETRY_MS)),
+                    )
+                    .await;
+                }
                 TailRead::AtTail(rx) => {
                     let left = deadline.saturating_duration_since(std::time::Instant::now());
                     if left.is_zero() {
                         return Ok(Vec::new());
                     }
                     let _ = glommio::timer::timeout(left, async {
-                        rx.recv().await;
+                        rx.await;
                         Ok(())
                     })
                     .await;
@@ -397,7 +408,7 @@ impl CoreApp {
         let next = log.next_offset(shard).map_err(|e| storage_error(&e))?;
         if let Some(g) = group {
             if let Some(o) = self.offsets.borrow().get(&(stream.to_owned(), g, shard.0)) {
-                return Ok(Offset((*o).clamp(first.0, next.0)));
+                return Ok(Offset((*o).max(first.0).min(next.0)));
             }
         }
         Ok(match start {
@@ -520,6 +531,29 @@ impl CoreApp {
         stats::publish_histogram(&self.stats.fan_in, &fan_in);
         stats::publish_histogram(&self.stats.ack_latency_us, &self.ack_latency_us.borrow());
     }
+}
+
+/// The tenant of the broker's own streams; clients may not name it.
+pub const RESERVED_TENANT: &str = "felix-internal";
+
+/// The most shards a stream may have on a broker with `cores` cores: one log holds at most
+/// `SHARDS_PER_LOG_MAX` shards of a stream per core.
+pub fn max_shards(cores: usize) -> u32 {
+    let per_log = felix_storage::format::SHARDS_PER_LOG_MAX.saturating_mul(cores);
+    felix_proto::limits::MAX_SHARDS_PER_STREAM.min(u32::try_from(per_log).unwrap_or(u32::MAX))
+}
+
+/// A stream name a client may use.
+fn parse_client_stream(name: &str) -> Result<StreamName, WireError> {
+    let parsed = StreamName::parse(name)
+        .map_err(|e| WireError::new(ErrorCode::InvalidStreamName, e.to_string()))?;
+    if parsed.tenant() == RESERVED_TENANT {
+        return Err(WireError::new(
+            ErrorCode::InvalidStreamName,
+            format!("tenant {RESERVED_TENANT} is reserved for the broker"),
+        ));
+    }
+    Ok(parsed)
 }
 
 /// Encodes batches read from the log, dropping records before `from`.

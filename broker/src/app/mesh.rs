@@ -127,31 +127,46 @@ pub enum MeshMsg {
     },
 }
 
-/// One core's ends of the mesh, before they are connected.
-pub type Ends = (Vec<Option<SharedSender<MeshMsg>>>, Vec<(CoreId, SharedReceiver<MeshMsg>)>);
+type Row = (Vec<Option<SharedSender<MeshMsg>>>, Vec<(CoreId, SharedReceiver<MeshMsg>)>);
+
+/// One core's ends of the mesh, before they are connected: requests and replies travel on
+/// separate channels, so a core that stops taking requests (its request budget is spent) never
+/// stops replies from reaching it, and two cores cannot wait on each other.
+pub struct Ends {
+    requests: Row,
+    replies: Row,
+}
 
 /// Every channel of the mesh, before the cores take their ends.
 pub struct MeshPlan {
     ends: Mutex<Vec<Option<Ends>>>,
 }
 
+fn plane(cores: usize) -> Vec<Row> {
+    let mut senders: Vec<Vec<Option<SharedSender<MeshMsg>>>> =
+        (0..cores).map(|_| (0..cores).map(|_| None).collect()).collect();
+    let mut receivers: Vec<Vec<(CoreId, SharedReceiver<MeshMsg>)>> =
+        (0..cores).map(|_| Vec::new()).collect();
+    for (from, row) in senders.iter_mut().enumerate() {
+        for (to, slot) in row.iter_mut().enumerate() {
+            if from != to {
+                let (tx, rx) = shared_channel::new_bounded(MESH_DEPTH);
+                *slot = Some(tx);
+                receivers[to].push((CoreId(from as u16), rx));
+            }
+        }
+    }
+    senders.into_iter().zip(receivers).collect()
+}
+
 impl MeshPlan {
     /// Channels for `cores` cores.
     pub fn new(cores: usize) -> Self {
-        let mut senders: Vec<Vec<Option<SharedSender<MeshMsg>>>> =
-            (0..cores).map(|_| (0..cores).map(|_| None).collect()).collect();
-        let mut receivers: Vec<Vec<(CoreId, SharedReceiver<MeshMsg>)>> =
-            (0..cores).map(|_| Vec::new()).collect();
-        for (from, row) in senders.iter_mut().enumerate() {
-            for (to, slot) in row.iter_mut().enumerate() {
-                if from != to {
-                    let (tx, rx) = shared_channel::new_bounded(MESH_DEPTH);
-                    *slot = Some(tx);
-                    receivers[to].push((CoreId(from as u16), rx));
-                }
-            }
-        }
-        let ends = senders.into_iter().zip(receivers).map(Some).collect();
+        let ends = plane(cores)
+            .into_iter()
+            .zip(plane(cores))
+            .map(|(requests, replies)| Some(Ends { requests, replies }))
+            .collect();
         Self { ends: Mutex::new(ends) }
     }
 
@@ -164,34 +179,46 @@ impl MeshPlan {
 
 /// One core's side of the mesh.
 pub struct Mesh {
-    senders: Vec<Option<ConnectedSender<MeshMsg>>>,
+    requests: Vec<Option<ConnectedSender<MeshMsg>>>,
+    replies: Vec<Option<ConnectedSender<MeshMsg>>>,
     next_id: Cell<u64>,
     pending: RefCell<HashMap<u64, LocalSender<CoreResponse>>>,
 }
 
+/// The receivers a core drains: requests from each other core, and replies.
+pub type Receivers = Vec<(CoreId, ConnectedReceiver<MeshMsg>)>;
+
+async fn connect_row(row: Row) -> (Vec<Option<ConnectedSender<MeshMsg>>>, Receivers) {
+    let (txs, rxs) = row;
+    // A sender's connect waits for its receiver's: connect receivers concurrently so no two
+    // cores wait on each other.
+    let rx_tasks: Vec<_> = rxs
+        .into_iter()
+        .map(|(from, rx)| glommio::spawn_local(async move { (from, rx.connect().await) }))
+        .collect();
+    let mut senders = Vec::with_capacity(txs.len());
+    for tx in txs {
+        senders.push(match tx {
+            Some(tx) => Some(tx.connect().await),
+            None => None,
+        });
+    }
+    let mut receivers = Vec::with_capacity(rx_tasks.len());
+    for task in rx_tasks {
+        receivers.push(task.await);
+    }
+    (senders, receivers)
+}
+
 impl Mesh {
-    /// Connects this core's ends; returns the mesh and the receivers to drain.
-    pub async fn connect(ends: Ends) -> (Rc<Mesh>, Vec<(CoreId, ConnectedReceiver<MeshMsg>)>) {
-        let (txs, rxs) = ends;
-        // A sender's connect waits for its receiver's: connect receivers concurrently so no
-        // two cores wait on each other.
-        let rx_tasks: Vec<_> = rxs
-            .into_iter()
-            .map(|(from, rx)| glommio::spawn_local(async move { (from, rx.connect().await) }))
-            .collect();
-        let mut senders = Vec::with_capacity(txs.len());
-        for tx in txs {
-            senders.push(match tx {
-                Some(tx) => Some(tx.connect().await),
-                None => None,
-            });
-        }
-        let mut receivers = Vec::with_capacity(rx_tasks.len());
-        for task in rx_tasks {
-            receivers.push(task.await);
-        }
-        let mesh = Rc::new(Mesh { senders, next_id: Cell::new(1), pending: RefCell::default() });
-        (mesh, receivers)
+    /// Connects this core's ends; returns the mesh, the request receivers and the reply
+    /// receivers to drain.
+    pub async fn connect(ends: Ends) -> (Rc<Mesh>, Receivers, Receivers) {
+        let (requests, request_rx) = connect_row(ends.requests).await;
+        let (replies, reply_rx) = connect_row(ends.replies).await;
+        let mesh =
+            Rc::new(Mesh { requests, replies, next_id: Cell::new(1), pending: RefCell::default() });
+        (mesh, request_rx, reply_rx)
     }
 
     /// Sends `req` to core `to` and waits for the reply.
@@ -216,7 +243,7 @@ impl Mesh {
         req: CoreRequest,
     ) -> Result<LocalReceiver<CoreResponse>, WireError> {
         let sender =
-            self.senders.get(usize::from(to.0)).and_then(Option::as_ref).ok_or_else(|| {
+            self.requests.get(usize::from(to.0)).and_then(Option::as_ref).ok_or_else(|| {
                 WireError::new(ErrorCode::Internal, format!("no mesh route to {to}"))
             })?;
         let id = self.next_id.get();
@@ -232,7 +259,7 @@ impl Mesh {
 
     /// Sends a reply to core `to`.
     pub async fn reply(&self, to: CoreId, id: u64, resp: CoreResponse) {
-        if let Some(Some(sender)) = self.senders.get(usize::from(to.0)) {
+        if let Some(Some(sender)) = self.replies.get(usize::from(to.0)) {
             let _ = sender.send(MeshMsg::Reply { id, resp }).await;
         }
     }

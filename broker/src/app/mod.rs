@@ -45,7 +45,7 @@ pub const RETENTION_INTERVAL: Duration = Duration::from_secs(10);
 /// A running broker.
 pub struct Broker {
     handle: crate::net::ServerHandle,
-    stop: Arc<AtomicBool>,
+    stop: Arc<ShutdownFlags>,
     drained: mpsc::Receiver<()>,
     cores: usize,
     /// Per-core statistics.
@@ -63,6 +63,13 @@ impl Broker {
         check_port_free(args.listen)?;
         check_io_uring()?;
         meta::check_layout(&args.data_dir, args.cores).map_err(|e| e.to_string())?;
+        let max = core::max_shards(args.cores);
+        if args.default_shards > max {
+            return Err(format!(
+                "--default-shards {} exceeds {max}, the most a stream may have on {} cores",
+                args.default_shards, args.cores
+            ));
+        }
         let cores = args.cores;
         let limits = Limits {
             max_frame_bytes: (BATCH_BYTES_LIMIT as u32)
@@ -130,7 +137,7 @@ impl Broker {
         let plan = Arc::new(MeshPlan::new(cores));
         let stats: Arc<Vec<Arc<AppStats>>> =
             Arc::new((0..cores).map(|_| Arc::new(AppStats::default())).collect());
-        let stop = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(ShutdownFlags::default());
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
         let (drained_tx, drained_rx) = mpsc::channel::<()>();
         let per_core = {
@@ -219,21 +226,40 @@ impl Broker {
         }
     }
 
-    /// Stops accepting publishes, waits for in-flight appends and flushes, then closes every
-    /// connection and stops the cores.
-    pub fn shutdown(self) {
+    /// Stops accepting publishes on every core, waits until no append is in flight anywhere
+    /// (forwarded ones included), flushes every log, then closes every connection and stops the
+    /// cores. Returns false if a core did not drain or flush in time.
+    pub fn shutdown(self) -> bool {
         self.ready.store(false, Ordering::Relaxed);
-        self.stop.store(true, Ordering::Relaxed);
         let deadline = Instant::now() + DRAIN_TIMEOUT;
+        let mut clean = true;
+        // Phase 1: every core refuses new publishes and waits for its in-flight appends.
+        self.stop.refuse.store(true, Ordering::Relaxed);
+        clean &= self.wait_cores(deadline, "drain");
+        // Phase 2: nothing can arrive any more; every core flushes.
+        self.stop.flush.store(true, Ordering::Relaxed);
+        clean &= self.wait_cores(deadline, "flush");
+        self.handle.shutdown();
+        clean
+    }
+
+    fn wait_cores(&self, deadline: Instant, phase: &str) -> bool {
         for _ in 0..self.cores {
             let left = deadline.saturating_duration_since(Instant::now());
             if self.drained.recv_timeout(left).is_err() {
-                eprintln!("felix: shutdown: a core did not drain within {DRAIN_TIMEOUT:?}");
-                break;
+                eprintln!("felix: shutdown: a core did not {phase} within {DRAIN_TIMEOUT:?}");
+                return false;
             }
         }
-        self.handle.shutdown();
+        true
     }
+}
+
+/// The two phases of shutdown, set by the main thread and read by each core.
+#[derive(Default)]
+pub struct ShutdownFlags {
+    refuse: AtomicBool,
+    flush: AtomicBool,
 }
 
 async fn open_core(
@@ -243,43 +269,53 @@ async fn open_core(
     storage: StorageConfig,
     stats: Arc<AppStats>,
 ) -> Result<Rc<CoreApp>, String> {
-    let (mesh, receivers) = Mesh::connect(ends).await;
+    let (mesh, request_rx, reply_rx) = Mesh::connect(ends).await;
     tracing::debug!(core = core.0, "mesh connected");
     let store =
         CoreStore::open(storage, core).await.map_err(|e| format!("{core}: storage: {e}"))?;
     let app = CoreApp::open(core, settings, store.clone(), mesh.clone(), stats).await?;
+    // Replies only complete local waiters: their loops never block.
+    for (_, rx) in reply_rx {
+        let app = app.clone();
+        glommio::spawn_local(async move {
+            while let Some(msg) = rx.recv().await {
+                if let MeshMsg::Reply { id, resp } = msg {
+                    app.mesh.complete(id, resp);
+                }
+            }
+        })
+        .detach();
+    }
+    // Requests: at most MESH_REQUESTS_IN_FLIGHT_MAX at once; past it this core stops taking
+    // them and the senders wait on the bounded channels (replies still flow).
     let limit = Rc::new(Semaphore::new(MESH_REQUESTS_IN_FLIGHT_MAX));
-    for (_, rx) in receivers {
+    for (_, rx) in request_rx {
         let app = app.clone();
         let limit = limit.clone();
         glommio::spawn_local(async move {
             while let Some(msg) = rx.recv().await {
-                match msg {
-                    MeshMsg::Reply { id, resp } => app.mesh.complete(id, resp),
-                    MeshMsg::Request { id, from, req } => {
-                        if let mesh::CoreRequest::Append { stream, .. } = &req {
-                            stats::add(&app.stats.counters.forwarded_in, 1);
-                            // Open the stream here, in arrival order, so the append below is
-                            // queued at its first poll.
-                            let _ = app.stream(stream, false).await;
-                        }
-                        let Ok(permit) = limit.acquire_static_permit(1).await else { return };
-                        let worker = app.clone();
-                        let mut fut = Box::pin(async move { worker.handle_request(req).await });
-                        // The first poll queues an append in storage, in arrival order.
-                        let first = poll_once(&mut fut).await;
-                        let app = app.clone();
-                        glommio::spawn_local(async move {
-                            let resp = match first {
-                                Some(r) => r,
-                                None => fut.await,
-                            };
-                            app.mesh.reply(from, id, resp).await;
-                            drop(permit);
-                        })
-                        .detach();
-                    }
+                let MeshMsg::Request { id, from, req } = msg else { continue };
+                if let mesh::CoreRequest::Append { stream, .. } = &req {
+                    stats::add(&app.stats.counters.forwarded_in, 1);
+                    // Open the stream here, in arrival order, so the append below is queued at
+                    // its first poll.
+                    let _ = app.stream(stream, false).await;
                 }
+                let Ok(permit) = limit.acquire_static_permit(1).await else { return };
+                let worker = app.clone();
+                let mut fut = Box::pin(async move { worker.handle_request(req).await });
+                // The first poll queues an append in storage, in arrival order.
+                let first = poll_once(&mut fut).await;
+                let app = app.clone();
+                glommio::spawn_local(async move {
+                    let resp = match first {
+                        Some(r) => r,
+                        None => fut.await,
+                    };
+                    drop(permit);
+                    app.mesh.reply(from, id, resp).await;
+                })
+                .detach();
             }
         })
         .detach();
@@ -296,15 +332,17 @@ async fn open_core(
     Ok(app)
 }
 
-async fn watch_stop(app: Rc<CoreApp>, stop: Arc<AtomicBool>, drained: mpsc::Sender<()>) {
-    while !stop.load(Ordering::Relaxed) {
-        glommio::timer::sleep(Duration::from_millis(50)).await;
+async fn watch_stop(app: Rc<CoreApp>, stop: Arc<ShutdownFlags>, drained: mpsc::Sender<()>) {
+    while !stop.refuse.load(Ordering::Relaxed) {
+        glommio::timer::sleep(Duration::from_millis(20)).await;
     }
     app.stopping.set(true);
-    let deadline = Instant::now() + DRAIN_TIMEOUT / 2;
-    while app.stats.counters.inflight_bytes.load(Ordering::Relaxed) > 0 && Instant::now() < deadline
-    {
-        glommio::timer::sleep(Duration::from_millis(10)).await;
+    while app.stats.counters.inflight_bytes.load(Ordering::Relaxed) > 0 {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
+    }
+    let _ = drained.send(());
+    while !stop.flush.load(Ordering::Relaxed) {
+        glommio::timer::sleep(Duration::from_millis(5)).await;
     }
     app.flush_all().await;
     app.publish_stats();

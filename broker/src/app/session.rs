@@ -34,6 +34,10 @@ use crate::net::{Connection, RecvStream, SendStream};
 pub const RESPONSES_IN_FLIGHT_MAX: usize = 1024;
 /// The most bytes one read from a stream takes.
 pub const READ_CHUNK_BYTES: usize = 256 << 10;
+/// Memory one record costs beyond its bytes (its `Record` and queue entries), for budgets.
+pub const RECORD_OVERHEAD_BYTES: usize = 64;
+/// Memory one batch costs beyond its records, for budgets.
+pub const BATCH_OVERHEAD_BYTES: usize = 256;
 /// Capabilities this broker advertises.
 pub const BROKER_CAPABILITIES: Capabilities = Capabilities::ALL;
 /// QUIC application error code used when the broker closes a connection at shutdown.
@@ -52,6 +56,8 @@ pub struct Session {
     budget: Rc<Semaphore>,
     /// Set once the connection is gone.
     pub closed: Cell<bool>,
+    /// Subscriptions running on this connection.
+    pub active_subscriptions: Cell<usize>,
     next_subscription: Cell<u64>,
 }
 
@@ -67,6 +73,7 @@ pub async fn serve_connection(app: Rc<CoreApp>, conn: Connection) {
         hello: Cell::new(false),
         grant: std::cell::RefCell::new(None),
         closed: Cell::new(false),
+        active_subscriptions: Cell::new(0),
         next_subscription: Cell::new(1),
     });
     while let Ok((send, recv)) = conn.accept_bi().await {
@@ -279,6 +286,15 @@ impl Session {
                     WireError::new(ErrorCode::Internal, e.to_string()),
                 )),
             },
+            Frame::CommitOffset(c)
+                if c.group.is_empty() || c.group.chars().any(char::is_control) =>
+            {
+                let e = WireError::new(
+                    ErrorCode::InvalidArgument,
+                    "group names are non-empty, without control characters",
+                );
+                ready(error_frame(c.request_id, e))
+            }
             Frame::CommitOffset(c) => {
                 let app = app.clone();
                 Box::pin(async move {
@@ -370,8 +386,10 @@ impl Session {
         stats::add(&c.publishes, 1);
         stats::add(&c.publish_records, p.records.len() as u64);
         stats::add(&c.publish_bytes, bytes as u64);
-        // Backpressure: wait for budget before queueing (this stops reading the stream).
-        let units = (bytes as u64).max(1);
+        // Backpressure: wait for budget before queueing (this stops reading the stream). The
+        // budget counts what the batch holds in memory, per-record overhead included, so
+        // batches of empty records cannot slip past it.
+        let units = (bytes + p.records.len() * RECORD_OVERHEAD_BYTES + BATCH_OVERHEAD_BYTES) as u64;
         let conn_units = units.min(app.settings.inflight_bytes_per_conn as u64);
         let core_units = units.min(app.settings.inflight_bytes_per_core as u64);
         let (Ok(conn_permit), Ok(core_permit)) = (
@@ -380,7 +398,7 @@ impl Session {
         ) else {
             return fail(WireError::new(ErrorCode::ShuttingDown, "budget closed"));
         };
-        stats::add(&c.inflight_bytes, bytes as u64);
+        stats::add(&c.inflight_bytes, units);
         let records: Vec<Record> =
             p.records.into_iter().map(|value| Record { key: p.key.clone(), value }).collect();
         let timestamp_ms = now_ms();
@@ -420,12 +438,15 @@ impl Session {
                     Err(e) => Box::pin(async move { Err(e) }),
                 }
             };
-        Box::pin(async move {
+        // The completion runs in its own task: budgets are released, and the answer is ready,
+        // whether or not the responder is still there to send it (the connection may be gone).
+        let (answer_tx, answer_rx) = local_channel::new_bounded::<Option<Frame>>(1);
+        glommio::spawn_local(async move {
             let result = stored.await;
             drop((conn_permit, core_permit));
             let c = &app.stats.counters;
-            c.inflight_bytes.fetch_sub(bytes as u64, std::sync::atomic::Ordering::Relaxed);
-            match (request_id, result) {
+            c.inflight_bytes.fetch_sub(units, std::sync::atomic::Ordering::Relaxed);
+            let answer = match (request_id, result) {
                 (Some(id), Ok(out)) if mode != AckMode::None => {
                     stats::add(&c.acks, 1);
                     let us = received.elapsed().as_micros() as u64;
@@ -450,8 +471,16 @@ impl Session {
                     stats::add(&c.publish_errors, 1);
                     error_frame(RequestId(0), e)
                 }
-            }
+            };
+            let _ = answer_tx.try_send(answer);
         })
+        .detach();
+        Box::pin(async move { answer_rx.recv().await.flatten() })
+    }
+
+    /// Whether this connection may do `action` on `stream`.
+    pub fn may(&self, action: Action, stream: &str) -> bool {
+        self.authorize(action, stream).is_ok()
     }
 
     /// Whether this connection's token allows `action` on `stream` (always, without auth).

@@ -18,6 +18,8 @@ use super::mesh::{CoreRequest, CoreResponse, WireError};
 use super::session::Session;
 use super::stats;
 
+/// Subscriptions one connection may hold at once.
+pub const SUBSCRIPTIONS_PER_CONN_MAX: usize = 64;
 /// Encoded EventBatches queued per subscription.
 pub const SUBSCRIPTION_QUEUE_FRAMES: usize = 8;
 /// Bytes one read asks the owner for.
@@ -28,7 +30,23 @@ pub const TAIL_WAIT_MS: u64 = 500;
 /// Starts a subscription; returns the SubscribeOk to send.
 pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, WireError> {
     let app = session.app.clone();
-    let entry = app.stream(&s.stream, true).await?;
+    if session.active_subscriptions.get() >= SUBSCRIPTIONS_PER_CONN_MAX {
+        return Err(WireError::new(
+            ErrorCode::LimitReached,
+            format!("at most {SUBSCRIPTIONS_PER_CONN_MAX} subscriptions per connection"),
+        ));
+    }
+    if let Some(g) = &s.group {
+        if g.is_empty() || g.chars().any(char::is_control) {
+            return Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                "group names are non-empty, without control characters",
+            ));
+        }
+    }
+    // Subscribing creates a missing stream only for a client that may publish to it.
+    let create = session.may(super::auth::Action::Publish, &s.stream);
+    let entry = app.stream(&s.stream, create).await?;
     let shards: Vec<ShardId> = match &s.shards {
         None => (0..entry.meta.shards).map(ShardId).collect(),
         Some(list) => {
@@ -38,7 +56,10 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
                     format!("{} has no {bad}", s.stream),
                 ));
             }
-            list.clone()
+            let mut list = list.clone();
+            list.sort_unstable();
+            list.dedup();
+            list
         }
     };
     let mut positions = Vec::with_capacity(shards.len());
@@ -66,7 +87,16 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     let (tx, rx) = local_channel::new_bounded::<Bytes>(SUBSCRIPTION_QUEUE_FRAMES);
     let slow = app.settings.slow_consumer;
     let writer_app = app.clone();
+    let cancelled = Rc::new(std::cell::Cell::new(false));
+    let writer_cancel = cancelled.clone();
+    let writer_session = session.clone();
+    writer_session.active_subscriptions.set(writer_session.active_subscriptions.get() + 1);
     glommio::spawn_local(async move {
+        // However the writer ends, its pumps stop and the connection's slot is freed.
+        let _guard = OnDrop(move || {
+            writer_cancel.set(true);
+            writer_session.active_subscriptions.set(writer_session.active_subscriptions.get() - 1);
+        });
         let c = &writer_app.stats.counters;
         while let Some(frame) = rx.recv().await {
             match glommio::timer::timeout(slow, async {
@@ -92,8 +122,9 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     .detach();
     let tx = Rc::new(tx);
     for (shard, pos) in positions {
-        glommio::spawn_local(pump(session.clone(), s.stream.clone(), shard, pos, tx.clone()))
-            .detach();
+        let pump =
+            pump(session.clone(), s.stream.clone(), shard, pos, tx.clone(), cancelled.clone());
+        glommio::spawn_local(pump).detach();
     }
     Ok(SubscribeOk { request_id: s.request_id, subscription_id: id, shards })
 }
@@ -104,9 +135,10 @@ async fn pump(
     shard: ShardId,
     mut next: Offset,
     tx: Rc<LocalSender<Bytes>>,
+    cancelled: Rc<std::cell::Cell<bool>>,
 ) {
     let app = session.app.clone();
-    while !session.closed.get() && !app.stopping.get() {
+    while !session.closed.get() && !app.stopping.get() && !cancelled.get() {
         let req = CoreRequest::Read {
             stream: stream.clone(),
             shard,
@@ -151,5 +183,14 @@ async fn pump(
             }
             next = Offset(b.end());
         }
+    }
+}
+
+/// Runs a closure when dropped.
+struct OnDrop<F: FnMut()>(F);
+
+impl<F: FnMut()> Drop for OnDrop<F> {
+    fn drop(&mut self) {
+        (self.0)();
     }
 }

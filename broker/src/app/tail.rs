@@ -8,18 +8,22 @@
 //! are read from the log. The EventBatch frame of a cached batch is encoded the first time a
 //! subscriber asks for it and shared (a `Bytes` clone) with every later one, across cores too.
 
-use std::cell::{OnceCell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::collections::VecDeque;
-use std::rc::Rc;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::{Rc, Weak};
+use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use felix_proto::{encode_event_batch, EventBatch, Offset, Record, ShardId};
-use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
 /// Payload bytes kept in memory per owned shard.
 pub const TAIL_BYTES_PER_SHARD: usize = 4 << 20;
-/// Tail readers waiting per shard; past it the oldest waiter is woken early (it reads again).
+/// Tail readers waiting per shard; past it readers poll every [`CROWDED_RETRY_MS`].
 pub const TAIL_WAITERS_PER_SHARD: usize = 4096;
+/// How long a reader turned away from a crowded tail waits before it asks again.
+pub const CROWDED_RETRY_MS: u64 = 20;
 
 /// An EventBatch ready to send: its offsets and its encoded frame.
 #[derive(Clone, Debug)]
@@ -81,12 +85,37 @@ impl Cached {
     }
 }
 
+#[derive(Default)]
+struct WaitSlot {
+    woken: Cell<bool>,
+    waker: Cell<Option<Waker>>,
+}
+
+/// Resolves when the shard's tail grows. Dropping it unregisters the reader.
+pub struct TailWait {
+    slot: Rc<WaitSlot>,
+}
+
+impl Future for TailWait {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.slot.woken.get() {
+            return Poll::Ready(());
+        }
+        self.slot.waker.set(Some(cx.waker().clone()));
+        Poll::Pending
+    }
+}
+
 /// What the tail can say about a read from `from`.
 pub enum TailRead {
     /// Batches starting exactly at `from`.
     Batches(Vec<EncodedBatch>),
-    /// `from` is the next offset to be written: wait on the receiver.
-    AtTail(LocalReceiver<()>),
+    /// `from` is the next offset to be written: await the wait.
+    AtTail(TailWait),
+    /// At the tail, but too many readers wait already: try again later.
+    Crowded,
     /// Not in memory: read the log.
     Miss,
 }
@@ -98,7 +127,7 @@ pub struct ShardTail {
     bytes: usize,
     /// The next offset no completed append has reached yet, once known.
     next: Option<u64>,
-    waiters: Vec<LocalSender<()>>,
+    waiters: Vec<Weak<WaitSlot>>,
     /// EventBatch encodings done for this shard's tail (one per batch at most).
     pub encodes: u64,
 }
@@ -136,7 +165,12 @@ impl ShardTail {
             }
         }
         for w in self.waiters.drain(..) {
-            let _ = w.try_send(());
+            if let Some(slot) = w.upgrade() {
+                slot.woken.set(true);
+                if let Some(waker) = slot.waker.take() {
+                    waker.wake();
+                }
+            }
         }
     }
 
@@ -146,12 +180,14 @@ impl ShardTail {
         // At the tail: nothing beyond `from` is written, or the tail is contiguous up to `from`
         // and the batch at `from` will enter it when its append completes.
         if self.next == Some(from) || (from >= log_next.0 && self.next.is_none_or(|n| from >= n)) {
-            let (tx, rx) = local_channel::new_bounded(1);
+            // Readers that gave up dropped their wait: forget them.
+            self.waiters.retain(|w| w.strong_count() > 0);
             if self.waiters.len() >= TAIL_WAITERS_PER_SHARD {
-                let _ = self.waiters.remove(0).try_send(());
+                return TailRead::Crowded;
             }
-            self.waiters.push(tx);
-            return TailRead::AtTail(rx);
+            let slot = Rc::new(WaitSlot::default());
+            self.waiters.push(Rc::downgrade(&slot));
+            return TailRead::AtTail(TailWait { slot });
         }
         let Some(first) = self.batches.front() else { return TailRead::Miss };
         if from < first.base_offset {

@@ -210,7 +210,7 @@ impl Session {
                     stats::add(&app.stats.counters.rejected_frames, 1);
                     let id = request_id_of(&other);
                     let e = WireError::new(ErrorCode::Unauthenticated, "Hello must come first");
-                    if let Frame::Publish(_) = other {
+                    if matches!(other, Frame::Publish(_)) && id != RequestId(0) {
                         return ready(Some(Frame::PublishError(ErrorBody {
                             request_id: id,
                             code: e.code,

@@ -102,6 +102,11 @@ async fn run(mode: SteeringMode, refuse_ebpf: bool, expect: EffectiveSteering) {
     let dropped: u64 = stats.iter().map(|s| s.dropped_mesh_full).sum();
     eprintln!("{mode:?}: owners {owners:?}, {migrations} migrations, stats {stats:#?}");
     assert_eq!(seen.lock().unwrap().accepted.len(), CONNS);
+    // The server followed every client to its new port.
+    assert_eq!(seen.lock().unwrap().peers.len(), CONNS);
+    for (first, last) in &seen.lock().unwrap().peers {
+        assert_ne!(first, last, "the server still talks to the first address");
+    }
     match expect {
         EffectiveSteering::Ebpf | EffectiveSteering::Cbpf => {
             assert_eq!(misrouted, 0, "steered: no datagram reached a non-owner");

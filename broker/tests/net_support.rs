@@ -23,6 +23,8 @@ pub struct Seen {
     pub accepted: Vec<(u16, SocketAddr)>,
     /// The close reason of each connection, as the server saw it.
     pub closed: Vec<String>,
+    /// (first peer, peer when closed) per connection: differs after a migration.
+    pub peers: Vec<(SocketAddr, SocketAddr)>,
     /// Streams echoed to the end.
     pub streams_done: usize,
 }
@@ -56,9 +58,12 @@ pub fn start_echo(config: NetConfig) -> (ServerHandle, Arc<Mutex<Seen>>) {
                     }
                     let closer = conn.clone();
                     let seen2 = seen.clone();
+                    let first_peer = conn.peer();
                     glommio::spawn_local(async move {
                         let why = closer.closed().await;
-                        seen2.lock().unwrap().closed.push(why.to_string());
+                        let mut seen = seen2.lock().unwrap();
+                        seen.closed.push(why.to_string());
+                        seen.peers.push((first_peer, closer.peer()));
                     })
                     .detach();
                     while let Ok((mut send, mut recv)) = conn.accept_bi().await {

@@ -118,16 +118,7 @@ impl Broker {
         } else {
             args.cpus.clone()
         };
-        net.steering = {
-            use crate::net::steer_shim::SteeringMode as S;
-            use crate::net::steering::SteeringMode as M;
-            match args.steering {
-                M::Auto => S::Auto,
-                M::Ebpf => S::Ebpf,
-                M::Cbpf => S::Cbpf,
-                M::Off => S::Off,
-            }
-        };
+        net.steering = args.steering;
         net.max_udp_payload = args.max_udp_payload;
         net.idle_timeout = Duration::from_millis(args.idle_timeout_ms);
         net.max_conns_per_core = args.max_conns_per_core;

@@ -7,7 +7,6 @@ pub mod conn;
 pub mod driver;
 pub mod server;
 pub mod stats;
-pub mod steer_shim;
 pub mod steering;
 pub mod tls;
 

@@ -74,7 +74,7 @@ impl Client {
         config.validate()?;
         let addr = resolve(&config.addr).await?;
         let trust = config.trust.as_ref().ok_or(crate::error::ConfigError::NoTrust)?;
-        let tls = tls::client_config(trust, config.idle_timeout())?;
+        let tls = tls::client_config(trust, config.idle_timeout(), config.max_udp_payload)?;
         let params = ConnParams {
             addr,
             server_name: config.server_name.clone(),

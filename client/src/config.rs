@@ -33,8 +33,15 @@ pub const IDLE_TIMEOUT_MS_MAX: u64 = 3_600_000;
 /// The longest linger time, in microseconds (1 s).
 pub const LINGER_US_MAX: u64 = 1_000_000;
 
+/// Default ceiling of path MTU discovery: a 1500-byte path less IPv6 and UDP headers.
+pub const MAX_UDP_PAYLOAD_DEFAULT: u16 = 1452;
+/// Smallest allowed ceiling (QUIC's minimum datagram size).
+pub const MAX_UDP_PAYLOAD_MIN: u16 = 1200;
+/// Largest allowed ceiling.
+pub const MAX_UDP_PAYLOAD_MAX: u16 = 65_527;
+
 /// Every environment variable [`ClientConfig::from_env_map`] reads.
-pub const ENV_KEYS: [&str; 20] = [
+pub const ENV_KEYS: [&str; 21] = [
     "FELIX_ADDR",
     "FELIX_SERVER_NAME",
     "FELIX_CA_FILE",
@@ -47,6 +54,7 @@ pub const ENV_KEYS: [&str; 20] = [
     "FELIX_CONNECT_TIMEOUT_MS",
     "FELIX_ACK_TIMEOUT_MS",
     "FELIX_CLIENT_IDLE_TIMEOUT_MS",
+    "FELIX_CLIENT_MAX_UDP_PAYLOAD",
     "FELIX_RECONNECT_BACKOFF_MIN_MS",
     "FELIX_RECONNECT_BACKOFF_MAX_MS",
     "FELIX_RECONNECT_ATTEMPTS_MAX",
@@ -179,6 +187,9 @@ pub struct ClientConfig {
     /// is noticed after this long (keep-alives every third of it). Its own idle timeout applies
     /// too; the smaller wins.
     pub idle_timeout_ms: u64,
+    /// The largest UDP payload path MTU discovery may grow to (1200..=65527); 1452 models a
+    /// 1500-byte Ethernet path even on loopback.
+    pub max_udp_payload: u16,
     /// The first delay between reconnect attempts, in milliseconds; doubled after each failure.
     pub reconnect_backoff_min_ms: u64,
     /// The largest delay between reconnect attempts, in milliseconds.
@@ -202,6 +213,7 @@ impl Default for ClientConfig {
             connect_timeout_ms: 5_000,
             ack_timeout_ms: 30_000,
             idle_timeout_ms: 10_000,
+            max_udp_payload: MAX_UDP_PAYLOAD_DEFAULT,
             reconnect_backoff_min_ms: 50,
             reconnect_backoff_max_ms: 5_000,
             reconnect_attempts_max: 8,
@@ -299,6 +311,9 @@ impl ClientConfig {
         if let Some((key, v)) = get("FELIX_CLIENT_IDLE_TIMEOUT_MS") {
             c.idle_timeout_ms = parse_num(key, &v)?;
         }
+        if let Some((key, v)) = get("FELIX_CLIENT_MAX_UDP_PAYLOAD") {
+            c.max_udp_payload = parse_num(key, &v)?;
+        }
         if let Some((key, v)) = get("FELIX_RECONNECT_BACKOFF_MIN_MS") {
             c.reconnect_backoff_min_ms = parse_num(key, &v)?;
         }
@@ -361,6 +376,11 @@ impl ClientConfig {
             "300..=3600000",
         )?;
         range(
+            "max_udp_payload",
+            (MAX_UDP_PAYLOAD_MIN..=MAX_UDP_PAYLOAD_MAX).contains(&self.max_udp_payload),
+            "1200..=65527",
+        )?;
+        range(
             "reconnect_backoff_max_ms",
             self.reconnect_backoff_min_ms <= self.reconnect_backoff_max_ms,
             "must be >= reconnect_backoff_min_ms",
@@ -413,6 +433,7 @@ impl fmt::Display for ClientConfig {
         writeln!(f, "connect_timeout_ms={}", self.connect_timeout_ms)?;
         writeln!(f, "ack_timeout_ms={}", self.ack_timeout_ms)?;
         writeln!(f, "idle_timeout_ms={}", self.idle_timeout_ms)?;
+        writeln!(f, "max_udp_payload={}", self.max_udp_payload)?;
         writeln!(
             f,
             "reconnect_backoff_ms={}..{} attempts_max={}",

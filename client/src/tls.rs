@@ -29,10 +29,12 @@ pub(crate) struct TlsSetup {
 
 /// Builds the QUIC client configuration for `trust`. A connection whose peer is silent for
 /// `idle_timeout` is closed (the broker's own idle timeout applies too: the smaller wins);
-/// keep-alives every third of it keep a quiet but healthy connection open.
+/// keep-alives every third of it keep a quiet but healthy connection open. Path MTU discovery
+/// grows datagrams up to `max_udp_payload`.
 pub(crate) fn client_config(
     trust: &Trust,
     idle_timeout: std::time::Duration,
+    max_udp_payload: u16,
 ) -> Result<TlsSetup, ConfigError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let rejection: RejectionNote = Arc::default();
@@ -72,6 +74,9 @@ pub(crate) fn client_config(
         .map_err(|e| ConfigError::Tls(format!("idle timeout: {e}")))?;
     transport.max_idle_timeout(Some(idle));
     transport.keep_alive_interval(Some(idle_timeout / 3));
+    let mut mtud = quinn::MtuDiscoveryConfig::default();
+    mtud.upper_bound(max_udp_payload);
+    transport.mtu_discovery_config(Some(mtud));
     quic.transport_config(Arc::new(transport));
     Ok(TlsSetup { quic, rejection })
 }
@@ -183,6 +188,8 @@ mod tests {
         std::fs::write(&der, cert.cert.der()).unwrap();
         assert_eq!(read_ca_file(&pem).unwrap(), vec![cert.cert.der().clone()]);
         assert_eq!(read_ca_file(&der).unwrap(), vec![cert.cert.der().clone()]);
-        assert!(client_config(&Trust::CaFile(pem), std::time::Duration::from_secs(10)).is_ok());
+        assert!(
+            client_config(&Trust::CaFile(pem), std::time::Duration::from_secs(10), 1452).is_ok()
+        );
     }
 }

@@ -129,6 +129,10 @@ pub struct RunArgs {
     /// Publisher linger time, in microseconds.
     #[arg(long, env = "FELIX_LOADGEN_LINGER_US", default_value_t = 1_000)]
     pub linger_us: u64,
+    /// Largest UDP payload the client's path MTU discovery may reach: 1452 models a real
+    /// 1500-byte path instead of loopback's 64 KiB MTU.
+    #[arg(long, env = "FELIX_LOADGEN_MAX_UDP_PAYLOAD", default_value_t = 1452)]
+    pub max_udp_payload: u16,
     /// Batches in flight per connection.
     #[arg(long, env = "FELIX_LOADGEN_IN_FLIGHT_BATCHES", default_value_t = 64)]
     pub in_flight_batches: usize,
@@ -242,6 +246,8 @@ pub struct RunConfig {
     pub rate: Option<u64>,
     /// Linger, microseconds.
     pub linger_us: u64,
+    /// Client path MTU discovery ceiling.
+    pub max_udp_payload: u16,
     /// In-flight batches per connection.
     pub in_flight_batches: usize,
     /// Records in flight per worker (0: unbounded).
@@ -336,6 +342,7 @@ impl RunArgs {
             rate_per_task,
             rate: self.rate,
             linger_us: self.linger_us,
+            max_udp_payload: self.max_udp_payload,
             in_flight_batches: self.in_flight_batches,
             outstanding: self.outstanding,
             warmup_s: self.warmup_s,
@@ -363,6 +370,7 @@ impl RunConfig {
         let mut c = ClientConfig::new(self.addr.clone(), Trust::CaFile(self.ca_file.clone()));
         c.server_name = self.server_name.clone();
         c.connections = self.connections;
+        c.max_udp_payload = self.max_udp_payload;
         c.publish = PublishSettings {
             ack_mode: self.ack_mode(),
             linger_us: self.linger_us,
@@ -404,6 +412,7 @@ impl RunConfig {
             ("ack", self.ack.clone()),
             ("rate", opt(self.rate.map(|r| format!("{r} records/s")))),
             ("linger_us", self.linger_us.to_string()),
+            ("max_udp_payload", self.max_udp_payload.to_string()),
             ("in_flight_batches", self.in_flight_batches.to_string()),
             ("batch_bytes_max", c.publish.batch_bytes_max.to_string()),
             ("outstanding_per_worker", self.outstanding.to_string()),

@@ -42,6 +42,7 @@ fn every_env_var_takes_effect() {
         ("FELIX_LOADGEN_ACK", "none", "ack = none"),
         ("FELIX_LOADGEN_RATE", "500", "rate = 500 records/s"),
         ("FELIX_LOADGEN_LINGER_US", "77", "linger_us = 77"),
+        ("FELIX_LOADGEN_MAX_UDP_PAYLOAD", "1350", "max_udp_payload = 1350"),
         ("FELIX_LOADGEN_IN_FLIGHT_BATCHES", "11", "in_flight_batches = 11"),
         ("FELIX_LOADGEN_OUTSTANDING", "99", "outstanding_per_worker = 99"),
         ("FELIX_LOADGEN_WARMUP_S", "0.25", "warmup_s = 0.25"),

@@ -47,6 +47,17 @@ impl ConnRef {
         }
     }
 
+    /// Like [`ConnRef::with`], but does nothing when the core's state is borrowed already
+    /// (drop paths may run inside a borrow).
+    fn try_with(&self, f: impl FnOnce(&mut ConnState)) {
+        let Ok(mut st) = self.core.try_borrow_mut() else { return };
+        if let Some(cs) = st.conns.get_mut(&self.handle) {
+            if cs.uid == self.uid {
+                f(cs);
+            }
+        }
+    }
+
     fn error(&self) -> ConnectionError {
         self.error.borrow().clone().unwrap_or(ConnectionError::LocallyClosed)
     }
@@ -277,14 +288,10 @@ impl Drop for SendStream {
             return;
         }
         let id = self.id;
-        if let Ok(mut st) = self.conn.core.try_borrow_mut() {
-            if let Some(cs) = st.conns.get_mut(&self.conn.handle) {
-                if cs.uid == self.conn.uid {
-                    let _ = cs.conn.send_stream(id).finish();
-                    cs.wake_driver();
-                }
-            }
-        }
+        self.conn.try_with(|cs| {
+            let _ = cs.conn.send_stream(id).finish();
+            cs.wake_driver();
+        });
     }
 }
 
@@ -477,14 +484,10 @@ impl Drop for RecvStream {
             return;
         }
         let id = self.id;
-        if let Ok(mut st) = self.conn.core.try_borrow_mut() {
-            if let Some(cs) = st.conns.get_mut(&self.conn.handle) {
-                if cs.uid == self.conn.uid {
-                    let _ = cs.conn.recv_stream(id).stop(VarInt::from_u32(0));
-                    cs.wake_driver();
-                }
-            }
-        }
+        self.conn.try_with(|cs| {
+            let _ = cs.conn.recv_stream(id).stop(VarInt::from_u32(0));
+            cs.wake_driver();
+        });
     }
 }
 

@@ -410,6 +410,10 @@ impl StreamLog {
         let mut out = Vec::new();
         let mut bytes_out = 0usize;
         let mut failed = None;
+        // Set when the byte budget stopped the scan inside a segment: the batches after
+        // that point (in this segment and the next ones) are for the next read, so the scan
+        // must not go on in a later segment, or it would skip them.
+        let mut full = false;
         for (base, end, file) in &segments {
             if base + end <= start || *base >= until {
                 continue;
@@ -421,6 +425,7 @@ impl StreamLog {
                     return ControlFlow::Continue(());
                 }
                 if !out.is_empty() && bytes_out + bytes.len() > max_bytes {
+                    full = true;
                     return ControlFlow::Break(());
                 }
                 bytes_out += bytes.len();
@@ -438,10 +443,15 @@ impl StreamLog {
                     reason: e.to_string(),
                 });
             }
-            if bytes_out >= max_bytes {
+            if full || bytes_out >= max_bytes {
                 break;
             }
         }
+        debug_assert!(
+            out.windows(2)
+                .all(|w| w[0].base_offset.0 + w[0].records.len() as u64 == w[1].base_offset.0),
+            "a scan returns consecutive batches of one shard"
+        );
         if let Some(e) = failed {
             return Err(StorageError::Corrupt {
                 path: self.inner.dir.clone(),

@@ -259,3 +259,71 @@ fn a_relative_data_directory_works() {
         check_shard(&log, ShardId(0), 1, 10).await;
     });
 }
+
+/// Regression (hardening #1): a read below the dense index scans the log from a sparse
+/// entry; when its byte budget stopped it inside one segment it went on in the next one and
+/// skipped every batch in between. Four interleaved shards, each with far more batches than
+/// the dense index holds, over many small segments; every shard is read densely from offset
+/// 0 with a small budget, before and after a reopen.
+#[test]
+fn every_shard_reads_densely_from_zero_across_many_segment_rolls() {
+    const SHARDS4: [ShardId; 4] = [ShardId(0), ShardId(1), ShardId(2), ShardId(3)];
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = small_config(&path);
+        let open4 = || {
+            StreamLog::open(
+                "t/ns/s",
+                &path.join("log"),
+                &SHARDS4,
+                &config,
+                RetentionConfig::default(),
+            )
+        };
+        let log = open4().await.expect("log opens").0;
+        let per_shard = felix_storage::index::INDEX_RECENT_MAX as u64 + 2500;
+        let mut pending = Vec::new();
+        for i in 0..per_shard {
+            for shard in SHARDS4 {
+                let l = log.clone();
+                pending.push(glommio::spawn_local(async move {
+                    l.append(shard, &records(shard.0, i, 1, 900), i, AckMode::Written)
+                        .await
+                        .unwrap()
+                }));
+            }
+            if pending.len() >= 64 {
+                for p in pending.drain(..) {
+                    p.await;
+                }
+            }
+        }
+        for p in pending.drain(..) {
+            p.await;
+        }
+        assert!(log.segment_count() >= 5, "only {} segments", log.segment_count());
+        let read_all = |log: StreamLog| async move {
+            for shard in SHARDS4 {
+                let mut at = 0u64;
+                while at < per_shard {
+                    let batches = log.read(shard, Offset(at), 16 << 10).await.expect("read");
+                    assert!(!batches.is_empty(), "{shard} has nothing at {at}");
+                    for b in batches {
+                        assert_eq!(b.base_offset, Offset(at), "{shard}: offsets jump");
+                        assert_eq!(b.records, records(shard.0, at, 1, 900));
+                        at += b.records.len() as u64;
+                    }
+                }
+                assert_eq!(at, per_shard);
+            }
+            log
+        };
+        let log = read_all(log).await;
+        log.clone().close().await.unwrap();
+        drop(log);
+        let (log, report) = open4().await.expect("log reopens");
+        assert_eq!(report.batches, per_shard * 4);
+        read_all(log).await;
+    });
+}

@@ -212,7 +212,9 @@ impl DecodeError {
             Self::BadMagic(_) | Self::Truncated { .. } | Self::TrailingBytes(_) => {
                 ErrorCode::Malformed
             }
-            Self::InvalidUtf8 { .. } | Self::FieldTooLong { .. } => ErrorCode::Malformed,
+            Self::InvalidUtf8 { .. } => ErrorCode::Malformed,
+            // The frame is intact (its length prefix was read); one field breaks a limit.
+            Self::FieldTooLong { .. } => ErrorCode::InvalidArgument,
             Self::UnsupportedVersion(_) => ErrorCode::UnsupportedVersion,
             Self::UnknownFrameType(_) => ErrorCode::UnknownFrameType,
             Self::UnknownFlags { .. } => ErrorCode::UnknownFlags,

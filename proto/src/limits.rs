@@ -6,8 +6,12 @@ pub const MAX_FRAME_BYTES_DEFAULT: u32 = 8 * 1024 * 1024;
 pub const MAX_BATCH_RECORDS_DEFAULT: u32 = 4096;
 /// The longest key unless advertised otherwise.
 pub const MAX_KEY_BYTES_DEFAULT: u16 = 1024;
-/// The longest stream name (`tenant/namespace/stream`), in bytes. Fixed by the protocol.
-pub const MAX_STREAM_NAME_BYTES: usize = 255;
+/// The longest segment of a stream name (`tenant`, `namespace` or `stream`), in bytes.
+pub const MAX_STREAM_SEGMENT_BYTES: usize = 64;
+/// The longest stream name (`tenant/namespace/stream`), in bytes: three longest segments and
+/// two `/`. Fixed by the protocol; the one limit every layer (wire, broker, storage, files)
+/// enforces, so every valid name works end to end.
+pub const MAX_STREAM_NAME_BYTES: usize = 3 * MAX_STREAM_SEGMENT_BYTES + 2;
 /// The longest consumer group name, in bytes. Fixed by the protocol.
 pub const MAX_GROUP_NAME_BYTES: usize = 255;
 /// The longest auth token, in bytes. Fixed by the protocol.

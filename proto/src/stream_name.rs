@@ -1,9 +1,6 @@
 //! Stream names: `tenant/namespace/stream`.
 
-use crate::limits::MAX_STREAM_NAME_BYTES;
-
-/// The longest segment of a stream name.
-pub const MAX_SEGMENT_BYTES: usize = 64;
+use crate::limits::{MAX_STREAM_NAME_BYTES, MAX_STREAM_SEGMENT_BYTES as MAX_SEGMENT_BYTES};
 
 /// A validated stream name: three segments `tenant/namespace/stream`, each 1 to 64 bytes of
 /// `[A-Za-z0-9._-]`, not `.` or `..`.

@@ -15,10 +15,22 @@ pub const WRITE_BYTES_TARGET: usize = 1 << 20;
 /// distance of the oldest, so damage followed by valid data further away is corruption.
 pub const WRITE_IN_FLIGHT_BYTES_MAX: usize = 8 << 20;
 const _: () = assert!(WRITE_IN_FLIGHT_BYTES_MAX >= WRITE_BYTES_MAX);
+/// Step in which the active segment's blocks are reserved (`fallocate`, keeping the file
+/// size): the writer reserves up to the next multiple of this ahead of each write that would
+/// pass the reservation, so a segment holds at most this much more disk than its data, and a
+/// log that was never written holds one header block.
+pub const SEGMENT_GROW_BYTES: u64 = 4 << 20;
+const _: () = assert!(SEGMENT_GROW_BYTES % FORMAT_ALIGN_BYTES == 0);
 /// Upper bound for `StorageConfig::batch_bytes_max` (a batch must fit one write).
 pub const BATCH_BYTES_LIMIT: usize = WRITE_BYTES_MAX - FORMAT_ALIGN_BYTES as usize;
-/// Longest stream name accepted, in bytes.
-pub const STREAM_NAME_BYTES_MAX: usize = 200;
+/// Longest stream name accepted, in bytes: the protocol's one limit.
+pub const STREAM_NAME_BYTES_MAX: usize = felix_proto::limits::MAX_STREAM_NAME_BYTES;
+/// Longest directory name [`stream_dir_name`] returns. Kept well under the file systems'
+/// 255-byte name limit so that files named after it (`<dir name>.meta`, temporaries) fit too.
+pub const STREAM_DIR_NAME_BYTES_MAX: usize = 200;
+/// Bytes of the escaped name kept in front of the hash when the escaped name is too long.
+const STREAM_DIR_NAME_PREFIX_BYTES: usize = STREAM_DIR_NAME_BYTES_MAX - 1 - 64;
+const _: () = assert!(STREAM_DIR_NAME_BYTES_MAX + 16 < 255);
 
 /// Retention of one stream log: segments are deleted, oldest first, while either rule says
 /// so. The active (last) segment is never deleted.
@@ -86,8 +98,12 @@ impl StorageConfig {
 /// Map a broker stream name ("tenant/namespace/stream") to one directory name.
 ///
 /// Bytes `[A-Za-z0-9_-]` are kept; every other byte (including `/`, `.` and `%`) becomes
-/// `%XX` with two upper-case hex digits. The mapping is injective, the result never
-/// contains `/`, never starts with `.`, and is at most 3 * `STREAM_NAME_BYTES_MAX` bytes.
+/// `%XX` with two upper-case hex digits. If that escaped form is longer than
+/// [`STREAM_DIR_NAME_BYTES_MAX`], the name is its first bytes, `~` and the SHA-256 of the
+/// whole stream name in hex (escaping never produces `~`, so the two forms cannot collide).
+/// The mapping is injective (up to SHA-256 collisions), the result never contains `/`, never
+/// starts with `.`, and is at most `STREAM_DIR_NAME_BYTES_MAX` bytes, so every name within
+/// [`STREAM_NAME_BYTES_MAX`] has a directory.
 /// Rejected: empty names, names longer than `STREAM_NAME_BYTES_MAX`, empty components
 /// (leading, trailing or doubled `/`), and control characters.
 pub fn stream_dir_name(name: &str) -> Result<String> {
@@ -112,6 +128,15 @@ pub fn stream_dir_name(name: &str) -> Result<String> {
             out.push_str(&format!("%{b:02X}"));
         }
     }
+    if out.len() > STREAM_DIR_NAME_BYTES_MAX {
+        use sha2::Digest;
+        out.truncate(STREAM_DIR_NAME_PREFIX_BYTES);
+        out.push('~');
+        for b in sha2::Sha256::digest(name.as_bytes()) {
+            out.push_str(&format!("{b:02x}"));
+        }
+    }
+    debug_assert!(out.len() <= STREAM_DIR_NAME_BYTES_MAX);
     Ok(out)
 }
 
@@ -130,8 +155,24 @@ mod tests {
     }
 
     #[test]
+    fn every_name_within_the_limit_has_a_short_distinct_directory() {
+        let seg = "a.".repeat(32);
+        let longest = format!("{seg}/{seg}/{seg}");
+        assert_eq!(longest.len(), STREAM_NAME_BYTES_MAX);
+        let dir = stream_dir_name(&longest).unwrap();
+        assert!(dir.len() <= STREAM_DIR_NAME_BYTES_MAX, "{} bytes", dir.len());
+        assert!(dir.contains('~'));
+        // Names sharing the kept prefix still map apart.
+        let other = format!("{seg}/{seg}/{}b", &seg[..63]);
+        assert_ne!(stream_dir_name(&other).unwrap(), dir);
+        // Short names keep the readable escaped form.
+        assert!(!stream_dir_name("t/ns/s").unwrap().contains('~'));
+    }
+
+    #[test]
     fn bad_names_are_typed_errors() {
-        for bad in ["", "/a", "a/", "a//b", "a\nb", &"x".repeat(201)] {
+        let long = "x".repeat(STREAM_NAME_BYTES_MAX + 1);
+        for bad in ["", "/a", "a/", "a//b", "a\nb", &long] {
             assert!(
                 matches!(stream_dir_name(bad), Err(StorageError::InvalidStreamName { .. })),
                 "{bad:?} accepted"

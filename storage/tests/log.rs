@@ -268,29 +268,31 @@ fn a_relative_data_directory_works() {
 #[test]
 fn every_shard_reads_densely_from_zero_across_many_segment_rolls() {
     const SHARDS4: [ShardId; 4] = [ShardId(0), ShardId(1), ShardId(2), ShardId(3)];
+    const VALUE: usize = 300;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_owned();
     run(move || async move {
         let config = small_config(&path);
-        let open4 = || {
-            StreamLog::open(
-                "t/ns/s",
-                &path.join("log"),
-                &SHARDS4,
-                &config,
-                RetentionConfig::default(),
-            )
-        };
+        let log_dir = path.join("log");
+        let open4 =
+            || StreamLog::open("t/ns/s", &log_dir, &SHARDS4, &config, RetentionConfig::default());
         let log = open4().await.expect("log opens").0;
         let per_shard = felix_storage::index::INDEX_RECENT_MAX as u64 + 2500;
+        // Batches of 1 to 5 records: a budget stop on a large batch must not let a smaller
+        // one further on (in the next segment) slip in.
+        let size = |shard: ShardId, i: u64| 1 + ((i * 7 + u64::from(shard.0)) % 5) as usize;
+        let mut next = [0u64; 4];
         let mut pending = Vec::new();
         for i in 0..per_shard {
             for shard in SHARDS4 {
                 let l = log.clone();
+                let n = size(shard, i);
+                let base = next[shard.0 as usize];
+                next[shard.0 as usize] += n as u64;
                 pending.push(glommio::spawn_local(async move {
-                    l.append(shard, &records(shard.0, i, 1, 900), i, AckMode::Written)
-                        .await
-                        .unwrap()
+                    let records = records(shard.0, base, n, VALUE);
+                    let out = l.append(shard, &records, i, AckMode::Written).await.unwrap();
+                    assert_eq!(out.base_offset, Offset(base));
                 }));
             }
             if pending.len() >= 64 {
@@ -305,17 +307,18 @@ fn every_shard_reads_densely_from_zero_across_many_segment_rolls() {
         assert!(log.segment_count() >= 5, "only {} segments", log.segment_count());
         let read_all = |log: StreamLog| async move {
             for shard in SHARDS4 {
+                let end = next[shard.0 as usize];
                 let mut at = 0u64;
-                while at < per_shard {
+                while at < end {
                     let batches = log.read(shard, Offset(at), 16 << 10).await.expect("read");
                     assert!(!batches.is_empty(), "{shard} has nothing at {at}");
                     for b in batches {
                         assert_eq!(b.base_offset, Offset(at), "{shard}: offsets jump");
-                        assert_eq!(b.records, records(shard.0, at, 1, 900));
+                        assert_eq!(b.records, records(shard.0, at, b.records.len(), VALUE));
                         at += b.records.len() as u64;
                     }
                 }
-                assert_eq!(at, per_shard);
+                assert_eq!(at, end);
             }
             log
         };

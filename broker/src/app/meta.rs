@@ -106,7 +106,7 @@ pub fn load_all(data_dir: &Path) -> Result<Vec<StreamMeta>, MetaError> {
 
 /// Loads one stream's definition, if it exists.
 pub fn load(data_dir: &Path, name: &StreamName) -> Result<Option<StreamMeta>, MetaError> {
-    let path = meta_path(data_dir, name);
+    let path = meta_path(data_dir, name)?;
     match std::fs::metadata(&path) {
         Ok(_) => read(&path).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -116,7 +116,7 @@ pub fn load(data_dir: &Path, name: &StreamName) -> Result<Option<StreamMeta>, Me
 
 /// Creates `meta` unless the stream exists; returns the definition in force.
 pub fn create(data_dir: &Path, meta: &StreamMeta) -> Result<(StreamMeta, bool), MetaError> {
-    let path = meta_path(data_dir, &meta.name);
+    let path = meta_path(data_dir, &meta.name)?;
     let tmp = path.with_extension(format!("tmp{}", std::process::id() ^ rand::random::<u32>()));
     let text = format!(
         "name = {}\nshards = {}\nretention_bytes = {}\nretention_ms = {}\n",
@@ -138,10 +138,27 @@ pub fn create(data_dir: &Path, meta: &StreamMeta) -> Result<(StreamMeta, bool), 
     }
 }
 
-fn meta_path(data_dir: &Path, name: &StreamName) -> PathBuf {
+/// Where `name`'s definition lives: `streams/<storage directory name>.meta`, bounded for every
+/// valid name. A definition written by an older broker under the hex of the name is used
+/// where it exists, so a data directory keeps its streams across the upgrade.
+fn meta_path(data_dir: &Path, name: &StreamName) -> Result<PathBuf, MetaError> {
+    let streams = data_dir.join("streams");
     let hex: String = name.as_str().bytes().map(|b| format!("{b:02x}")).collect();
-    data_dir.join("streams").join(format!("{hex}.meta"))
+    if hex.len() + META_SUFFIX.len() <= FILE_NAME_BYTES_MAX {
+        let legacy = streams.join(format!("{hex}{META_SUFFIX}"));
+        if legacy.exists() {
+            return Ok(legacy);
+        }
+    }
+    let stem = felix_storage::stream_dir_name(name.as_str())
+        .map_err(|e| MetaError::Corrupt { path: streams.clone(), why: e.to_string() })?;
+    Ok(streams.join(format!("{stem}{META_SUFFIX}")))
 }
+
+/// Suffix of stream definition files.
+const META_SUFFIX: &str = ".meta";
+/// The longest file name the file systems we run on take.
+const FILE_NAME_BYTES_MAX: usize = 255;
 
 fn read(path: &Path) -> Result<StreamMeta, MetaError> {
     let text = std::fs::read_to_string(path).map_err(io_err(path))?;

@@ -30,12 +30,9 @@ pub const TAIL_WAIT_MS: u64 = 500;
 /// Starts a subscription; returns the SubscribeOk to send.
 pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, WireError> {
     let app = session.app.clone();
-    if session.active_subscriptions.get() >= SUBSCRIPTIONS_PER_CONN_MAX {
-        return Err(WireError::new(
-            ErrorCode::LimitReached,
-            format!("at most {SUBSCRIPTIONS_PER_CONN_MAX} subscriptions per connection"),
-        ));
-    }
+    // The slot is taken before the first await: concurrent Subscribes on one connection
+    // each see the ones accepted before them, so the limit cannot be overrun.
+    let slot = SubscriptionSlot::take(&session)?;
     if let Some(g) = &s.group {
         if g.is_empty() || g.chars().any(char::is_control) {
             return Err(WireError::new(
@@ -89,14 +86,10 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     let writer_app = app.clone();
     let cancelled = Rc::new(std::cell::Cell::new(false));
     let writer_cancel = cancelled.clone();
-    let writer_session = session.clone();
-    writer_session.active_subscriptions.set(writer_session.active_subscriptions.get() + 1);
     glommio::spawn_local(async move {
         // However the writer ends, its pumps stop and the connection's slot is freed.
-        let _guard = OnDrop(move || {
-            writer_cancel.set(true);
-            writer_session.active_subscriptions.set(writer_session.active_subscriptions.get() - 1);
-        });
+        let _slot = slot;
+        let _guard = OnDrop(move || writer_cancel.set(true));
         let c = &writer_app.stats.counters;
         while let Some(frame) = rx.recv().await {
             match glommio::timer::timeout(slow, async {
@@ -183,6 +176,32 @@ async fn pump(
             }
             next = Offset(b.end());
         }
+    }
+}
+
+/// One of a connection's [`SUBSCRIPTIONS_PER_CONN_MAX`] subscription slots, held from the
+/// moment a Subscribe is accepted until its subscription ends (or its start fails).
+struct SubscriptionSlot(Rc<Session>);
+
+impl SubscriptionSlot {
+    fn take(session: &Rc<Session>) -> Result<Self, WireError> {
+        let held = session.active_subscriptions.get();
+        if held >= SUBSCRIPTIONS_PER_CONN_MAX {
+            return Err(WireError::new(
+                ErrorCode::LimitReached,
+                format!("at most {SUBSCRIPTIONS_PER_CONN_MAX} subscriptions per connection"),
+            ));
+        }
+        session.active_subscriptions.set(held + 1);
+        Ok(Self(session.clone()))
+    }
+}
+
+impl Drop for SubscriptionSlot {
+    fn drop(&mut self) {
+        let held = self.0.active_subscriptions.get();
+        debug_assert!(held > 0, "a subscription slot is released once");
+        self.0.active_subscriptions.set(held.saturating_sub(1));
     }
 }
 

@@ -1,4 +1,5 @@
-//! The `felix` binary: `felix serve` runs a broker.
+//! The `felix` binary: `felix serve` runs a broker; `felix publish|subscribe|streams` are the
+//! client commands of `felix_client::cli`.
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,19 +26,30 @@ enum Command {
     Client(felix_client::cli::ClientCommand),
 }
 
+/// The log filter when `FELIX_LOG` is unset: the broker logs its start-up and notable events;
+/// the client commands only errors, as kcat and `nats` keep quiet (`--show-config` or
+/// `FELIX_LOG=info` shows more).
+const SERVE_LOG_DEFAULT: &str = "info";
+/// See [`SERVE_LOG_DEFAULT`].
+const CLIENT_LOG_DEFAULT: &str = "error";
+
 fn main() -> ExitCode {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FELIX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
     let matches = Cli::command().get_matches();
     let cli = match Cli::from_arg_matches(&matches) {
         Ok(c) => c,
         Err(e) => e.exit(),
     };
+    let log_default = match cli.command {
+        Command::Serve(_) => SERVE_LOG_DEFAULT,
+        Command::Client(_) => CLIENT_LOG_DEFAULT,
+    };
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FELIX_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_default)),
+        )
+        .with_writer(std::io::stderr)
+        .try_init();
     let mut also_known = vec!["FELIX_LOG"];
     also_known.extend(felix_client::config::ENV_KEYS);
     for name in config::unknown_env_vars::<Cli>(std::env::vars().map(|(k, _)| k), &also_known) {
@@ -48,47 +60,8 @@ fn main() -> ExitCode {
             let sub = matches.subcommand_matches("serve").cloned().unwrap_or_default();
             serve(args, &sub)
         }
-        Command::Client(cmd) => client(cmd),
-    }
-}
-
-fn client(cmd: felix_client::cli::ClientCommand) -> ExitCode {
-    // Without any trust setting, trust the development certificate of a local broker started
-    // with the defaults (./felix-data, or FELIX_DATA_DIR).
-    let mut env: Vec<(String, String)> = std::env::vars().collect();
-    let has_trust = env.iter().any(|(k, _)| {
-        matches!(
-            k.as_str(),
-            "FELIX_CA_FILE" | "FELIX_CERT_FINGERPRINT" | "FELIX_DANGER_ACCEPT_ANY_CERT"
-        )
-    });
-    if !has_trust {
-        let dir = std::env::var("FELIX_DATA_DIR").unwrap_or_else(|_| "./felix-data".into());
-        let dev = std::path::Path::new(&dir).join("dev-cert.pem");
-        if dev.exists() {
-            env.push(("FELIX_CA_FILE".into(), dev.display().to_string()));
-        }
-    }
-    let config = match felix_client::ClientConfig::from_env_map(env) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("felix: {e}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("felix: cannot start the client runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(felix_client::cli::run(cmd, config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("felix: {e:#}");
-            ExitCode::FAILURE
-        }
+        // Reads the environment without validating it: trust may come from a flag alone.
+        Command::Client(cmd) => felix_client::cli::main(cmd),
     }
 }
 

@@ -32,27 +32,29 @@ pub enum ClientCommand {
     Streams(StreamsArgs),
 }
 
-/// Connection settings that override the `FELIX_*` environment.
+/// Connection settings that override the `FELIX_*` environment. Global: they may follow a
+/// subcommand (`felix streams list --addr …`).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ConnectArgs {
     /// Broker address host:port (FELIX_ADDR).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub addr: Option<String>,
     /// Trust the CA or certificate in this PEM/DER file (FELIX_CA_FILE).
-    #[arg(long, conflicts_with_all = ["fingerprint", "danger_accept_any_cert"])]
+    #[arg(long, global = true, conflicts_with_all = ["fingerprint", "danger_accept_any_cert"])]
     pub ca_file: Option<PathBuf>,
     /// Trust exactly the certificate with this SHA-256 fingerprint, hex with or without colons
     /// (FELIX_CERT_FINGERPRINT).
-    #[arg(long, conflicts_with = "danger_accept_any_cert")]
+    #[arg(long, global = true, conflicts_with = "danger_accept_any_cert")]
     pub fingerprint: Option<String>,
-    /// Accept any certificate: anyone on the path can impersonate the broker.
-    #[arg(long)]
+    /// Accept any certificate: anyone on the path can impersonate the broker
+    /// (FELIX_DANGER_ACCEPT_ANY_CERT).
+    #[arg(long, global = true)]
     pub danger_accept_any_cert: bool,
     /// The name the certificate must carry (FELIX_SERVER_NAME).
-    #[arg(long)]
+    #[arg(long, global = true)]
     pub server_name: Option<String>,
-    /// Print the effective client configuration to stderr before running.
-    #[arg(long)]
+    /// Print the effective client configuration to stderr before running (the token hidden).
+    #[arg(long, global = true)]
     pub show_config: bool,
 }
 
@@ -172,12 +174,14 @@ pub fn parse_start(s: &str) -> Result<StartAt, String> {
     }
 }
 
-/// The whole client side of the `felix` binary: reads the `FELIX_*` environment, runs `cmd`
-/// on a tokio runtime, prints an error to stderr. Exit status 0 on success, 1 on failure, 2 on
-/// a configuration error.
+/// The whole client side of the `felix` binary: reads the `FELIX_*` environment, trusts the
+/// development certificate of a local broker when nothing else supplies trust (see
+/// [`dev_cert_default`]), runs `cmd` on a tokio runtime, prints an error to stderr. Exit status
+/// 0 on success, 1 on failure, 2 on a configuration error. The flags are applied, and the
+/// result validated, in [`run`]: trust may come from a flag alone.
 pub fn main(cmd: ClientCommand) -> std::process::ExitCode {
     let config = match ClientConfig::parse_env() {
-        Ok(c) => c,
+        Ok(c) => dev_cert_default(c, std::env::var_os("FELIX_DATA_DIR").map(PathBuf::from)),
         Err(e) => {
             eprintln!("felix: {e}");
             return std::process::ExitCode::from(2);
@@ -200,6 +204,20 @@ pub fn main(cmd: ClientCommand) -> std::process::ExitCode {
     }
 }
 
+/// `config`, trusting `<data_dir>/dev-cert.pem` (default `./felix-data`, the broker's default
+/// data directory) when the environment configured no trust and that file exists: a broker
+/// started with the defaults on this host is reached with no setting at all. A trust flag
+/// still overrides it.
+pub fn dev_cert_default(mut config: ClientConfig, data_dir: Option<PathBuf>) -> ClientConfig {
+    if config.trust.is_none() {
+        let dev = data_dir.unwrap_or_else(|| PathBuf::from("felix-data")).join("dev-cert.pem");
+        if dev.exists() {
+            config.trust = Some(Trust::CaFile(dev));
+        }
+    }
+    config
+}
+
 /// Runs `cmd` on stdin and stdout. `config` need not be valid yet (trust may come from the
 /// command's flags): it is validated after the flags are applied.
 pub async fn run(cmd: ClientCommand, config: ClientConfig) -> anyhow::Result<()> {
@@ -220,6 +238,13 @@ where
 {
     match cmd {
         ClientCommand::Publish(args) => {
+            let mut config = config;
+            if let Some(a) = args.ack {
+                config.publish.ack_mode = a;
+            }
+            if let Some(l) = args.linger_us {
+                config.publish.linger_us = l;
+            }
             let config = args.connect.apply(config)?;
             publish(args, config, input, output).await
         }
@@ -235,7 +260,8 @@ where
 }
 
 impl ConnectArgs {
-    /// `config` with these overrides, validated.
+    /// `config` with these overrides, validated. `--show-config` prints the result first (even
+    /// when it does not validate); `FELIX_LOG=info` logs it.
     pub fn apply(&self, mut config: ClientConfig) -> anyhow::Result<ClientConfig> {
         if let Some(a) = &self.addr {
             config.addr = a.clone();
@@ -252,10 +278,10 @@ impl ConnectArgs {
         if self.danger_accept_any_cert {
             config.trust = Some(Trust::DangerAcceptAnyCertificate);
         }
-        config.validate()?;
         if self.show_config {
             eprintln!("felix client configuration:\n{config}");
         }
+        config.validate()?;
         tracing::info!(config = %config, "client configuration");
         Ok(config)
     }
@@ -271,13 +297,7 @@ where
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let mut settings = config.publish.clone();
-    if let Some(a) = args.ack {
-        settings.ack_mode = a;
-    }
-    if let Some(l) = args.linger_us {
-        settings.linger_us = l;
-    }
+    let settings = config.publish.clone();
     let client = Client::connect(config).await.context("connecting")?;
     let publisher = client.publisher_with(&args.stream, settings).await?;
     let (tx, rx) = tokio::sync::mpsc::channel(PUBLISH_PENDING_MAX);
@@ -308,9 +328,9 @@ where
     drop(tx);
     publisher.flush().await?;
     let (acked, failed) = printer.await??;
-    eprintln!("published {sent} records to {} ({acked} acked, {failed} failed)", args.stream);
+    tracing::info!(sent, acked, failed, stream = %args.stream, "published");
     client.close();
-    anyhow::ensure!(failed == 0, "{failed} records failed");
+    anyhow::ensure!(failed == 0, "{failed} of {sent} records failed");
     Ok(())
 }
 
@@ -530,6 +550,49 @@ mod tests {
         let c = args.apply(env).unwrap();
         assert_eq!(c.trust, Some(Trust::Fingerprint(pin.parse().unwrap())));
         assert_eq!(c.addr, "127.0.0.1:1");
+    }
+
+    #[test]
+    fn connection_flags_may_follow_a_subcommand() {
+        let p = Felix::parse_from([
+            "felix",
+            "streams",
+            "list",
+            "--addr",
+            "10.0.0.1:7400",
+            "--ca-file",
+            "/ca.pem",
+            "--show-config",
+        ]);
+        let ClientCommand::Streams(a) = p.cmd else { panic!("not streams") };
+        assert_eq!(a.connect.addr.as_deref(), Some("10.0.0.1:7400"));
+        assert_eq!(a.connect.ca_file, Some(PathBuf::from("/ca.pem")));
+        assert!(a.connect.show_config);
+        let both = ["felix", "streams", "list", "--ca-file", "/ca.pem", "--fingerprint", "ab"];
+        assert!(Felix::try_parse_from(both).is_err(), "two trust flags conflict");
+    }
+
+    #[test]
+    fn the_dev_certificate_is_trusted_only_without_other_trust() {
+        let dir = tempfile::tempdir().unwrap();
+        let none = ClientConfig::default();
+        let data = Some(dir.path().to_owned());
+        assert_eq!(dev_cert_default(none.clone(), data.clone()).trust, None, "no file yet");
+        std::fs::write(dir.path().join("dev-cert.pem"), "x").unwrap();
+        let dev = Trust::CaFile(dir.path().join("dev-cert.pem"));
+        assert_eq!(dev_cert_default(none, data.clone()).trust, Some(dev));
+        let pinned = ClientConfig::new("a:1", Trust::DangerAcceptAnyCertificate);
+        assert_eq!(dev_cert_default(pinned.clone(), data).trust, pinned.trust);
+    }
+
+    #[tokio::test]
+    async fn publish_flags_are_validated_with_the_rest() {
+        let p = Felix::parse_from(["felix", "publish", "-s", "a/b/c", "--linger-us", "2000000"]);
+        let config = ClientConfig::new("127.0.0.1:1", Trust::DangerAcceptAnyCertificate);
+        let input = tokio::io::BufReader::new(&b""[..]);
+        let e = run_with_io(p.cmd, config, input, tokio::io::sink()).await.unwrap_err();
+        assert!(e.downcast_ref::<crate::ConfigError>().is_some(), "{e}");
+        assert!(e.to_string().contains("linger_us"), "{e}");
     }
 
     #[test]

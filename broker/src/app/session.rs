@@ -190,7 +190,13 @@ impl Session {
                             Some(t) => auth.verify(t),
                         };
                         match verified {
-                            Ok(grant) => *self.grant.borrow_mut() = Some(grant),
+                            Ok(grant) => {
+                                // At `exp` the connection is closed with TokenExpired (14).
+                                let conn = self.conn.clone();
+                                let expiry = super::auth::close_at_expiry(conn, grant.exp);
+                                glommio::spawn_local(expiry).detach();
+                                *self.grant.borrow_mut() = Some(grant);
+                            }
                             Err(e) => {
                                 stats::add(&app.stats.counters.rejected_frames, 1);
                                 return ready(error_frame(RequestId(0), e));

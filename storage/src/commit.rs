@@ -1,6 +1,10 @@
 //! The write path of a stream log: the writer (queued batches -> aligned writes, several in
 //! flight, published strictly in log order) and the flusher (group commit).
 //!
+//! Space: before a write that would pass the active segment's reservation, the writer
+//! reserves blocks (fallocate, keeping the file size) up to the next multiple of
+//! `SEGMENT_GROW_BYTES`, so disk use follows the data in bounded steps.
+//!
 //! Writes: the writer takes queued batches in order, up to `WRITE_BYTES_TARGET` per write
 //! (a single larger batch goes alone, up to `WRITE_BYTES_MAX`), encodes them into one
 //! aligned buffer and hands it to a write task. At most `WRITE_IN_FLIGHT_BYTES_MAX` bytes
@@ -21,12 +25,14 @@ use std::rc::{Rc, Weak};
 
 use felix_proto::{AckMode, Offset};
 
-use crate::config::{WRITE_BYTES_MAX, WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX};
+use crate::config::{
+    SEGMENT_GROW_BYTES, WRITE_BYTES_MAX, WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX,
+};
 use crate::error::StorageError;
-use crate::format::{align_up, batch_slot, encode_batch, SEGMENT_HEADER_BYTES};
+use crate::format::{align_up, batch_slot, encode_batch, BATCH_ALIGN_BYTES, SEGMENT_HEADER_BYTES};
 use crate::index::IndexEntry;
 use crate::io::{self, LogFile, Stopwatch, WriteBuf};
-use crate::log::{Inner, Pending};
+use crate::log::{Inner, Pending, State};
 use crate::sync::{completion, Completer, Completion, Signal};
 
 pub(crate) async fn writer_loop(weak: Weak<Inner>, signal: Signal) {
@@ -44,7 +50,7 @@ pub(crate) async fn writer_loop(weak: Weak<Inner>, signal: Signal) {
 /// for a signal (nothing queued, no room in flight, a roll or a failure waiting for the
 /// writes in flight).
 async fn issue_write(inner: &Rc<Inner>) -> bool {
-    let needs_roll = {
+    let (needs_roll, grow_to) = {
         let st = inner.state.borrow();
         if st.write_failed.is_some() || st.poisoned.is_some() {
             return false;
@@ -58,7 +64,7 @@ async fn issue_write(inner: &Rc<Inner>) -> bool {
         {
             return false;
         }
-        needs_roll
+        (needs_roll, reservation_target(&st, inner.config.segment_bytes_max))
     };
     if needs_roll {
         if let Err(e) = crate::recovery::roll(inner).await {
@@ -66,9 +72,43 @@ async fn issue_write(inner: &Rc<Inner>) -> bool {
         }
         return true;
     }
+    if let Some(target) = grow_to {
+        grow(inner, target).await;
+        return true;
+    }
     let write = take_write(inner);
     io::spawn(complete_write(inner.clone(), write));
     true
+}
+
+/// Where the active segment's reservation must reach before the next write is issued, if
+/// further than it does: the end of the largest write the queue can make now, rounded up to
+/// a multiple of `SEGMENT_GROW_BYTES` (and at most `segment_bytes_max`).
+fn reservation_target(st: &State, segment_bytes_max: u64) -> Option<u64> {
+    // A batch's slot pads it by less than BATCH_ALIGN_BYTES; the write is padded to the
+    // alignment; `take_write` never makes a write larger than WRITE_BYTES_MAX.
+    let queued = st.queued_bytes as u64 + BATCH_ALIGN_BYTES * st.queue.len() as u64;
+    let write_max = align_up(queued.min(WRITE_BYTES_MAX as u64));
+    let need = (st.issued_end + write_max).min(segment_bytes_max);
+    if need <= st.reserved_end {
+        return None;
+    }
+    Some((need.div_ceil(SEGMENT_GROW_BYTES) * SEGMENT_GROW_BYTES).min(segment_bytes_max))
+}
+
+/// Reserve the active segment's blocks up to file position `target` (fallocate, keeping the
+/// file size, so recovery still sees only what was written). Best effort: without the
+/// reservation writes allocate as they go, and a full disk shows up as ENOSPC on the write
+/// itself. The step is not tried again after a failure.
+async fn grow(inner: &Rc<Inner>, target: u64) {
+    let file = {
+        let mut st = inner.state.borrow_mut();
+        st.reserved_end = target;
+        st.segments.last().expect("a log always has an active segment").file.clone()
+    };
+    if let Err(e) = file.reserve(target).await {
+        tracing::debug!(path = %file.path().display(), target, error = %e, "segment reservation failed");
+    }
 }
 
 /// One write on its way to the file.
@@ -176,10 +216,12 @@ async fn complete_write(inner: Rc<Inner>, w: Write) {
             // Cut off whatever part of the failed writes reached the file, so that stale
             // (valid-looking) batches never sit behind later writes.
             if let Err(te) = w.file.truncate(pos).await {
-                poison(&inner, format!("truncate after failed write: {te}"));
+                poison(&inner, "truncate after failed write", &te);
             }
             let mut st = inner.state.borrow_mut();
             st.issued_end = pos;
+            // Truncating also released the blocks reserved past `pos`.
+            st.reserved_end = st.reserved_end.min(pos);
             st.write_failed = None;
         }
     }
@@ -244,7 +286,10 @@ pub(crate) fn fail_queue(inner: &Inner, taken: Vec<Pending>, e: &StorageError) {
 }
 
 /// An fsync (or truncate) failed: the file's state is unknown, refuse all further work.
-fn poison(inner: &Inner, reason: String) {
+/// The appends failed now learn the cause when it is a full disk (`NoSpace`), so that the
+/// client hears "storage full"; every later call gets `Poisoned`.
+fn poison(inner: &Inner, what: &str, cause: &StorageError) {
+    let reason = format!("{what}: {cause}");
     tracing::error!(stream = %inner.name, %reason, "stream log poisoned");
     let mut st = inner.state.borrow_mut();
     if st.poisoned.is_none() {
@@ -256,10 +301,14 @@ fn poison(inner: &Inner, reason: String) {
     }
     let reason = st.poisoned.clone().unwrap_or_default();
     drop(st);
+    let err = match cause {
+        StorageError::NoSpace { .. } => cause.duplicate(),
+        _ => StorageError::Poisoned { reason },
+    };
     for (_, w) in waiters {
-        w.complete(Err(StorageError::Poisoned { reason: reason.clone() }));
+        w.complete(Err(err.duplicate()));
     }
-    fail_queue(inner, Vec::new(), &StorageError::Poisoned { reason });
+    fail_queue(inner, Vec::new(), &err);
 }
 
 pub(crate) async fn flusher_loop(weak: Weak<Inner>, signal: Signal) {
@@ -291,7 +340,7 @@ pub(crate) async fn flusher_loop(weak: Weak<Inner>, signal: Signal) {
                         d.complete(Ok(()));
                     }
                 }
-                Err(e) => poison(&inner, format!("fdatasync failed: {e}")),
+                Err(e) => poison(&inner, "fdatasync failed", &e),
             }
         }
     }

@@ -76,9 +76,10 @@ pub enum StorageError {
         /// The first offset still stored.
         start: Offset,
     },
-    /// The file system is full (ENOSPC). The batches of the failed write and every batch
-    /// queued behind it were rejected; nothing acknowledged before was touched and the log
-    /// stays readable and appendable once space is freed.
+    /// The file system is full (ENOSPC) or the writer's disk quota is spent (EDQUOT). The
+    /// batches of the failed write and every batch queued behind it were rejected; nothing
+    /// acknowledged before was touched and the log stays readable and appendable once space
+    /// is freed.
     #[error("no space left on device writing {path}")]
     NoSpace {
         /// The segment file being written.
@@ -118,11 +119,9 @@ pub enum StorageError {
 }
 
 impl StorageError {
-    /// Classify an I/O error: ENOSPC becomes [`StorageError::NoSpace`].
+    /// Classify an I/O error: ENOSPC and EDQUOT become [`StorageError::NoSpace`].
     pub(crate) fn io(context: &'static str, path: PathBuf, source: std::io::Error) -> Self {
-        if source.raw_os_error() == Some(libc::ENOSPC)
-            || source.kind() == std::io::ErrorKind::StorageFull
-        {
+        if is_no_space(&source) {
             StorageError::NoSpace { path }
         } else {
             StorageError::Io { context, path, source }
@@ -144,5 +143,29 @@ impl StorageError {
     }
 }
 
+/// Whether an I/O error means "no space": the file system is full (ENOSPC) or the writer's
+/// quota is spent (EDQUOT). Both are cured the same way, by freeing space.
+pub fn is_no_space(e: &std::io::Error) -> bool {
+    matches!(e.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        || e.kind() == std::io::ErrorKind::StorageFull
+}
+
 /// Result alias of the crate.
 pub type Result<T> = std::result::Result<T, StorageError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn enospc_and_edquot_are_no_space() {
+        for errno in [libc::ENOSPC, libc::EDQUOT] {
+            let e =
+                StorageError::io("writing", "/x".into(), std::io::Error::from_raw_os_error(errno));
+            assert!(matches!(e, StorageError::NoSpace { .. }), "{errno}: {e:?}");
+        }
+        let e =
+            StorageError::io("writing", "/x".into(), std::io::Error::from_raw_os_error(libc::EIO));
+        assert!(matches!(e, StorageError::Io { .. }));
+    }
+}

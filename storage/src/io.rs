@@ -153,8 +153,9 @@ impl LogFile {
             .map_err(|e| StorageError::io("truncating", self.path.clone(), to_io(e)))
     }
 
-    /// Reserve blocks up to `len` without changing the file size (FALLOC_FL_KEEP_SIZE), so
-    /// that appending writes do not allocate blocks one write at a time.
+    /// Reserve blocks of `[0, len)` without changing the file size (FALLOC_FL_KEEP_SIZE), so
+    /// that appending writes do not allocate blocks one write at a time. Blocks already
+    /// allocated are kept; a truncate releases those past the new size.
     pub(crate) async fn reserve(&self, len: u64) -> Result<()> {
         self.file
             .pre_allocate(len, true)

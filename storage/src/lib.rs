@@ -12,7 +12,7 @@
 //! Code map: [`format`] and [`index`] are pure; `log` (appends, reads), `commit` (writer
 //! and group commit),
 //! `recovery` and `retention` hold the logic; `io` is the only module that touches glommio,
-//! files and clocks; `sys` holds syscalls (none needed so far).
+//! files and clocks; `sys` holds the syscalls glommio does not offer (`statvfs`).
 
 mod commit;
 mod config;
@@ -30,11 +30,12 @@ mod sync;
 mod sys;
 
 pub use config::{
-    stream_dir_name, RetentionConfig, StorageConfig, BATCH_BYTES_LIMIT, STREAM_NAME_BYTES_MAX,
-    WRITE_BYTES_MAX, WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX,
+    stream_dir_name, RetentionConfig, StorageConfig, BATCH_BYTES_LIMIT, SEGMENT_GROW_BYTES,
+    STREAM_NAME_BYTES_MAX, WRITE_BYTES_MAX, WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX,
 };
-pub use error::{Result, StorageError};
+pub use error::{is_no_space, Result, StorageError};
 pub use log::{AppendOutcome, RetentionOutcome, StoredBatch, StreamLog, READ_GAP_BYTES_MAX};
 pub use recovery::{RecoveryReport, RepairReport, SEGMENT_SUFFIX};
 pub use stats::StorageStats;
 pub use store::{CoreStore, BACKGROUND_SHARES};
+pub use sys::{fs_space, FsSpace};

@@ -130,6 +130,9 @@ pub(crate) struct State {
     pub(crate) queued_bytes: usize,
     /// File position in the active segment after the last issued write.
     pub(crate) issued_end: u64,
+    /// File position in the active segment up to which blocks were reserved (or the
+    /// reservation tried): the writer grows it in `SEGMENT_GROW_BYTES` steps ahead of writes.
+    pub(crate) reserved_end: u64,
     /// Writes issued and not yet published, and their bytes.
     pub(crate) inflight: usize,
     pub(crate) inflight_bytes: u64,
@@ -203,6 +206,8 @@ impl StreamLog {
             queue: VecDeque::new(),
             queued_bytes: 0,
             issued_end,
+            // Whatever was reserved before a restart is unknown: the next write reserves.
+            reserved_end: issued_end,
             inflight: 0,
             inflight_bytes: 0,
             last_write: None,

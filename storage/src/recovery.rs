@@ -69,22 +69,15 @@ fn parse_segment_name(name: &str) -> Option<u64> {
 }
 
 /// Create a segment file: write and fdatasync its header block, then fsync the directory.
-/// A crash in between leaves a file of at most one block that recovery deletes.
-pub(crate) async fn create_segment(
-    dir: &Path,
-    header: &SegmentHeader,
-    reserve_bytes: u64,
-) -> Result<Segment> {
+/// A crash in between leaves a file of at most one block that recovery deletes. Nothing is
+/// reserved beyond the header block: the writer reserves blocks in `SEGMENT_GROW_BYTES`
+/// steps as writes arrive (see `commit::grow`), so an idle log holds one block.
+pub(crate) async fn create_segment(dir: &Path, header: &SegmentHeader) -> Result<Segment> {
     let path = segment_path(dir, header.base_position);
     let mut block = vec![0u8; SEGMENT_HEADER_BYTES as usize];
     header.encode(&mut block);
     let file = LogFile::create(&path, block).await?;
     io::sync_dir(dir).await?;
-    if let Err(e) = file.reserve(reserve_bytes).await {
-        // Best effort: without the reservation writes allocate as they go (and a full
-        // disk then shows up as ENOSPC on a write).
-        tracing::debug!(path = %path.display(), error = %e, "segment reservation failed");
-    }
     Ok(Segment {
         base_position: header.base_position,
         file: Rc::new(file),
@@ -111,9 +104,10 @@ pub(crate) async fn roll(inner: &Rc<Inner>) -> Result<()> {
         (active.file.clone(), header)
     };
     old.fdatasync().await?;
-    let seg = create_segment(&inner.dir, &header, inner.config.segment_bytes_max).await?;
+    let seg = create_segment(&inner.dir, &header).await?;
     let mut st = inner.state.borrow_mut();
     st.issued_end = SEGMENT_HEADER_BYTES;
+    st.reserved_end = SEGMENT_HEADER_BYTES;
     st.stats.flushes += 3;
     st.stats.segments_created += 1;
     st.stats.bytes_written += SEGMENT_HEADER_BYTES;
@@ -278,7 +272,7 @@ pub(crate) async fn recover(
             created_ms: 0,
             next_offsets: indexes.iter().map(|(id, ix)| (*id, Offset(ix.next_offset()))).collect(),
         };
-        segments.push(create_segment(dir, &header, config.segment_bytes_max).await?);
+        segments.push(create_segment(dir, &header).await?);
         flushes += 2;
         segments_created += 1;
     } else {

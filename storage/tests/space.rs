@@ -1,0 +1,118 @@
+//! Disk space: a log that was never written holds one block, and a segment's blocks are
+//! reserved in `SEGMENT_GROW_BYTES` steps as writes arrive (not `segment_bytes_max` at
+//! creation), while recovery still sees exactly the written data.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+
+use common::{records, run};
+use felix_proto::{AckMode, CoreId, Offset, ShardId};
+use felix_storage::{CoreStore, RetentionConfig, StorageConfig, StreamLog, SEGMENT_GROW_BYTES};
+
+const SHARDS: [ShardId; 2] = [ShardId(0), ShardId(1)];
+/// Slack for the file system's own metadata blocks of a file (extent tree, directory).
+const FS_SLACK_BYTES: u64 = 64 << 10;
+
+/// Bytes allocated on disk (st_blocks) and the sum of file sizes of every file under `dir`.
+fn usage(dir: &Path) -> (u64, u64) {
+    let mut allocated = 0;
+    let mut sizes = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let meta = entry.metadata().unwrap();
+        if meta.is_dir() {
+            let (a, s) = usage(&entry.path());
+            allocated += a;
+            sizes += s;
+        } else {
+            allocated += meta.blocks() * 512;
+            sizes += meta.len();
+        }
+    }
+    (allocated, sizes)
+}
+
+async fn open(dir: &Path, config: &StorageConfig) -> StreamLog {
+    StreamLog::open("t/ns/s", dir, &SHARDS, config, RetentionConfig::default()).await.unwrap().0
+}
+
+#[test]
+fn idle_logs_hold_one_block_each_with_the_default_segment_size() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = StorageConfig::new(&path);
+        assert_eq!(config.segment_bytes_max, 256 << 20, "the default this test is about");
+        let store = CoreStore::open(config, CoreId(0)).await.unwrap();
+        for i in 0..20 {
+            store.open_stream(&format!("t/ns/s{i}"), &SHARDS, None).await.unwrap();
+        }
+        let (allocated, sizes) = usage(store.dir());
+        // Twenty 4 KiB header blocks; before, each log reserved a whole 256 MiB segment.
+        assert_eq!(sizes, 20 * 4096);
+        assert!(allocated <= 20 * (4096 + FS_SLACK_BYTES), "{allocated} bytes allocated");
+    });
+}
+
+#[test]
+fn segments_grow_in_steps_and_recovery_sees_only_written_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = StorageConfig::new(&path);
+        let log_dir = path.join("log");
+        let log = open(&log_dir, &config).await;
+        let mut next = [0u64; 2];
+        // About 10 MiB in 100 KiB records, both shards, some acks durable.
+        for round in 0..104u64 {
+            let shard = (round % 2) as u32;
+            let ack = if round % 4 == 0 { AckMode::Durable } else { AckMode::Written };
+            let batch = records(shard, next[shard as usize], 1, 100_000);
+            let out = log.append(ShardId(shard), &batch, 1, ack).await.unwrap();
+            assert_eq!(out.base_offset, Offset(next[shard as usize]));
+            next[shard as usize] += 1;
+            if round % 26 == 25 {
+                // At every point the reservation runs at most one step ahead of the data.
+                let (allocated, sizes) = usage(&log_dir);
+                assert_eq!(sizes, log.stored_bytes());
+                assert!(
+                    allocated <= sizes + SEGMENT_GROW_BYTES + FS_SLACK_BYTES,
+                    "{allocated} bytes allocated for {sizes} bytes of data"
+                );
+            }
+        }
+        log.clone().close().await.unwrap();
+        drop(log);
+        let stored = usage(&log_dir).1;
+        assert!(stored > 10_000_000, "{stored}");
+        // Reopen: the file sizes are the data, reads are dense, appends go on and grow again.
+        let log = open(&log_dir, &config).await;
+        assert_eq!(log.stored_bytes(), stored);
+        for (i, shard) in SHARDS.iter().enumerate() {
+            assert_eq!(log.next_offset(*shard).unwrap(), Offset(next[i]));
+            let mut at = 0;
+            while at < next[i] {
+                let got = log.read(*shard, Offset(at), 1 << 20).await.unwrap();
+                assert!(!got.is_empty(), "{shard} missing {at}");
+                for b in got {
+                    assert_eq!(b.records, records(shard.0, b.base_offset.0, 1, 100_000));
+                    at = b.base_offset.0 + 1;
+                }
+            }
+        }
+        for _ in 0..60 {
+            let batch = records(0, next[0], 1, 100_000);
+            let out = log.append(ShardId(0), &batch, 1, AckMode::Durable).await.unwrap();
+            assert_eq!(out.base_offset, Offset(next[0]));
+            next[0] += 1;
+        }
+        let (allocated, sizes) = usage(&log_dir);
+        assert_eq!(sizes, log.stored_bytes());
+        assert!(
+            allocated <= sizes + SEGMENT_GROW_BYTES + FS_SLACK_BYTES,
+            "{allocated} bytes allocated for {sizes} bytes of data after reopen"
+        );
+    });
+}

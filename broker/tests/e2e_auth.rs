@@ -184,6 +184,12 @@ async fn a_connection_is_closed_with_token_expired_when_its_token_expires() {
     let exp_s = now_s() + 4;
     let mut short = claims("acme", 0, &["subscribe"]);
     short["exp"] = exp_s.into();
+    // And a Rust client subscriber on the same token.
+    let subscriber = client_with(&broker, sign(&ed, &short)).await;
+    let mut client_sub =
+        subscriber.subscribe(SubscribeOptions::new(stream).start(StartAt::Earliest)).await.unwrap();
+    let r = tokio::time::timeout(e2e_support::WAIT, client_sub.next()).await.unwrap();
+    assert_eq!(&r.unwrap().unwrap().value[..], b"before");
     let conn = raw_connection(broker.addr, &broker.dir).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
     let hello = Frame::Hello(Hello {
@@ -233,6 +239,15 @@ async fn a_connection_is_closed_with_token_expired_when_its_token_expires() {
         }
         other => panic!("closed by {other:?}, not TokenExpired"),
     }
+    // The client's subscription fails: its connection closed, and its resume is refused.
+    let err = loop {
+        match tokio::time::timeout(e2e_support::WAIT, client_sub.next()).await.unwrap() {
+            Ok(Some(r)) => assert_ne!(&r.value[..], b"after", "delivered after the expiry"),
+            Ok(None) => panic!("the client subscription ended without an error"),
+            Err(e) => break e,
+        }
+    };
+    assert!(err.to_string().contains("TokenExpired"), "{err}");
 }
 
 /// The first `sh` block of the "Authentication" section of docs/operations.md.

@@ -17,6 +17,55 @@ use crate::net::steering::SteeringMode;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
 /// Default metrics address.
 pub const DEFAULT_METRICS: &str = "127.0.0.1:9400";
+/// Default of `--max-streams-per-tenant`.
+pub const DEFAULT_MAX_STREAMS_PER_TENANT: u32 = 1000;
+/// `--min-free-bytes auto` keeps this share of the data file system free, in percent...
+pub const MIN_FREE_AUTO_PERCENT: u64 = 5;
+/// ...but never asks for more than this many bytes.
+pub const MIN_FREE_AUTO_CAP_BYTES: u64 = 4 << 30;
+
+/// The free-space floor of the data directory's file system (`--min-free-bytes`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MinFreeBytes {
+    /// `MIN_FREE_AUTO_PERCENT` of the file system's size, at most `MIN_FREE_AUTO_CAP_BYTES`.
+    Auto,
+    /// This many bytes; 0 turns the floor off.
+    Bytes(u64),
+}
+
+impl MinFreeBytes {
+    /// The floor in bytes on a file system of `total_bytes`.
+    pub fn resolve(self, total_bytes: u64) -> u64 {
+        match self {
+            MinFreeBytes::Auto => {
+                (total_bytes / 100 * MIN_FREE_AUTO_PERCENT).min(MIN_FREE_AUTO_CAP_BYTES)
+            }
+            MinFreeBytes::Bytes(b) => b,
+        }
+    }
+}
+
+impl std::str::FromStr for MinFreeBytes {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Ok(MinFreeBytes::Auto);
+        }
+        s.parse()
+            .map(MinFreeBytes::Bytes)
+            .map_err(|_| format!("{s:?} is neither `auto` nor a number of bytes"))
+    }
+}
+
+impl std::fmt::Display for MinFreeBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MinFreeBytes::Auto => f.write_str("auto"),
+            MinFreeBytes::Bytes(b) => write!(f, "{b}"),
+        }
+    }
+}
 
 /// Flags of `felix serve`.
 #[derive(Args, Clone, Debug)]
@@ -63,9 +112,18 @@ pub struct ServeArgs {
     /// Handshakes a core completes per second before it answers with stateless retry.
     #[arg(long, env = "FELIX_HANDSHAKES_PER_SEC_PER_CORE", default_value_t = crate::net::config::DEFAULT_HANDSHAKES_PER_SEC_PER_CORE)]
     pub handshakes_per_sec_per_core: u32,
-    /// Create a stream on first publish or subscribe.
-    #[arg(long, env = "FELIX_AUTO_CREATE", default_value_t = true, action = clap::ArgAction::Set)]
+    /// Create a stream on first publish or subscribe. Default: true without --auth-keys, false
+    /// with them (then streams are created with CreateStream only).
+    #[arg(long, env = "FELIX_AUTO_CREATE", default_value_t = true, hide_default_value = true, action = clap::ArgAction::Set)]
     pub auto_create: bool,
+    /// Most streams one tenant may have; creating (or auto-creating) one more gets LimitReached.
+    #[arg(long, env = "FELIX_MAX_STREAMS_PER_TENANT", default_value_t = DEFAULT_MAX_STREAMS_PER_TENANT)]
+    pub max_streams_per_tenant: u32,
+    /// Free-space floor of the data directory's file system, in bytes: below it new streams and
+    /// appends get StorageFull while reads and consumer commits go on. `auto`: 5 % of the file
+    /// system, at most 4 GiB; 0 turns it off.
+    #[arg(long, env = "FELIX_MIN_FREE_BYTES", default_value = "auto")]
+    pub min_free_bytes: MinFreeBytes,
     /// Shard count of auto-created streams; 0 means one per core.
     #[arg(long, env = "FELIX_DEFAULT_SHARDS", default_value_t = 0)]
     pub default_shards: u32,
@@ -124,6 +182,8 @@ struct FileConfig {
     max_streams_per_conn: Option<u32>,
     handshakes_per_sec_per_core: Option<u32>,
     auto_create: Option<bool>,
+    max_streams_per_tenant: Option<u32>,
+    min_free_bytes: Option<TomlMinFree>,
     default_shards: Option<u32>,
     segment_bytes: Option<u64>,
     retention_bytes: Option<u64>,
@@ -134,6 +194,14 @@ struct FileConfig {
     allow_anonymous: Option<bool>,
     repair: Option<bool>,
     auth_keys: Option<Vec<PathBuf>>,
+}
+
+/// `min_free_bytes` in the config file: a number of bytes or `"auto"`.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum TomlMinFree {
+    Bytes(u64),
+    Word(String),
 }
 
 /// Why the configuration is unusable.
@@ -163,13 +231,25 @@ pub enum ConfigError {
 impl ServeArgs {
     /// Fills in settings from the config file where neither a flag nor an environment variable
     /// set them, then resolves derived defaults (`cores` 0, `default_shards` 0).
+    ///
+    /// `auto_create` given nowhere is true without `--auth-keys` and false with them: with
+    /// authentication on, a token that may publish must not be able to create streams just by
+    /// naming them.
     pub fn resolve(mut self, matches: &ArgMatches) -> Result<Self, ConfigError> {
+        let mut auto_create_given = !is_default(matches, "auto_create");
         if let Some(path) = self.config.clone() {
             let text = std::fs::read_to_string(&path)
                 .map_err(|source| ConfigError::Read { path: path.clone(), source })?;
             let file: FileConfig = toml::from_str(&text)
                 .map_err(|e| ConfigError::Parse { path: path.clone(), message: e.to_string() })?;
+            auto_create_given |= file.auto_create.is_some();
             self.apply_file(file, matches)?;
+        }
+        if !auto_create_given && !self.auth_keys.is_empty() {
+            self.auto_create = false;
+        }
+        if self.max_streams_per_tenant == 0 {
+            return Err(ConfigError::Invalid("--max-streams-per-tenant must be at least 1".into()));
         }
         if self.cores == 0 {
             self.cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
@@ -195,7 +275,7 @@ impl ServeArgs {
     }
 
     fn apply_file(&mut self, f: FileConfig, m: &ArgMatches) -> Result<(), ConfigError> {
-        let unset = |id: &str| matches!(m.value_source(id), Some(ValueSource::DefaultValue) | None);
+        let unset = |id: &str| is_default(m, id);
         macro_rules! take {
             ($($field:ident),*) => {$(
                 if let Some(v) = f.$field {
@@ -218,6 +298,7 @@ impl ServeArgs {
             max_streams_per_conn,
             handshakes_per_sec_per_core,
             auto_create,
+            max_streams_per_tenant,
             default_shards,
             segment_bytes,
             retention_bytes,
@@ -234,6 +315,16 @@ impl ServeArgs {
         }
         if f.key.is_some() && unset("key") {
             self.key = f.key;
+        }
+        if let Some(v) = f.min_free_bytes {
+            if unset("min_free_bytes") {
+                self.min_free_bytes = match v {
+                    TomlMinFree::Bytes(b) => MinFreeBytes::Bytes(b),
+                    TomlMinFree::Word(w) => w
+                        .parse()
+                        .map_err(|e| ConfigError::Invalid(format!("min_free_bytes: {e}")))?,
+                };
+            }
         }
         if let Some(s) = f.steering {
             if unset("steering") {
@@ -276,6 +367,11 @@ impl ServeArgs {
             format!("max_streams_per_conn = {}", self.max_streams_per_conn),
             format!("handshakes_per_sec_per_core = {}", self.handshakes_per_sec_per_core),
             format!("auto_create = {}", self.auto_create),
+            format!("max_streams_per_tenant = {}", self.max_streams_per_tenant),
+            match self.min_free_bytes {
+                MinFreeBytes::Auto => "min_free_bytes = \"auto\"".to_owned(),
+                MinFreeBytes::Bytes(b) => format!("min_free_bytes = {b}"),
+            },
             format!("default_shards = {}", self.default_shards),
             format!("segment_bytes = {}", self.segment_bytes),
             format!("retention_bytes = {}", self.retention_bytes),
@@ -292,6 +388,11 @@ impl ServeArgs {
         ]
         .join("\n")
     }
+}
+
+/// Whether argument `id` was given neither on the command line nor in the environment.
+fn is_default(m: &ArgMatches, id: &str) -> bool {
+    matches!(m.value_source(id), Some(ValueSource::DefaultValue) | None)
 }
 
 /// Environment variables named `FELIX_*` that no flag reads, so a typo does not pass silently.
@@ -329,4 +430,50 @@ pub fn parse_serve(args: &[&str]) -> Result<ServeArgs, String> {
     let matches = Wrapper::command().try_get_matches_from(args).map_err(|e| e.to_string())?;
     let w = Wrapper::from_arg_matches(&matches).map_err(|e| e.to_string())?;
     w.serve.resolve(&matches).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_create_is_off_by_default_only_with_authentication() {
+        assert!(parse_serve(&["felix"]).unwrap().auto_create);
+        assert!(!parse_serve(&["felix", "--auth-keys", "/k.pem"]).unwrap().auto_create);
+        let on = parse_serve(&["felix", "--auth-keys", "/k.pem", "--auto-create", "true"]);
+        assert!(on.unwrap().auto_create);
+        assert!(!parse_serve(&["felix", "--auto-create", "false"]).unwrap().auto_create);
+    }
+
+    #[test]
+    fn auto_create_in_the_file_counts_as_given() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("felix.toml");
+        std::fs::write(&file, "auto_create = true\nmin_free_bytes = 12345\n").unwrap();
+        let file = file.display().to_string();
+        let a = parse_serve(&["felix", "--auth-keys", "/k.pem", "--config", &file]).unwrap();
+        assert!(a.auto_create);
+        assert_eq!(a.min_free_bytes, MinFreeBytes::Bytes(12345));
+    }
+
+    #[test]
+    fn min_free_bytes_is_auto_a_number_or_refused() {
+        assert_eq!(parse_serve(&["felix"]).unwrap().min_free_bytes, MinFreeBytes::Auto);
+        let a = parse_serve(&["felix", "--min-free-bytes", "0"]).unwrap();
+        assert_eq!(a.min_free_bytes, MinFreeBytes::Bytes(0));
+        assert!(parse_serve(&["felix", "--min-free-bytes", "lots"]).is_err());
+        // 5 % of the file system, capped.
+        assert_eq!(MinFreeBytes::Auto.resolve(100 << 20), 5 << 20);
+        assert_eq!(MinFreeBytes::Auto.resolve(10 << 40), MIN_FREE_AUTO_CAP_BYTES);
+        assert_eq!(MinFreeBytes::Bytes(7).resolve(10 << 40), 7);
+        let rendered = parse_serve(&["felix"]).unwrap().render();
+        assert!(rendered.contains("min_free_bytes = \"auto\""), "{rendered}");
+        assert!(rendered.contains("max_streams_per_tenant = 1000"), "{rendered}");
+    }
+
+    #[test]
+    fn a_zero_stream_quota_is_refused() {
+        let err = parse_serve(&["felix", "--max-streams-per-tenant", "0"]).unwrap_err();
+        assert!(err.contains("--max-streams-per-tenant"), "{err}");
+    }
 }

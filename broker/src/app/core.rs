@@ -20,8 +20,9 @@ use felix_storage::{
 };
 use glommio::sync::Semaphore;
 
+use super::disk::DiskFloor;
 use super::mesh::{CoreRequest, CoreResponse, Mesh, WireError};
-use super::meta::{self, StreamMeta};
+use super::meta::{self, MetaError, StreamMeta, TenantQuota};
 use super::stats::{self, AppStats};
 use super::tail::{EncodedBatch, TailRead};
 
@@ -37,6 +38,10 @@ pub struct Settings {
     pub cores: usize,
     /// Create streams on first use.
     pub auto_create: bool,
+    /// Streams per tenant: the quota and the counts, shared by every core.
+    pub quota: Arc<TenantQuota>,
+    /// Free-space floor of the data directory's file system.
+    pub min_free_bytes: crate::config::MinFreeBytes,
     /// Shards of auto-created streams.
     pub default_shards: u32,
     /// Default retention.
@@ -72,6 +77,8 @@ pub struct CoreApp {
     pub settings: Settings,
     /// The core's storage.
     pub store: CoreStore,
+    /// The free-space floor, refreshed in the background.
+    pub disk: Rc<DiskFloor>,
     /// The mesh to other cores.
     pub mesh: Rc<Mesh>,
     /// Statistics, read by the admin thread.
@@ -102,8 +109,13 @@ impl CoreApp {
             .open_stream(OFFSETS_LOG, &[ShardId(0)], Some(RetentionConfig::default()))
             .await
             .map_err(|e| format!("{core}: consumer offsets: {e}"))?;
+        let disk = DiskFloor::open(&settings.data_dir, settings.min_free_bytes)
+            .map(Rc::new)
+            .map_err(|e| format!("{core}: free space of {}: {e}", settings.data_dir.display()))?;
+        DiskFloor::spawn_watch(&disk);
         let app = Rc::new(CoreApp {
             core,
+            disk,
             core_budget: Rc::new(Semaphore::new(settings.inflight_bytes_per_core as u64)),
             settings,
             store,
@@ -119,7 +131,9 @@ impl CoreApp {
         app.load_offsets().await.map_err(|e| format!("{core}: consumer offsets: {e}"))?;
         let metas = meta::load_all(&app.settings.data_dir).map_err(|e| e.to_string())?;
         for m in metas {
-            app.register(m).await.map_err(|e| format!("{core}: {}", e.message))?;
+            // The full error (file and position of a corrupt log) is for the operator.
+            let name = m.name.clone();
+            app.open_entry(m).await.map_err(|e| format!("{core}: stream {name}: {e}"))?;
         }
         Ok(app)
     }
@@ -140,7 +154,7 @@ impl CoreApp {
             return Ok(e.clone());
         }
         let parsed = parse_client_stream(name)?;
-        let found = meta::load(&self.settings.data_dir, &parsed).map_err(internal)?;
+        let found = meta::load(&self.settings.data_dir, &parsed).map_err(|e| meta_error(&e))?;
         let m = match found {
             Some(m) => m,
             None if create && self.settings.auto_create => {
@@ -149,7 +163,7 @@ impl CoreApp {
                     shards: self.settings.default_shards,
                     retention: self.settings.retention,
                 };
-                meta::create(&self.settings.data_dir, &m).map_err(internal)?.0
+                self.define(&m)?.0
             }
             None => {
                 return Err(WireError::new(ErrorCode::StreamNotFound, format!("no stream {name}")))
@@ -168,7 +182,11 @@ impl CoreApp {
                 format!("shards must be 1..={max} on a broker with {} cores", self.settings.cores),
             ));
         }
-        let (found, _) = meta::create(&self.settings.data_dir, &m).map_err(internal)?;
+        let found = match meta::load(&self.settings.data_dir, &m.name) {
+            Ok(Some(found)) => found,
+            Ok(None) => self.define(&m)?.0,
+            Err(e) => return Err(meta_error(&e)),
+        };
         if found != m {
             return Err(WireError::new(
                 ErrorCode::StreamExists,
@@ -179,8 +197,23 @@ impl CoreApp {
         Ok(found)
     }
 
+    /// Writes a new stream's definition, unless it exists: refused below the free-space floor
+    /// (`StorageFull`) and past the tenant's stream quota (`LimitReached`).
+    fn define(&self, m: &StreamMeta) -> Result<(StreamMeta, bool), WireError> {
+        // A fresh look: creating is rare, and a stream costs disk (one block per core at least).
+        self.disk.refresh();
+        self.disk.check()?;
+        self.settings.quota.create(&self.settings.data_dir, m).map_err(|e| meta_error(&e))
+    }
+
     async fn register(&self, m: StreamMeta) -> Result<Rc<StreamEntry>, WireError> {
-        let _guard = self.opening.acquire_permit(1).await.map_err(internal)?;
+        self.open_entry(m).await.map_err(|e| storage_error(&e))
+    }
+
+    /// Opens the logs of a defined stream on this core (the full storage error, for start-up).
+    async fn open_entry(&self, m: StreamMeta) -> Result<Rc<StreamEntry>, StorageError> {
+        // The semaphore is never closed.
+        let _guard = self.opening.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
         if let Some(e) = self.streams.borrow().get(m.name.as_str()) {
             return Ok(e.clone());
         }
@@ -193,11 +226,8 @@ impl CoreApp {
                 bytes_max: m.retention.bytes_max,
                 age_ms_max: m.retention.age_max_ms,
             };
-            let (log, report) = self
-                .store
-                .open_stream(m.name.as_str(), &owned, Some(retention))
-                .await
-                .map_err(|e| storage_error(&e))?;
+            let (log, report) =
+                self.store.open_stream(m.name.as_str(), &owned, Some(retention)).await?;
             if report.torn_bytes_dropped > 0 {
                 stats::add(
                     &self.stats.counters.storage_torn_bytes_dropped,
@@ -299,6 +329,8 @@ impl CoreApp {
                 format!("{shard} of {stream} is not on {}", self.core),
             ));
         };
+        // Below the free-space floor, appends are refused (reads and commits go on).
+        self.disk.check()?;
         let bytes: u64 = records
             .iter()
             .map(|r| (r.value.len() + r.key.as_ref().map_or(0, Bytes::len)) as u64)
@@ -583,22 +615,52 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-fn internal(e: impl std::fmt::Display) -> WireError {
-    WireError::new(ErrorCode::Internal, e.to_string())
+/// What a client hears when the disk is full (ENOSPC or EDQUOT, on any path).
+pub const DISK_FULL_MESSAGE: &str = "the broker's disk is full";
+
+/// The wire error for a storage error. A full disk (ENOSPC, EDQUOT) is `StorageFull` on every
+/// path. Messages never carry a file path or an OS error text: those name the broker's data
+/// directory and are logged instead.
+pub fn storage_error(e: &StorageError) -> WireError {
+    let (code, message) = match e {
+        StorageError::NoSpace { .. } => (ErrorCode::StorageFull, DISK_FULL_MESSAGE.to_owned()),
+        StorageError::UnknownShard { .. } => (ErrorCode::InvalidShard, e.to_string()),
+        StorageError::BatchTooLarge { .. } => (ErrorCode::FrameTooLarge, e.to_string()),
+        StorageError::TooManyRecords { .. } => (ErrorCode::TooManyRecords, e.to_string()),
+        StorageError::QueueFull { .. } => (ErrorCode::Overloaded, e.to_string()),
+        StorageError::OffsetBeforeStart { .. } => (ErrorCode::OffsetOutOfRange, e.to_string()),
+        StorageError::InvalidStreamName { .. } => (ErrorCode::InvalidStreamName, e.to_string()),
+        StorageError::EmptyBatch => (ErrorCode::InvalidArgument, e.to_string()),
+        StorageError::TooManyShards { .. } => (ErrorCode::InvalidArgument, e.to_string()),
+        StorageError::Closed => (ErrorCode::StorageFailed, e.to_string()),
+        StorageError::Io { context, .. } => {
+            tracing::warn!(error = %e, "storage I/O failed");
+            (ErrorCode::StorageFailed, format!("storage failed ({context}); see the broker's log"))
+        }
+        StorageError::Corrupt { .. } | StorageError::Poisoned { .. } => {
+            tracing::warn!(error = %e, "stream log failed");
+            (ErrorCode::StorageFailed, "the stream's log failed; see the broker's log".to_owned())
+        }
+        StorageError::InvalidConfig { .. } => (ErrorCode::StorageFailed, e.to_string()),
+    };
+    WireError::new(code, message)
 }
 
-/// The wire error for a storage error.
-pub fn storage_error(e: &StorageError) -> WireError {
-    let code = match e {
-        StorageError::NoSpace { .. } => ErrorCode::StorageFull,
-        StorageError::UnknownShard { .. } => ErrorCode::InvalidShard,
-        StorageError::BatchTooLarge { .. } => ErrorCode::FrameTooLarge,
-        StorageError::TooManyRecords { .. } => ErrorCode::TooManyRecords,
-        StorageError::QueueFull { .. } => ErrorCode::Overloaded,
-        StorageError::OffsetBeforeStart { .. } => ErrorCode::OffsetOutOfRange,
-        StorageError::InvalidStreamName { .. } => ErrorCode::InvalidStreamName,
-        StorageError::EmptyBatch => ErrorCode::InvalidArgument,
-        _ => ErrorCode::StorageFailed,
-    };
-    WireError::new(code, e.to_string())
+/// The wire error for an error of the stream definition files, under the same rules as
+/// [`storage_error`]: a full disk is `StorageFull`, the quota `LimitReached`, and messages name
+/// no file.
+pub fn meta_error(e: &MetaError) -> WireError {
+    match e {
+        MetaError::TooManyStreams { .. } => WireError::new(ErrorCode::LimitReached, e.to_string()),
+        MetaError::Io { source, .. } if felix_storage::is_no_space(source) => {
+            WireError::new(ErrorCode::StorageFull, DISK_FULL_MESSAGE)
+        }
+        MetaError::Io { .. } | MetaError::Corrupt { .. } | MetaError::CoreCount { .. } => {
+            tracing::warn!(error = %e, "stream definitions failed");
+            WireError::new(
+                ErrorCode::StorageFailed,
+                "stream definitions failed; see the broker's log",
+            )
+        }
+    }
 }

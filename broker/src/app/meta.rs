@@ -6,12 +6,18 @@
 //! one definition. These are rare control-path operations done with blocking std::fs calls on
 //! small files; the hot path never touches them.
 //!
+//! [`TenantQuota`] counts streams per tenant (from the definitions on disk, once, then in
+//! memory) and refuses a create past `--max-streams-per-tenant`; one per process, shared by
+//! every core.
+//!
 //! `<data>/layout` records the core count the shards were laid out for: shard `s` of every
 //! stream lives on core `s % cores`, so a restart with another core count would lose track of
 //! shards and is refused.
 
+use std::collections::HashMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 
 use felix_proto::{Retention, StreamName};
 
@@ -58,6 +64,71 @@ pub enum MetaError {
         /// Cores configured.
         wanted: usize,
     },
+    /// The tenant has as many streams as `--max-streams-per-tenant` allows.
+    #[error("tenant {tenant} has {limit} streams, the most allowed (--max-streams-per-tenant)")]
+    TooManyStreams {
+        /// The tenant.
+        tenant: String,
+        /// The quota.
+        limit: u32,
+    },
+}
+
+/// The per-tenant stream quota of one data directory.
+///
+/// The counts are read from the definitions on disk at the first create, then kept up to date
+/// here; a create holds the lock across its file operations (a few small writes and fsyncs), so
+/// two cores never both take a tenant's last slot. Creating is a rare control-path operation.
+#[derive(Debug)]
+pub struct TenantQuota {
+    max_streams: u32,
+    counts: Mutex<Option<HashMap<String, u32>>>,
+}
+
+impl TenantQuota {
+    /// A quota of `max_streams` streams per tenant.
+    pub fn new(max_streams: u32) -> Self {
+        Self { max_streams, counts: Mutex::new(None) }
+    }
+
+    /// Creates `meta` unless the stream exists (as [`create`] does), refusing with
+    /// [`MetaError::TooManyStreams`] when its tenant has its quota of streams already.
+    pub fn create(
+        &self,
+        data_dir: &Path,
+        meta: &StreamMeta,
+    ) -> Result<(StreamMeta, bool), MetaError> {
+        // A panic elsewhere while holding the lock leaves the counts as they were: still valid.
+        let mut guard = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(found) = load(data_dir, &meta.name)? {
+            return Ok((found, false));
+        }
+        let counts = match &mut *guard {
+            Some(counts) => counts,
+            empty => empty.insert(count_by_tenant(data_dir)?),
+        };
+        let tenant = meta.name.tenant();
+        let have = counts.get(tenant).copied().unwrap_or(0);
+        if have >= self.max_streams {
+            return Err(MetaError::TooManyStreams {
+                tenant: tenant.to_owned(),
+                limit: self.max_streams,
+            });
+        }
+        let (found, created) = create(data_dir, meta)?;
+        if created {
+            *counts.entry(tenant.to_owned()).or_default() += 1;
+        }
+        Ok((found, created))
+    }
+}
+
+fn count_by_tenant(data_dir: &Path) -> Result<HashMap<String, u32>, MetaError> {
+    let mut counts: HashMap<String, u32> = HashMap::new();
+    for m in load_all(data_dir)? {
+        *counts.entry(m.name.tenant().to_owned()).or_default() += 1;
+    }
+    Ok(counts)
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> MetaError + '_ {
@@ -224,6 +295,29 @@ mod tests {
         assert_eq!(create(dir.path(), &meta(8)).unwrap(), (meta(4), false));
         assert_eq!(load_all(dir.path()).unwrap(), vec![meta(4)]);
         assert_eq!(load(dir.path(), &meta(4).name).unwrap(), Some(meta(4)));
+    }
+
+    #[test]
+    fn the_tenant_quota_counts_streams_on_disk_and_new_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        check_layout(dir.path(), 1).unwrap();
+        let named = |n: &str| StreamMeta { name: StreamName::parse(n).unwrap(), ..meta(1) };
+        // One stream of tenant t exists before the quota is first used.
+        create(dir.path(), &named("t/n/a")).unwrap();
+        let quota = TenantQuota::new(2);
+        assert!(quota.create(dir.path(), &named("t/n/b")).unwrap().1);
+        match quota.create(dir.path(), &named("t/n/c")) {
+            Err(MetaError::TooManyStreams { tenant, limit: 2 }) => assert_eq!(tenant, "t"),
+            other => panic!("expected TooManyStreams, got {other:?}"),
+        }
+        // An existing stream is found, not counted; other tenants have their own quota.
+        assert_eq!(quota.create(dir.path(), &named("t/n/a")).unwrap(), (named("t/n/a"), false));
+        assert!(quota.create(dir.path(), &named("u/n/a")).unwrap().1);
+        assert!(quota.create(dir.path(), &named("u/n/b")).unwrap().1);
+        assert!(quota.create(dir.path(), &named("u/n/c")).is_err());
+        // A fresh quota (a restart) counts the streams on disk.
+        assert!(TenantQuota::new(2).create(dir.path(), &named("t/x/y")).is_err());
+        assert!(TenantQuota::new(3).create(dir.path(), &named("t/x/y")).unwrap().1);
     }
 
     #[test]

@@ -7,11 +7,14 @@
 //! - `session`: one client connection: Hello, requests, publish and acks.
 //! - `subscribe`: subscriptions and their per-shard pumps.
 //! - `tail`: the in-memory live tail of each owned shard, encoded once for all subscribers.
-//! - `meta`: stream definitions and the data directory's layout file.
+//! - `meta`: stream definitions, the per-tenant stream quota, and the data directory's layout
+//!   file.
+//! - `disk`: the free-space floor (`--min-free-bytes`).
 //! - `stats`: per-core counters and histograms.
 
 pub mod auth;
 pub mod core;
+pub mod disk;
 pub mod mesh;
 pub mod meta;
 pub mod session;
@@ -81,6 +84,8 @@ impl Broker {
             data_dir: args.data_dir.clone(),
             cores,
             auto_create: args.auto_create,
+            quota: Arc::new(meta::TenantQuota::new(args.max_streams_per_tenant)),
+            min_free_bytes: args.min_free_bytes,
             default_shards: args.default_shards,
             retention: Retention {
                 bytes_max: (args.retention_bytes != 0).then_some(args.retention_bytes),

@@ -287,10 +287,7 @@ impl Session {
                         .collect();
                     ready(Some(Frame::StreamList(StreamList { request_id: l.request_id, streams })))
                 }
-                Err(e) => ready(error_frame(
-                    l.request_id,
-                    WireError::new(ErrorCode::Internal, e.to_string()),
-                )),
+                Err(e) => ready(error_frame(l.request_id, super::core::meta_error(&e))),
             },
             Frame::CommitOffset(c)
                 if c.group.is_empty() || c.group.chars().any(char::is_control) =>

@@ -1,0 +1,559 @@
+//! The cluster agent: one per broker, on a control thread of its own with a current-thread
+//! tokio runtime. It holds the broker's membership lease, campaigns for the controller role,
+//! places the shards of new streams while it is the controller, and keeps a [`ClusterView`]
+//! up to date from one etcd watch over the cluster's keys.
+//!
+//! Call order: [`Agent::start`] returns an [`AgentHandle`]; [`AgentHandle::views`] gives a
+//! latest-value channel of views (bounded: one slot, newest wins) that data cores poll on a
+//! timer, never blocking; [`AgentHandle::create_stream`] defines a stream and waits for its
+//! placement; [`AgentHandle::stop`] resigns, revokes the lease and joins the thread.
+//!
+//! Failure behaviour: if etcd cannot be reached, the agent retries every
+//! [`RETRY_INTERVAL_MS`]; the view keeps its last placements but its `lease_valid_until`
+//! runs out, so the broker stops acknowledging writes once its lease may have expired. A lost
+//! lease starts a new session (new lease, member key, campaign).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, LeaderKey,
+    PutOptions, Txn, TxnOp, WatchOptions,
+};
+use tokio::sync::{mpsc, oneshot, watch};
+
+use crate::error::ClusterError;
+use crate::keys;
+use crate::placement::{self, StreamPlacement};
+use crate::view::{ClusterView, Member, StreamDef};
+use crate::NodeId;
+
+/// How long the agent waits before it retries etcd after an error.
+pub const RETRY_INTERVAL_MS: u64 = 500;
+/// Timeout of one etcd connection attempt.
+pub const CONNECT_TIMEOUT_MS: u64 = 2_000;
+/// Timeout of one etcd request.
+pub const REQUEST_TIMEOUT_MS: u64 = 3_000;
+/// Default membership lease TTL.
+pub const LEASE_TTL_S_DEFAULT: u32 = 5;
+/// Shortest lease TTL accepted (etcd's own minimum is larger than a keep-alive round trip).
+pub const LEASE_TTL_S_MIN: u32 = 2;
+/// Requests queued to the agent before callers wait.
+pub const COMMANDS_QUEUED_MAX: usize = 64;
+/// How long [`AgentHandle::create_stream`] waits for the controller's placement.
+pub const PLACEMENT_WAIT_MS: u64 = 10_000;
+
+/// What the agent needs to join a cluster.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// etcd endpoints (`http://host:port`).
+    pub endpoints: Vec<String>,
+    /// The cluster's name: the key prefix `/felix/<cluster>/`.
+    pub cluster: String,
+    /// This broker.
+    pub member: Member,
+    /// Membership lease TTL in seconds.
+    pub lease_ttl_s: u32,
+}
+
+impl AgentConfig {
+    fn validate(&self) -> Result<(), ClusterError> {
+        let bad = |why: &str| Err(ClusterError::InvalidConfig(why.to_owned()));
+        if self.endpoints.is_empty() {
+            return bad("at least one etcd endpoint");
+        }
+        if self.lease_ttl_s < LEASE_TTL_S_MIN {
+            return bad("lease TTL below LEASE_TTL_S_MIN");
+        }
+        if self.cluster.is_empty() || self.cluster.contains('/') {
+            return bad("the cluster name is non-empty, without '/'");
+        }
+        Ok(())
+    }
+}
+
+/// Starts agents.
+pub struct Agent;
+
+impl Agent {
+    /// Starts the agent of `config.member` on its own thread. It connects in the background:
+    /// the first views may have no lease yet.
+    pub fn start(config: AgentConfig) -> Result<AgentHandle, ClusterError> {
+        config.validate()?;
+        let node = config.member.node.clone();
+        let (view_tx, views) = watch::channel(Arc::new(ClusterView::default()));
+        let (commands, rx) = mpsc::channel(COMMANDS_QUEUED_MAX);
+        let (stop_tx, stop_rx) = watch::channel(Stop::Run);
+        let thread = std::thread::Builder::new()
+            .name("felix-cluster".into())
+            .spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a current-thread runtime starts");
+                rt.block_on(run(config, view_tx, rx, stop_rx));
+            })
+            .map_err(|e| ClusterError::InvalidConfig(format!("cannot start a thread: {e}")))?;
+        Ok(AgentHandle { node, commands, views, stop: stop_tx, thread: Some(thread) })
+    }
+}
+
+/// The broker's side of its agent.
+pub struct AgentHandle {
+    node: NodeId,
+    commands: mpsc::Sender<Command>,
+    views: watch::Receiver<Arc<ClusterView>>,
+    stop: watch::Sender<Stop>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// What the agent's thread is asked to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stop {
+    /// Keep going.
+    Run,
+    /// Resign, revoke the lease, end.
+    Leave,
+    /// End at once, leaving the lease to expire: what a crash leaves behind (tests).
+    Halt,
+}
+
+/// The answer to a CreateStream: the definition in force and its placement.
+type CreateReply = oneshot::Sender<Result<(StreamDef, StreamPlacement), ClusterError>>;
+
+enum Command {
+    CreateStream { name: String, def: StreamDef, reply: CreateReply },
+}
+
+impl AgentHandle {
+    /// This broker's node id.
+    pub fn node(&self) -> &NodeId {
+        &self.node
+    }
+
+    /// A receiver of the newest view (one slot; an unread view is replaced by a newer one).
+    pub fn views(&self) -> watch::Receiver<Arc<ClusterView>> {
+        self.views.clone()
+    }
+
+    /// The newest view.
+    pub fn view(&self) -> Arc<ClusterView> {
+        self.views.borrow().clone()
+    }
+
+    /// Defines `name` cluster-wide unless it exists, and waits until the controller placed
+    /// it. Returns the definition in force (an existing one wins) and its placement.
+    pub async fn create_stream(
+        &self,
+        name: &str,
+        def: StreamDef,
+    ) -> Result<(StreamDef, StreamPlacement), ClusterError> {
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::CreateStream { name: name.to_owned(), def, reply };
+        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
+        rx.await.map_err(|_| ClusterError::Stopped)?
+    }
+
+    /// Stops the agent: resigns the controller role, revokes the lease (so the others see
+    /// this broker leave at once) and joins its thread.
+    pub fn stop(mut self) {
+        self.shutdown(Stop::Leave);
+    }
+
+    /// Stops the agent without resigning or revoking its lease, as a crash would: the others
+    /// see this broker leave only when its lease expires. For failure tests.
+    pub fn halt(mut self) {
+        self.shutdown(Stop::Halt);
+    }
+
+    fn shutdown(&mut self, how: Stop) {
+        let _ = self.stop.send(how);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for AgentHandle {
+    fn drop(&mut self) {
+        self.shutdown(Stop::Leave);
+    }
+}
+
+/// One agent's state across sessions.
+struct State {
+    config: AgentConfig,
+    view: ClusterView,
+    /// Controller candidates: election key -> (create revision, node).
+    candidates: BTreeMap<String, (i64, NodeId)>,
+    view_tx: watch::Sender<Arc<ClusterView>>,
+    /// The lease of the current (or last) session.
+    lease: Option<i64>,
+    /// CreateStream requests waiting for a placement.
+    waiting: Vec<(String, Instant, CreateReply)>,
+}
+
+async fn run(
+    config: AgentConfig,
+    view_tx: watch::Sender<Arc<ClusterView>>,
+    mut commands: mpsc::Receiver<Command>,
+    mut stop: watch::Receiver<Stop>,
+) {
+    let mut st = State {
+        config,
+        view: ClusterView::default(),
+        candidates: BTreeMap::new(),
+        view_tx,
+        lease: None,
+        waiting: Vec::new(),
+    };
+    while *stop.borrow() == Stop::Run {
+        match session(&mut st, &mut commands, &mut stop).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster agent: etcd session ended; retrying");
+                st.view.lease_valid_until = None;
+                st.view.controller = None;
+                st.publish();
+                let retry = tokio::time::sleep(Duration::from_millis(RETRY_INTERVAL_MS));
+                tokio::select! {
+                    _ = retry => {}
+                    _ = stop.changed() => {}
+                }
+            }
+        }
+    }
+    for (_, _, reply) in st.waiting.drain(..) {
+        let _ = reply.send(Err(ClusterError::Stopped));
+    }
+}
+
+/// One etcd session: a lease, the member key, a campaign, and the watch. Returns `Ok` when
+/// asked to stop, an error when the session is lost.
+async fn session(
+    st: &mut State,
+    commands: &mut mpsc::Receiver<Command>,
+    stop: &mut watch::Receiver<Stop>,
+) -> Result<(), ClusterError> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+        .with_timeout(Duration::from_millis(REQUEST_TIMEOUT_MS));
+    let mut client = Client::connect(&st.config.endpoints, Some(options)).await?;
+    let ttl = st.config.lease_ttl_s;
+    let lease = match resume_lease(st, &mut client).await? {
+        Some(lease) => lease,
+        None => {
+            let granted_at = Instant::now();
+            let lease = client.lease_grant(i64::from(ttl), None).await?.id();
+            st.view.lease_valid_until = Some(granted_at + Duration::from_secs(u64::from(ttl)));
+            register(st, &mut client, lease).await?;
+            st.lease = Some(lease);
+            lease
+        }
+    };
+    let (mut keeper, mut keep_stream) = client.lease_keep_alive(lease).await?;
+    let mut keep_tick = tokio::time::interval(Duration::from_millis(u64::from(ttl) * 1000 / 3));
+    let mut keep_sent = Instant::now();
+
+    let (elected_tx, mut elected_rx) = oneshot::channel::<Result<LeaderKey, ClusterError>>();
+    let mut campaign_client = client.clone();
+    let name = keys::controller(&st.config.cluster);
+    let node = st.config.member.node.to_string();
+    let campaign = tokio::spawn(async move {
+        let r = campaign_client.campaign(name, node, lease).await;
+        let r = r.map_err(ClusterError::from).and_then(|resp| {
+            resp.leader().cloned().ok_or(ClusterError::InvalidConfig("no leader key".into()))
+        });
+        let _ = elected_tx.send(r);
+    });
+    let _campaign = AbortOnDrop(campaign);
+    let mut leader: Option<LeaderKey> = None;
+
+    let revision = load(st, &mut client).await?;
+    let root = keys::root(&st.config.cluster);
+    let watch_opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+    let mut events = client.watch(root, Some(watch_opts)).await?;
+    st.publish();
+    let mut placement_tick = tokio::time::interval(Duration::from_millis(RETRY_INTERVAL_MS));
+
+    loop {
+        tokio::select! {
+            _ = stop.changed() => {
+                if *stop.borrow() == Stop::Halt {
+                    return Ok(());
+                }
+                if let Some(l) = leader.take() {
+                    let _ = client
+                        .resign(Some(etcd_client::ResignOptions::new().with_leader(l)))
+                        .await;
+                }
+                let _ = client.lease_revoke(lease).await;
+                st.lease = None;
+                st.view.lease_valid_until = None;
+                st.publish();
+                return Ok(());
+            }
+            _ = keep_tick.tick() => {
+                keep_sent = Instant::now();
+                keeper.keep_alive().await?;
+            }
+            msg = keep_stream.message() => {
+                match msg? {
+                    Some(r) if r.ttl() > 0 => {
+                        let ttl = Duration::from_secs(r.ttl() as u64);
+                        st.view.lease_valid_until = Some(keep_sent + ttl);
+                        st.publish();
+                    }
+                    _ => return Err(ClusterError::InvalidConfig("membership lease lost".into())),
+                }
+            }
+            r = &mut elected_rx, if leader.is_none() => {
+                let key = r.map_err(|_| ClusterError::Stopped)??;
+                tracing::info!(node = %st.config.member.node, "cluster agent: elected controller");
+                leader = Some(key);
+                place_new_streams(st, &mut client, leader.as_ref()).await?;
+            }
+            resp = events.message() => {
+                let Some(resp) = resp? else {
+                    return Err(ClusterError::InvalidConfig("watch closed".into()));
+                };
+                if resp.canceled() {
+                    return Err(ClusterError::InvalidConfig("watch canceled".into()));
+                }
+                for e in resp.events() {
+                    if let Some(kv) = e.kv() {
+                        apply(st, kv, e.event_type() == EventType::Delete)?;
+                    }
+                }
+                if let Some(h) = resp.header() {
+                    st.view.revision = h.revision();
+                }
+                st.publish();
+                place_new_streams(st, &mut client, leader.as_ref()).await?;
+                st.answer_waiting();
+            }
+            cmd = commands.recv() => {
+                let Some(cmd) = cmd else { return Ok(()) };
+                match cmd {
+                    Command::CreateStream { name, def, reply } => {
+                        match define_stream(st, &mut client, &name, def).await {
+                            Ok(()) => st.waiting.push((name, Instant::now(), reply)),
+                            Err(e) => { let _ = reply.send(Err(e)); }
+                        }
+                        st.answer_waiting();
+                    }
+                }
+            }
+            _ = placement_tick.tick() => {
+                place_new_streams(st, &mut client, leader.as_ref()).await?;
+                st.answer_waiting();
+            }
+        }
+    }
+}
+
+/// The previous session's lease, if etcd still holds it with this broker's member key on it
+/// (etcd was away for less than a TTL, or renewed its leases when it came back).
+async fn resume_lease(st: &mut State, client: &mut Client) -> Result<Option<i64>, ClusterError> {
+    let Some(lease) = st.lease.take() else { return Ok(None) };
+    let asked_at = Instant::now();
+    let left = client.lease_time_to_live(lease, None).await?.ttl();
+    if left <= 0 {
+        return Ok(None);
+    }
+    let key = keys::member(&st.config.cluster, st.config.member.node.as_str());
+    let held = client.get(key, None).await?.kvs().first().is_some_and(|kv| kv.lease() == lease);
+    if !held {
+        let _ = client.lease_revoke(lease).await;
+        return Ok(None);
+    }
+    st.view.lease_valid_until = Some(asked_at + Duration::from_secs(left as u64));
+    st.lease = Some(lease);
+    Ok(Some(lease))
+}
+
+/// Writes this broker's member key on `lease`, unless another live broker holds the node id.
+/// A key left by this node's previous run (a lease not yet expired after a crash) is waited
+/// out for up to one TTL.
+async fn register(st: &State, client: &mut Client, lease: i64) -> Result<(), ClusterError> {
+    let key = keys::member(&st.config.cluster, st.config.member.node.as_str());
+    let value = serde_json::to_vec(&st.config.member).expect("a member serializes");
+    let deadline = Instant::now() + Duration::from_secs(u64::from(st.config.lease_ttl_s) + 1);
+    loop {
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                value.clone(),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        if client.txn(txn).await?.succeeded() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(ClusterError::NodeIdTaken(st.config.member.node.to_string()));
+        }
+        tokio::time::sleep(Duration::from_millis(RETRY_INTERVAL_MS)).await;
+    }
+}
+
+/// Loads every key of the cluster into a fresh view; returns the revision it reflects.
+async fn load(st: &mut State, client: &mut Client) -> Result<i64, ClusterError> {
+    let resp =
+        client.get(keys::root(&st.config.cluster), Some(GetOptions::new().with_prefix())).await?;
+    let lease = st.view.lease_valid_until;
+    st.view = ClusterView { lease_valid_until: lease, ..ClusterView::default() };
+    st.candidates.clear();
+    for kv in resp.kvs() {
+        apply(st, kv, false)?;
+    }
+    let revision = resp.header().map_or(0, |h| h.revision());
+    st.view.revision = revision;
+    Ok(revision)
+}
+
+/// Applies one key's put or delete to the view.
+fn apply(st: &mut State, kv: &KeyValue, deleted: bool) -> Result<(), ClusterError> {
+    let cluster = st.config.cluster.clone();
+    let key = kv.key_str().map_err(ClusterError::from)?.to_owned();
+    let corrupt = |why: String| ClusterError::Corrupt { key: key.clone(), why };
+    let controller_prefix = format!("{}/", keys::controller(&cluster));
+    if let Some(name) = keys::name_under(&key, &keys::members(&cluster)) {
+        let node = NodeId::new(name).map_err(|e| corrupt(e.to_string()))?;
+        if deleted {
+            st.view.members.remove(&node);
+        } else {
+            let m: Member =
+                serde_json::from_slice(kv.value()).map_err(|e| corrupt(e.to_string()))?;
+            st.view.members.insert(node, m);
+        }
+    } else if let Some(name) = keys::name_under(&key, &keys::streams(&cluster)) {
+        if deleted {
+            st.view.streams.remove(name);
+        } else {
+            let d: StreamDef =
+                serde_json::from_slice(kv.value()).map_err(|e| corrupt(e.to_string()))?;
+            st.view.streams.insert(name.to_owned(), d);
+        }
+    } else if let Some(name) = keys::name_under(&key, &keys::placements(&cluster)) {
+        if deleted {
+            st.view.placements.remove(name);
+        } else {
+            let p: StreamPlacement =
+                serde_json::from_slice(kv.value()).map_err(|e| corrupt(e.to_string()))?;
+            st.view.placements.insert(name.to_owned(), p);
+        }
+    } else if key.starts_with(&controller_prefix) {
+        if deleted {
+            st.candidates.remove(&key);
+        } else {
+            let node = std::str::from_utf8(kv.value())
+                .ok()
+                .and_then(|s| NodeId::new(s).ok())
+                .ok_or_else(|| corrupt("not a node id".into()))?;
+            st.candidates.insert(key.clone(), (kv.create_revision(), node));
+        }
+        // The election's leader is the candidate with the oldest key.
+        st.view.controller =
+            st.candidates.values().min_by_key(|(rev, _)| *rev).map(|(_, n)| n.clone());
+    }
+    Ok(())
+}
+
+/// Defines `name` unless it exists (the first definition wins).
+async fn define_stream(
+    st: &State,
+    client: &mut Client,
+    name: &str,
+    def: StreamDef,
+) -> Result<(), ClusterError> {
+    let key = keys::stream(&st.config.cluster, name);
+    let value = serde_json::to_vec(&def).expect("a definition serializes");
+    let txn = Txn::new()
+        .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(key.as_str(), value, None)]);
+    client.txn(txn).await?;
+    Ok(())
+}
+
+/// While this broker is the controller: places every defined stream that has no placement.
+/// Each write is conditional on this broker still holding the election key (fencing: a
+/// deposed controller's write fails) and on the placement still being absent.
+async fn place_new_streams(
+    st: &mut State,
+    client: &mut Client,
+    leader: Option<&LeaderKey>,
+) -> Result<(), ClusterError> {
+    let Some(leader) = leader else { return Ok(()) };
+    let unplaced: Vec<(String, StreamDef)> = st
+        .view
+        .streams
+        .iter()
+        .filter(|(name, _)| !st.view.placements.contains_key(*name))
+        .map(|(n, d)| (n.clone(), *d))
+        .collect();
+    for (name, def) in unplaced {
+        let live: BTreeSet<NodeId> = st.view.members.keys().cloned().collect();
+        let load = placement::load(st.view.placements.values());
+        let p = match placement::assign(def.shards, &live, &load) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(stream = %name, error = %e, "cannot place stream yet");
+                continue;
+            }
+        };
+        let key = keys::placement(&st.config.cluster, &name);
+        let leader_key = String::from_utf8_lossy(leader.key()).into_owned();
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(leader_key.as_str(), CompareOp::Equal, leader.rev()),
+                Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(
+                key.as_str(),
+                serde_json::to_vec(&p).expect("serializes"),
+                None,
+            )]);
+        if client.txn(txn).await?.succeeded() {
+            tracing::info!(stream = %name, owners = ?p.owners, "placed stream");
+            // The watch brings it too; record it now so the next stream sees this load.
+            st.view.placements.insert(name, p);
+        }
+    }
+    Ok(())
+}
+
+impl State {
+    fn publish(&self) {
+        self.view_tx.send_replace(Arc::new(self.view.clone()));
+    }
+
+    /// Answers the CreateStream requests whose stream is placed (or that waited too long).
+    fn answer_waiting(&mut self) {
+        let wait = Duration::from_millis(PLACEMENT_WAIT_MS);
+        let view = &self.view;
+        let mut still = Vec::new();
+        for (name, since, reply) in self.waiting.drain(..) {
+            match (view.streams.get(&name), view.placements.get(&name)) {
+                (Some(d), Some(p)) => {
+                    let _ = reply.send(Ok((*d, p.clone())));
+                }
+                _ if since.elapsed() >= wait => {
+                    let _ = reply.send(Err(ClusterError::TimedOut(PLACEMENT_WAIT_MS)));
+                }
+                _ => still.push((name, since, reply)),
+            }
+        }
+        self.waiting = still;
+    }
+}
+
+/// Aborts a spawned task when dropped (a session's campaign ends with the session).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

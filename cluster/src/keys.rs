@@ -1,0 +1,69 @@
+//! The etcd key layout. Everything Felix keeps in etcd lives under `/felix/<cluster>/`:
+//!
+//! | key | value | written by |
+//! |---|---|---|
+//! | `members/<node>` | [`crate::Member`] as JSON, attached to the node's lease | the node |
+//! | `controller/<lease>` | the candidate's node id (etcd election API) | every node |
+//! | `streams/<stream>` | [`crate::StreamDef`] as JSON | the broker that created it |
+//! | `placement/<stream>` | [`crate::StreamPlacement`] as JSON | the controller |
+//!
+//! Records never go to etcd, and nothing here is on the per-record path.
+
+/// The key prefix of cluster `cluster`.
+pub fn root(cluster: &str) -> String {
+    format!("/felix/{cluster}/")
+}
+
+/// Prefix of the member keys.
+pub fn members(cluster: &str) -> String {
+    format!("{}members/", root(cluster))
+}
+
+/// The member key of `node`.
+pub fn member(cluster: &str, node: &str) -> String {
+    format!("{}{node}", members(cluster))
+}
+
+/// The election name of the controller.
+pub fn controller(cluster: &str) -> String {
+    format!("{}controller", root(cluster))
+}
+
+/// Prefix of the stream definitions.
+pub fn streams(cluster: &str) -> String {
+    format!("{}streams/", root(cluster))
+}
+
+/// The definition key of `stream`.
+pub fn stream(cluster: &str, stream: &str) -> String {
+    format!("{}{stream}", streams(cluster))
+}
+
+/// Prefix of the placements.
+pub fn placements(cluster: &str) -> String {
+    format!("{}placement/", root(cluster))
+}
+
+/// The placement key of `stream`.
+pub fn placement(cluster: &str, stream: &str) -> String {
+    format!("{}{stream}", placements(cluster))
+}
+
+/// The name after `prefix` in `key`, if `key` is under it.
+pub fn name_under<'a>(key: &'a str, prefix: &str) -> Option<&'a str> {
+    key.strip_prefix(prefix).filter(|rest| !rest.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_nest_under_the_cluster_root() {
+        assert_eq!(member("c", "b1"), "/felix/c/members/b1");
+        assert_eq!(stream("c", "t/n/s"), "/felix/c/streams/t/n/s");
+        assert_eq!(name_under(&placement("c", "t/n/s"), &placements("c")), Some("t/n/s"));
+        assert_eq!(name_under("/felix/c/placement/", &placements("c")), None);
+        assert_eq!(name_under("/felix/d/placement/x", &placements("c")), None);
+    }
+}

@@ -2,8 +2,9 @@
 //! flight, published strictly in log order) and the flusher (group commit).
 //!
 //! Space: before a write that would pass the active segment's reservation, the writer
-//! reserves blocks (fallocate, keeping the file size) up to the next multiple of
-//! `SEGMENT_GROW_BYTES`, so disk use follows the data in bounded steps.
+//! reserves blocks (fallocate, keeping the file size) for that write and a step beyond it
+//! (as large as the segment's data, 64 KiB to `SEGMENT_GROW_BYTES`), so disk use follows the
+//! data in bounded steps.
 //!
 //! Writes: the writer takes queued batches in order, up to `WRITE_BYTES_TARGET` per write
 //! (a single larger batch goes alone, up to `WRITE_BYTES_MAX`), encodes them into one
@@ -26,7 +27,8 @@ use std::rc::{Rc, Weak};
 use felix_proto::{AckMode, Offset};
 
 use crate::config::{
-    SEGMENT_GROW_BYTES, WRITE_BYTES_MAX, WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX,
+    SEGMENT_GROW_BYTES, SEGMENT_GROW_MIN_BYTES, WRITE_BYTES_MAX, WRITE_BYTES_TARGET,
+    WRITE_IN_FLIGHT_BYTES_MAX,
 };
 use crate::error::StorageError;
 use crate::format::{align_up, batch_slot, encode_batch, BATCH_ALIGN_BYTES, SEGMENT_HEADER_BYTES};
@@ -82,8 +84,10 @@ async fn issue_write(inner: &Rc<Inner>) -> bool {
 }
 
 /// Where the active segment's reservation must reach before the next write is issued, if
-/// further than it does: the end of the largest write the queue can make now, rounded up to
-/// a multiple of `SEGMENT_GROW_BYTES` (and at most `segment_bytes_max`).
+/// further than it does: the end of the largest write the queue can make now, plus a step as
+/// large as the segment's data so far (within `SEGMENT_GROW_MIN_BYTES..=SEGMENT_GROW_BYTES`),
+/// and at most `segment_bytes_max`. The steps double while the segment is small, so a small
+/// log holds little more than its data and a large one is reserved 4 MiB at a time.
 fn reservation_target(st: &State, segment_bytes_max: u64) -> Option<u64> {
     // A batch's slot pads it by less than BATCH_ALIGN_BYTES; the write is padded to the
     // alignment; `take_write` never makes a write larger than WRITE_BYTES_MAX.
@@ -93,7 +97,8 @@ fn reservation_target(st: &State, segment_bytes_max: u64) -> Option<u64> {
     if need <= st.reserved_end {
         return None;
     }
-    Some((need.div_ceil(SEGMENT_GROW_BYTES) * SEGMENT_GROW_BYTES).min(segment_bytes_max))
+    let step = align_up(st.issued_end).clamp(SEGMENT_GROW_MIN_BYTES, SEGMENT_GROW_BYTES);
+    Some((need + step).min(segment_bytes_max))
 }
 
 /// Reserve the active segment's blocks up to file position `target` (fallocate, keeping the

@@ -15,12 +15,17 @@ pub const WRITE_BYTES_TARGET: usize = 1 << 20;
 /// distance of the oldest, so damage followed by valid data further away is corruption.
 pub const WRITE_IN_FLIGHT_BYTES_MAX: usize = 8 << 20;
 const _: () = assert!(WRITE_IN_FLIGHT_BYTES_MAX >= WRITE_BYTES_MAX);
-/// Step in which the active segment's blocks are reserved (`fallocate`, keeping the file
-/// size): the writer reserves up to the next multiple of this ahead of each write that would
-/// pass the reservation, so a segment holds at most this much more disk than its data, and a
-/// log that was never written holds one header block.
+/// Largest step in which the active segment's blocks are reserved (`fallocate`, keeping the
+/// file size). Before a write that would pass the reservation, the writer reserves that write
+/// plus a step as large as the segment's data so far, between `SEGMENT_GROW_MIN_BYTES` and
+/// this: a segment holds at most about this much more disk than its data (twice its data
+/// while it is small), and a log that was never written holds one header block.
 pub const SEGMENT_GROW_BYTES: u64 = 4 << 20;
+/// Smallest reservation step (the first write of a segment reserves this much beyond it).
+pub const SEGMENT_GROW_MIN_BYTES: u64 = 64 << 10;
 const _: () = assert!(SEGMENT_GROW_BYTES % FORMAT_ALIGN_BYTES == 0);
+const _: () = assert!(SEGMENT_GROW_MIN_BYTES % FORMAT_ALIGN_BYTES == 0);
+const _: () = assert!(SEGMENT_GROW_MIN_BYTES <= SEGMENT_GROW_BYTES);
 /// Upper bound for `StorageConfig::batch_bytes_max` (a batch must fit one write).
 pub const BATCH_BYTES_LIMIT: usize = WRITE_BYTES_MAX - FORMAT_ALIGN_BYTES as usize;
 /// Longest stream name accepted, in bytes: the protocol's one limit.

@@ -31,7 +31,8 @@ mod sys;
 
 pub use config::{
     stream_dir_name, RetentionConfig, StorageConfig, BATCH_BYTES_LIMIT, SEGMENT_GROW_BYTES,
-    STREAM_NAME_BYTES_MAX, WRITE_BYTES_MAX, WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX,
+    SEGMENT_GROW_MIN_BYTES, STREAM_NAME_BYTES_MAX, WRITE_BYTES_MAX, WRITE_BYTES_TARGET,
+    WRITE_IN_FLIGHT_BYTES_MAX,
 };
 pub use error::{is_no_space, Result, StorageError};
 pub use log::{AppendOutcome, RetentionOutcome, StoredBatch, StreamLog, READ_GAP_BYTES_MAX};

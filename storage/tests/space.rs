@@ -1,6 +1,6 @@
-//! Disk space: a log that was never written holds one block, and a segment's blocks are
-//! reserved in `SEGMENT_GROW_BYTES` steps as writes arrive (not `segment_bytes_max` at
-//! creation), while recovery still sees exactly the written data.
+//! Disk space: a log that was never written holds one block, a small one little more, and a
+//! segment's blocks are reserved in steps of at most `SEGMENT_GROW_BYTES` as writes arrive
+//! (not `segment_bytes_max` at creation), while recovery still sees exactly the written data.
 
 mod common;
 
@@ -9,7 +9,10 @@ use std::path::Path;
 
 use common::{records, run};
 use felix_proto::{AckMode, CoreId, Offset, ShardId};
-use felix_storage::{CoreStore, RetentionConfig, StorageConfig, StreamLog, SEGMENT_GROW_BYTES};
+use felix_storage::{
+    CoreStore, RetentionConfig, StorageConfig, StreamLog, SEGMENT_GROW_BYTES,
+    SEGMENT_GROW_MIN_BYTES,
+};
 
 const SHARDS: [ShardId; 2] = [ShardId(0), ShardId(1)];
 /// Slack for the file system's own metadata blocks of a file (extent tree, directory).
@@ -39,20 +42,29 @@ async fn open(dir: &Path, config: &StorageConfig) -> StreamLog {
 }
 
 #[test]
-fn idle_logs_hold_one_block_each_with_the_default_segment_size() {
+fn idle_logs_hold_one_block_and_small_logs_little_more() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_owned();
     run(move || async move {
         let config = StorageConfig::new(&path);
         assert_eq!(config.segment_bytes_max, 256 << 20, "the default this test is about");
         let store = CoreStore::open(config, CoreId(0)).await.unwrap();
+        let mut logs = Vec::new();
         for i in 0..20 {
-            store.open_stream(&format!("t/ns/s{i}"), &SHARDS, None).await.unwrap();
+            logs.push(store.open_stream(&format!("t/ns/s{i}"), &SHARDS, None).await.unwrap().0);
         }
         let (allocated, sizes) = usage(store.dir());
         // Twenty 4 KiB header blocks; before, each log reserved a whole 256 MiB segment.
         assert_eq!(sizes, 20 * 4096);
         assert!(allocated <= 20 * (4096 + FS_SLACK_BYTES), "{allocated} bytes allocated");
+        // One small record each: a 4 KiB write and the smallest step reserved past it.
+        for log in &logs {
+            log.append(ShardId(1), &records(1, 0, 1, 100), 1, AckMode::Durable).await.unwrap();
+        }
+        let (allocated, sizes) = usage(store.dir());
+        assert_eq!(sizes, 20 * 8192);
+        let per_log = 8192 + SEGMENT_GROW_MIN_BYTES + FS_SLACK_BYTES;
+        assert!(allocated <= 20 * per_log, "{allocated} bytes allocated for 20 small logs");
     });
 }
 

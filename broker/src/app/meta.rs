@@ -196,7 +196,11 @@ pub fn create(data_dir: &Path, meta: &StreamMeta) -> Result<(StreamMeta, bool), 
         meta.retention.bytes_max.unwrap_or(0),
         meta.retention.age_max_ms.unwrap_or(0)
     );
-    write_file(&tmp, text.as_bytes())?;
+    if let Err(e) = write_file(&tmp, text.as_bytes()) {
+        // A full disk fails here: leave no temporary file behind.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
     let linked = std::fs::hard_link(&tmp, &path);
     let _ = std::fs::remove_file(&tmp);
     match linked {

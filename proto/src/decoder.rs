@@ -7,9 +7,10 @@
 
 use bytes::{Bytes, BytesMut};
 
+use crate::correlation::{request_id_bytes, request_id_of};
 use crate::error::{DecodeError, FrameError};
 use crate::frame::{Frame, RequestId};
-use crate::header::{Capabilities, Flags, FrameHeader, FrameType, HEADER_LEN};
+use crate::header::{Capabilities, Flags, FrameHeader, FrameType, RawHeader, HEADER_LEN};
 use crate::limits::Limits;
 
 /// Decodes frames from a byte stream, enforcing limits and negotiated flag bits.
@@ -54,12 +55,15 @@ impl FrameDecoder {
         if self.skip > 0 {
             return self.skip;
         }
-        let data = self.data();
-        if data.len() < HEADER_LEN {
-            return HEADER_LEN - data.len();
-        }
-        let body_len = u32::from_be_bytes([data[6], data[7], data[8], data[9]]);
-        (HEADER_LEN + body_len as usize).saturating_sub(data.len()).max(1)
+        let have = self.data().len();
+        let need = match self.header() {
+            None | Some(Err(_)) => HEADER_LEN,
+            Some(Ok(raw)) => match self.header_error(&raw) {
+                Some(_) => HEADER_LEN + request_id_bytes(&raw),
+                None => HEADER_LEN + raw.body_len as usize,
+            },
+        };
+        need.saturating_sub(have).max(1)
     }
 
     /// Feeds bytes received from the peer.
@@ -90,30 +94,28 @@ impl FrameDecoder {
     }
 
     /// The next complete frame, an error, or `None` when more bytes are needed.
+    ///
+    /// A frame rejected by its header alone (too large, unknown type, flag bits) is reported
+    /// once the first 8 bytes of its body arrived when its type puts a request id there, so
+    /// the error carries it; nothing more of the body is waited for.
     pub fn poll_frame(&mut self) -> Option<Result<Frame, FrameError>> {
-        if self.failed || self.skip > 0 || self.data().len() < HEADER_LEN {
+        if self.failed || self.skip > 0 {
             return None;
         }
-        let mut head = [0u8; HEADER_LEN];
-        head.copy_from_slice(&self.data()[..HEADER_LEN]);
-        let raw = match FrameHeader::decode(&head) {
+        let raw = match self.header()? {
             Ok(raw) => raw,
-            Err(error) => return Some(Err(self.fatal(None, error))),
+            Err(error) => return Some(Err(self.fatal(None, None, error))),
         };
-        let total = HEADER_LEN as u64 + u64::from(raw.body_len);
-        if total > u64::from(self.limits.max_frame_bytes) {
-            let error = DecodeError::FrameTooLarge { len: total, max: self.limits.max_frame_bytes };
-            return Some(Err(self.fatal(FrameType::from_u8(raw.frame_type), error)));
-        }
-        let total = total as usize;
         let frame_type = FrameType::from_u8(raw.frame_type);
-        // Header-level errors that leave the framing intact: skip the body, keep going.
-        let header_error = match frame_type {
-            None => Some(DecodeError::UnknownFrameType(raw.frame_type)),
-            Some(t) => check_flags(t, raw.flags, self.accepted).err(),
-        };
-        if let Some(error) = header_error {
-            let request_id = frame_type.and_then(|t| self.peek_request_id(t, raw.flags));
+        let total = HEADER_LEN + raw.body_len as usize;
+        if let Some((error, fatal)) = self.header_error(&raw) {
+            if self.data().len() < HEADER_LEN + request_id_bytes(&raw) {
+                return None;
+            }
+            let request_id = request_id_of(&raw, &self.data()[HEADER_LEN..]);
+            if fatal {
+                return Some(Err(self.fatal(frame_type, request_id, error)));
+            }
             self.discard(total);
             return Some(Err(FrameError { frame_type, request_id, fatal: false, error }));
         }
@@ -123,7 +125,7 @@ impl FrameDecoder {
         }
         let mut frame = self.take(total);
         let body = frame.split_off(HEADER_LEN);
-        let request_id = request_id_at_start(frame_type, raw.flags, &body);
+        let request_id = request_id_of(&raw, &body);
         Some(Frame::decode_body(frame_type, raw.flags, body, &self.limits).map_err(|error| {
             FrameError { frame_type: Some(frame_type), request_id, fatal: false, error }
         }))
@@ -131,29 +133,57 @@ impl FrameDecoder {
 
     /// Call when the byte stream ended: an error if it ended inside a frame (correlated with
     /// the frame's request id when enough of it arrived), `None` if it ended between frames.
+    /// A frame whose header was already wrong is reported with that error, else `Truncated`.
     pub fn handle_end(&mut self) -> Option<FrameError> {
         if self.failed || (self.skip == 0 && self.data().is_empty()) {
             return None;
         }
-        let data = self.data();
-        let (frame_type, request_id) = if data.len() >= HEADER_LEN {
-            let t = FrameType::from_u8(data[3]);
-            let flags = Flags(u16::from_be_bytes([data[4], data[5]]));
-            (t, t.and_then(|t| request_id_at_start(t, flags, &data[HEADER_LEN..])))
-        } else {
-            (None, None)
+        let truncated = DecodeError::Truncated { what: "frame (the stream ended inside it)" };
+        let (frame_type, request_id, error) = match self.header() {
+            Some(Ok(raw)) => (
+                FrameType::from_u8(raw.frame_type),
+                request_id_of(&raw, &self.data()[HEADER_LEN..]),
+                self.header_error(&raw).map_or(truncated, |(error, _)| error),
+            ),
+            Some(Err(error)) => (None, None, error),
+            None => (None, None, truncated),
         };
-        let error = DecodeError::Truncated { what: "frame (the stream ended inside it)" };
-        let mut e = self.fatal(frame_type, error);
-        e.request_id = request_id;
-        Some(e)
+        Some(self.fatal(frame_type, request_id, error))
     }
 
-    fn fatal(&mut self, frame_type: Option<FrameType>, error: DecodeError) -> FrameError {
+    /// The header of the next frame, once its 10 bytes are here.
+    fn header(&self) -> Option<Result<RawHeader, DecodeError>> {
+        let data = self.data();
+        let head: &[u8; HEADER_LEN] = data.get(..HEADER_LEN)?.try_into().ok()?;
+        Some(FrameHeader::decode(head))
+    }
+
+    /// What the header alone rejects, and whether that loses the framing: a frame too large
+    /// to read (fatal), or one whose body is skipped by its length (unknown type, flag bits).
+    fn header_error(&self, raw: &RawHeader) -> Option<(DecodeError, bool)> {
+        let total = HEADER_LEN as u64 + u64::from(raw.body_len);
+        let frame_type = FrameType::from_u8(raw.frame_type);
+        if total > u64::from(self.limits.max_frame_bytes) {
+            let error = DecodeError::FrameTooLarge { len: total, max: self.limits.max_frame_bytes };
+            return Some((error, true));
+        }
+        match frame_type {
+            None => Some((DecodeError::UnknownFrameType(raw.frame_type), false)),
+            Some(t) => check_flags(t, raw.flags, self.accepted).err().map(|e| (e, false)),
+        }
+    }
+
+    fn fatal(
+        &mut self,
+        frame_type: Option<FrameType>,
+        request_id: Option<RequestId>,
+        error: DecodeError,
+    ) -> FrameError {
         self.failed = true;
         self.buf = BytesMut::new();
         self.chunk = Bytes::new();
-        FrameError { frame_type, request_id: None, fatal: true, error }
+        self.skip = 0;
+        FrameError { frame_type, request_id, fatal: true, error }
     }
 
     /// The undecoded bytes: the zero-copy chunk, or the accumulation buffer.
@@ -184,10 +214,6 @@ impl FrameDecoder {
             self.chunk = Bytes::new();
         }
     }
-
-    fn peek_request_id(&self, frame_type: FrameType, flags: Flags) -> Option<RequestId> {
-        request_id_at_start(frame_type, flags, &self.data()[HEADER_LEN..])
-    }
 }
 
 /// Decodes exactly one frame from `buf`, which must hold it whole and nothing else.
@@ -203,17 +229,19 @@ pub fn decode_frame(
         Some(Ok(frame)) if decoder.buffered_bytes() == 0 => Ok(frame),
         Some(Ok(frame)) => Err(FrameError {
             frame_type: Some(frame.frame_type()),
-            request_id: None,
+            request_id: frame.request_id(),
             fatal: true,
             error: DecodeError::TrailingBytes(decoder.buffered_bytes()),
         }),
         Some(Err(e)) => Err(e),
-        None => Err(FrameError {
-            frame_type: None,
-            request_id: None,
-            fatal: true,
-            error: DecodeError::Truncated {
-                what: if len < HEADER_LEN { "header" } else { "body" },
+        // Short input: the frame's header error, or `Truncated`, with its request id if readable.
+        None => Err(match decoder.handle_end() {
+            Some(e) if len >= HEADER_LEN => e,
+            _ => FrameError {
+                frame_type: None,
+                request_id: None,
+                fatal: true,
+                error: DecodeError::Truncated { what: "header" },
             },
         }),
     }
@@ -235,18 +263,6 @@ fn check_flags(
     Ok(())
 }
 
-/// The request id at offset 0 of a body, for frame types that carry one there.
-fn request_id_at_start(frame_type: FrameType, flags: Flags, body: &[u8]) -> Option<RequestId> {
-    let has = frame_type.has_request_id()
-        || (frame_type == FrameType::Publish && flags.contains(Flags::ACKED));
-    if !has || body.len() < 8 {
-        return None;
-    }
-    let mut id = [0u8; 8];
-    id.copy_from_slice(&body[..8]);
-    Some(RequestId(u64::from_be_bytes(id)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,6 +277,137 @@ mod tests {
             stream: "t/n/s".into(),
             records: vec![Bytes::from_static(b"hello")],
         })
+    }
+
+    /// `frame` with `extra` flag bits set in its header.
+    fn with_flags(frame: &Frame, extra: u16) -> Vec<u8> {
+        let mut bytes = frame.to_bytes().to_vec();
+        let flags = u16::from_be_bytes([bytes[4], bytes[5]]) | extra;
+        bytes[4..6].copy_from_slice(&flags.to_be_bytes());
+        bytes
+    }
+
+    fn create_stream(id: u64) -> Frame {
+        Frame::CreateStream(crate::CreateStream {
+            request_id: RequestId(id),
+            stream: "t/n/s".into(),
+            shards: 1,
+            retention: crate::Retention::default(),
+        })
+    }
+
+    /// A reader that asks for `wanted_bytes()` gets the header alone first (the broker's
+    /// reader does exactly that): the error must still carry the request id.
+    fn feed_as_wanted(d: &mut FrameDecoder, bytes: &[u8]) -> Vec<Result<Frame, FrameError>> {
+        let mut out = Vec::new();
+        let mut at = 0;
+        while at < bytes.len() {
+            let n = d.wanted_bytes().clamp(1, bytes.len() - at);
+            d.handle_bytes(&bytes[at..at + n]);
+            at += n;
+            while let Some(r) = d.poll_frame() {
+                out.push(r);
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn unknown_flags_carry_the_request_id_when_the_header_arrives_alone() {
+        let bytes = [with_flags(&create_stream(77), 0x0100), Frame::Ping(1).to_bytes().to_vec()];
+        let mut d = FrameDecoder::new(Limits::default(), Capabilities::ALL);
+        let out = feed_as_wanted(&mut d, &bytes.concat());
+        let err = out[0].clone().unwrap_err();
+        assert_eq!(
+            err.error,
+            DecodeError::UnknownFlags { frame_type: FrameType::CreateStream, flags: 0x0100 }
+        );
+        assert_eq!((err.request_id, err.fatal), (Some(RequestId(77)), false));
+        assert_eq!(out[1], Ok(Frame::Ping(1)));
+        assert_eq!(out.len(), 2);
+
+        let mut p = publish(true, false);
+        if let Frame::Publish(p) = &mut p {
+            p.ack = Some(AckRequest { request_id: RequestId(4242), mode: AckMode::Written });
+        }
+        let mut d = FrameDecoder::new(Limits::default(), Capabilities::ALL);
+        let out = feed_as_wanted(&mut d, &with_flags(&p, 0x0100));
+        let err = out[0].clone().unwrap_err();
+        assert_eq!(err.code(), crate::ErrorCode::UnknownFlags);
+        assert_eq!(err.request_id, Some(RequestId(4242)));
+        assert_eq!(d.buffered_bytes(), 0);
+    }
+
+    #[test]
+    fn a_header_error_waits_for_the_request_id_and_no_more() {
+        let bytes = with_flags(&create_stream(5), 0x8000);
+        let mut d = FrameDecoder::new(Limits::default(), Capabilities::ALL);
+        d.handle_bytes(&bytes[..HEADER_LEN]);
+        assert!(d.poll_frame().is_none());
+        assert_eq!(d.wanted_bytes(), 8);
+        d.handle_bytes(&bytes[HEADER_LEN..HEADER_LEN + 7]);
+        assert!(d.poll_frame().is_none());
+        assert_eq!(d.wanted_bytes(), 1);
+        d.handle_bytes(&bytes[HEADER_LEN + 7..HEADER_LEN + 8]);
+        let err = d.poll_frame().unwrap().unwrap_err();
+        assert_eq!(err.request_id, Some(RequestId(5)));
+        // The rest of the body is skipped as it arrives.
+        assert_eq!(d.wanted_bytes(), bytes.len() - HEADER_LEN - 8);
+        d.handle_bytes(&bytes[HEADER_LEN + 8..]);
+        d.handle_bytes(&Frame::Ping(2).to_bytes());
+        assert_eq!(d.poll_frame(), Some(Ok(Frame::Ping(2))));
+    }
+
+    #[test]
+    fn a_header_error_without_a_request_id_does_not_wait() {
+        // Unknown type: its layout, so its request id, is unknown.
+        let mut bytes = create_stream(5).to_bytes().to_vec();
+        bytes[3] = 0x7f;
+        let mut d = FrameDecoder::new(Limits::default(), Capabilities::ALL);
+        d.handle_bytes(&bytes[..HEADER_LEN]);
+        let err = d.poll_frame().unwrap().unwrap_err();
+        assert_eq!((err.error, err.request_id), (DecodeError::UnknownFrameType(0x7f), None));
+        // An unacked publish has no request id; a body shorter than 8 bytes cannot hold one.
+        let mut d = FrameDecoder::new(Limits::default(), Capabilities::ALL);
+        d.handle_bytes(&with_flags(&publish(false, false), 0x0100)[..HEADER_LEN]);
+        assert_eq!(d.poll_frame().unwrap().unwrap_err().request_id, None);
+        let mut short = with_flags(&create_stream(5), 0x0100)[..HEADER_LEN + 4].to_vec();
+        short[6..10].copy_from_slice(&4u32.to_be_bytes());
+        let mut d = FrameDecoder::new(Limits::default(), Capabilities::ALL);
+        d.handle_bytes(&short[..HEADER_LEN]);
+        assert_eq!(d.poll_frame().unwrap().unwrap_err().request_id, None);
+    }
+
+    #[test]
+    fn an_oversized_frame_with_a_request_id_carries_it() {
+        let limits = Limits { max_frame_bytes: 64, ..Limits::default() };
+        let big = Frame::Publish(Publish {
+            ack: Some(AckRequest { request_id: RequestId(9), mode: AckMode::Written }),
+            key: None,
+            stream: "t/n/s".into(),
+            records: vec![Bytes::from(vec![0u8; 100])],
+        });
+        let mut d = FrameDecoder::new(limits, Capabilities::ALL);
+        let out = feed_as_wanted(&mut d, &big.to_bytes());
+        assert_eq!(out.len(), 1);
+        let err = out[0].clone().unwrap_err();
+        assert_eq!(
+            (err.code(), err.request_id, err.fatal),
+            (crate::ErrorCode::FrameTooLarge, Some(RequestId(9)), true)
+        );
+    }
+
+    #[test]
+    fn a_stream_ending_after_a_bad_header_reports_the_header_error() {
+        let limits = Limits { max_frame_bytes: 64, ..Limits::default() };
+        let mut d = FrameDecoder::new(limits, Capabilities::ALL);
+        let bytes = with_flags(&create_stream(5), 0x0100);
+        d.handle_bytes(&bytes[..HEADER_LEN + 3]);
+        assert!(d.poll_frame().is_none());
+        let err = d.handle_end().unwrap();
+        assert_eq!(err.code(), crate::ErrorCode::UnknownFlags);
+        assert_eq!((err.request_id, err.fatal), (None, true));
+        assert!(d.handle_end().is_none());
     }
 
     #[test]

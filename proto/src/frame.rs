@@ -605,7 +605,13 @@ fn decode_subscribe(r: &mut Reader) -> Result<Subscribe, DecodeError> {
     let stream = stream_name(r)?;
     let shards = match presence(r, "shards presence")? {
         false => None,
-        true => Some(shard_list(r)?),
+        // Absent means every shard; a present list names at least one.
+        true => match shard_list(r)? {
+            list if list.is_empty() => {
+                return Err(DecodeError::InvalidValue { what: "shard count", value: 0 })
+            }
+            list => Some(list),
+        },
     };
     let start = match r.u8("start kind")? {
         0 => StartAt::Earliest,
@@ -645,6 +651,10 @@ fn decode_event_batch(r: &mut Reader, limits: &Limits) -> Result<EventBatch, Dec
 fn payloads(r: &mut Reader, limits: &Limits) -> Result<Vec<Bytes>, DecodeError> {
     // A record takes at least its 4-byte length.
     let count = record_count(r, limits, 4)?;
+    // A batch holds at least one record: an empty one would store nothing and ack no offset.
+    if count == 0 {
+        return Err(DecodeError::InvalidValue { what: "record count", value: 0 });
+    }
     let mut records = Vec::with_capacity(count);
     for _ in 0..count {
         let len = r.u32("record length")? as usize;

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod codec;
+pub mod correlation;
 pub mod decoder;
 pub mod error;
 pub mod frame;

@@ -39,6 +39,11 @@ fn shards() -> impl Strategy<Value = Vec<ShardId>> {
     vec(any::<u32>().prop_map(ShardId), 0..8)
 }
 
+/// A Subscribe's shard list names at least one shard (absent means every shard).
+fn subscribe_shards() -> impl Strategy<Value = Vec<ShardId>> {
+    vec(any::<u32>().prop_map(ShardId), 1..8)
+}
+
 fn start() -> impl Strategy<Value = StartAt> {
     prop_oneof![
         Just(StartAt::Earliest),
@@ -106,7 +111,7 @@ pub fn frame() -> impl Strategy<Value = Frame> {
             option::of((request_id(), ack_mode())),
             option::of(bytes(40)),
             name(),
-            vec(bytes(100), 0..20)
+            vec(bytes(100), 1..20)
         )
             .prop_map(|(ack, key, stream, records)| Frame::Publish(Publish {
                 ack: ack.map(|(request_id, mode)| AckRequest { request_id, mode }),
@@ -125,15 +130,14 @@ pub fn frame() -> impl Strategy<Value = Frame> {
             }
         ),
         error_body().prop_map(Frame::PublishError),
-        (request_id(), name(), option::of(shards()), start(), option::of(text(20))).prop_map(
-            |(request_id, stream, shards, start, group)| Frame::Subscribe(Subscribe {
+        (request_id(), name(), option::of(subscribe_shards()), start(), option::of(text(20)))
+            .prop_map(|(request_id, stream, shards, start, group)| Frame::Subscribe(Subscribe {
                 request_id,
                 stream,
                 shards,
                 start,
                 group,
-            })
-        ),
+            })),
         (request_id(), any::<u64>(), shards()).prop_map(|(request_id, id, shards)| {
             Frame::SubscribeOk(SubscribeOk {
                 request_id,

@@ -155,16 +155,15 @@ fn error_frame(request_id: RequestId, e: WireError) -> Option<Frame> {
     Some(Frame::Error(ErrorBody { request_id, code: e.code, message: e.message }))
 }
 
+/// The request id an answer to `frame` carries: the one its body starts with, of any type
+/// (a client sending a broker-only frame is answered with that frame's id too), else 0.
 fn request_id_of(frame: &Frame) -> RequestId {
-    match frame {
-        Frame::CreateStream(f) => f.request_id,
-        Frame::DescribeStream(f) => f.request_id,
-        Frame::ListStreams(f) => f.request_id,
-        Frame::Subscribe(f) => f.request_id,
-        Frame::CommitOffset(f) => f.request_id,
-        Frame::Publish(p) => p.ack.map(|a| a.request_id).unwrap_or_default(),
-        _ => RequestId(0),
-    }
+    frame.request_id().unwrap_or_default()
+}
+
+/// Whether refusals of `frame` are PublishError: an acked Publish, whatever its request id.
+fn answers_with_publish_error(frame: &Frame) -> bool {
+    matches!(frame, Frame::Publish(p) if p.ack.is_some())
 }
 
 impl Session {
@@ -216,7 +215,7 @@ impl Session {
                     stats::add(&app.stats.counters.rejected_frames, 1);
                     let id = request_id_of(&other);
                     let e = WireError::new(ErrorCode::Unauthenticated, "Hello must come first");
-                    if matches!(other, Frame::Publish(_)) && id != RequestId(0) {
+                    if answers_with_publish_error(&other) {
                         return ready(Some(Frame::PublishError(ErrorBody {
                             request_id: id,
                             code: e.code,
@@ -231,15 +230,11 @@ impl Session {
             if let Err(e) = self.authorize(action, stream) {
                 stats::add(&app.stats.counters.rejected_frames, 1);
                 let id = request_id_of(&frame);
-                return ready(Some(match frame {
-                    Frame::Publish(_) if id != RequestId(0) => Frame::PublishError(ErrorBody {
-                        request_id: id,
-                        code: e.code,
-                        message: e.message,
-                    }),
-                    _ => {
-                        Frame::Error(ErrorBody { request_id: id, code: e.code, message: e.message })
-                    }
+                let body = ErrorBody { request_id: id, code: e.code, message: e.message };
+                return ready(Some(if answers_with_publish_error(&frame) {
+                    Frame::PublishError(body)
+                } else {
+                    Frame::Error(body)
                 }));
             }
         }

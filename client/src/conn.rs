@@ -24,7 +24,8 @@ use crate::error::ClientError;
 use crate::tls::RejectionNote;
 
 /// The capabilities this client implements and offers in Hello.
-pub const CLIENT_CAPABILITIES: Capabilities = Capabilities::ALL;
+pub const CLIENT_CAPABILITIES: Capabilities =
+    Capabilities(Capabilities::ALL.0 & !Capabilities::CLUSTER.0);
 /// The largest HelloOk (or Error answering Hello) accepted, header included.
 const HELLO_ANSWER_BYTES_MAX: usize = HEADER_LEN + 8 + 4096 + 2;
 /// The most subscription streams kept while their SubscribeOk has not been processed yet.

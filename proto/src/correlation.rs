@@ -15,6 +15,9 @@ impl Frame {
             Self::StreamInfo(f) => f.request_id,
             Self::ListStreams(f) => f.request_id,
             Self::StreamList(f) => f.request_id,
+            Self::Metadata(f) => f.request_id,
+            Self::MetadataOk(f) => f.request_id,
+            Self::NotOwner(f) => f.request_id,
             Self::Publish(p) => return p.ack.map(|a| a.request_id),
             Self::PublishAck(f) => f.request_id,
             Self::PublishError(e) | Self::Error(e) => e.request_id,
@@ -105,6 +108,12 @@ mod tests {
             }),
             Frame::ListStreams(ListStreams { request_id: id, prefix: String::new() }),
             Frame::StreamList(StreamList { request_id: id, streams: vec![] }),
+            Frame::Metadata(crate::Metadata { request_id: id, stream: "a/b/c".into() }),
+            Frame::MetadataOk(crate::MetadataOk {
+                request_id: id,
+                stream: "a/b/c".into(),
+                owners: vec![],
+            }),
             publish(None),
             publish(Some(AckRequest { request_id: id, mode: AckMode::None })),
             Frame::PublishAck(PublishAck {
@@ -114,6 +123,12 @@ mod tests {
                 count: 1,
             }),
             Frame::PublishError(body.clone()),
+            Frame::NotOwner(crate::NotOwner {
+                request_id: id,
+                stream: "a/b/c".into(),
+                shard: ShardId(0),
+                owner: crate::ShardOwner { node: "b".into(), address: String::new(), live: false },
+            }),
             Frame::Subscribe(Subscribe {
                 request_id: id,
                 stream: "a/b/c".into(),

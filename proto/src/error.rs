@@ -64,11 +64,17 @@ pub enum ErrorCode {
     InvalidArgument = 25,
     /// A connection-level limit was reached (streams, subscriptions).
     LimitReached = 26,
+    /// The shard lives on another broker of the cluster; the message names it. A client that
+    /// advertised `CLUSTER` gets a `NotOwner` frame with the owner's address instead.
+    NotOwner = 27,
+    /// The shard cannot be served now: its owner is down, or this broker cannot confirm its
+    /// cluster membership (its lease) and so must not acknowledge writes. Retry later.
+    ShardUnavailable = 28,
 }
 
 impl ErrorCode {
     /// Every known code, in numeric order.
-    pub const ALL: [ErrorCode; 27] = [
+    pub const ALL: [ErrorCode; 29] = [
         Self::Unknown,
         Self::Malformed,
         Self::UnsupportedVersion,
@@ -96,6 +102,8 @@ impl ErrorCode {
         Self::UnknownSubscription,
         Self::InvalidArgument,
         Self::LimitReached,
+        Self::NotOwner,
+        Self::ShardUnavailable,
     ];
 
     /// The code for a wire value; unknown values become [`ErrorCode::Unknown`].

@@ -6,6 +6,7 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use crate::cluster::{self, Metadata, MetadataOk, NotOwner};
 use crate::codec::{Reader, WriteExt};
 use crate::error::{DecodeError, ErrorCode};
 use crate::header::{Capabilities, Flags, FrameHeader, FrameType, HEADER_LEN};
@@ -37,6 +38,12 @@ pub enum Frame {
     ListStreams(ListStreams),
     /// Answers ListStreams.
     StreamList(StreamList),
+    /// Asks where a stream's shards live (cluster).
+    Metadata(Metadata),
+    /// Answers Metadata.
+    MetadataOk(MetadataOk),
+    /// The request's shard lives on another broker (cluster).
+    NotOwner(NotOwner),
     /// A batch of records to store.
     Publish(Publish),
     /// A batch was stored.
@@ -280,6 +287,9 @@ impl Frame {
             Self::StreamInfo(_) => FrameType::StreamInfo,
             Self::ListStreams(_) => FrameType::ListStreams,
             Self::StreamList(_) => FrameType::StreamList,
+            Self::Metadata(_) => FrameType::Metadata,
+            Self::MetadataOk(_) => FrameType::MetadataOk,
+            Self::NotOwner(_) => FrameType::NotOwner,
             Self::Publish(_) => FrameType::Publish,
             Self::PublishAck(_) => FrameType::PublishAck,
             Self::PublishError(_) => FrameType::PublishError,
@@ -385,6 +395,9 @@ impl Frame {
                     dst.put_bytes_u16(s.as_bytes());
                 }
             }
+            Self::Metadata(m) => cluster::encode_metadata(m, dst),
+            Self::MetadataOk(m) => cluster::encode_metadata_ok(m, dst),
+            Self::NotOwner(n) => cluster::encode_not_owner(n, dst),
             Self::Publish(p) => {
                 if let Some(ack) = p.ack {
                     dst.put_u64(ack.request_id.0);
@@ -520,6 +533,9 @@ impl Frame {
                 }
                 Frame::StreamList(StreamList { request_id, streams })
             }
+            FrameType::Metadata => Frame::Metadata(cluster::decode_metadata(&mut r)?),
+            FrameType::MetadataOk => Frame::MetadataOk(cluster::decode_metadata_ok(&mut r)?),
+            FrameType::NotOwner => Frame::NotOwner(cluster::decode_not_owner(&mut r)?),
             FrameType::Publish => Frame::Publish(decode_publish(&mut r, flags, limits)?),
             FrameType::PublishAck => Frame::PublishAck(PublishAck {
                 request_id: RequestId(r.u64("request_id")?),

@@ -39,12 +39,18 @@ pub enum FrameType {
     ListStreams = 0x06,
     /// Broker → client: answers ListStreams.
     StreamList = 0x07,
+    /// Client → broker: where does each shard of a stream live (needs `CLUSTER`).
+    Metadata = 0x08,
+    /// Broker → client: answers Metadata.
+    MetadataOk = 0x09,
     /// Client → broker: a batch of records.
     Publish = 0x10,
     /// Broker → client: a batch was stored.
     PublishAck = 0x11,
     /// Broker → client: a batch was refused.
     PublishError = 0x12,
+    /// Broker → client: the request's shard lives on another broker (needs `CLUSTER`).
+    NotOwner = 0x13,
     /// Client → broker: start a subscription.
     Subscribe = 0x20,
     /// Broker → client: the subscription started.
@@ -67,7 +73,7 @@ pub enum FrameType {
 
 impl FrameType {
     /// Every frame type.
-    pub const ALL: [FrameType; 19] = [
+    pub const ALL: [FrameType; 22] = [
         Self::Hello,
         Self::HelloOk,
         Self::CreateStream,
@@ -75,9 +81,12 @@ impl FrameType {
         Self::StreamInfo,
         Self::ListStreams,
         Self::StreamList,
+        Self::Metadata,
+        Self::MetadataOk,
         Self::Publish,
         Self::PublishAck,
         Self::PublishError,
+        Self::NotOwner,
         Self::Subscribe,
         Self::SubscribeOk,
         Self::SubscriptionStart,
@@ -111,6 +120,9 @@ impl FrameType {
                 | Self::StreamInfo
                 | Self::ListStreams
                 | Self::StreamList
+                | Self::Metadata
+                | Self::MetadataOk
+                | Self::NotOwner
                 | Self::PublishAck
                 | Self::PublishError
                 | Self::Subscribe
@@ -154,8 +166,11 @@ impl Capabilities {
     pub const PUBLISH_KEYED: Capabilities = Capabilities(1 << 1);
     /// Subscribe may name a consumer group; CommitOffset is accepted.
     pub const CONSUMER_GROUPS: Capabilities = Capabilities(1 << 2);
+    /// The peer speaks the cluster frames (Metadata, MetadataOk, NotOwner). A broker
+    /// advertises it when it runs in a cluster.
+    pub const CLUSTER: Capabilities = Capabilities(1 << 3);
     /// Everything this build knows.
-    pub const ALL: Capabilities = Capabilities(0b111);
+    pub const ALL: Capabilities = Capabilities(0b1111);
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: Capabilities) -> bool {

@@ -6,6 +6,7 @@
 //! `proto/tests/vectors` keep the two in step.
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod codec;
 pub mod correlation;
 pub mod decoder;
@@ -18,6 +19,7 @@ pub mod limits;
 pub mod record;
 pub mod stream_name;
 
+pub use cluster::{Metadata, MetadataOk, NotOwner, ShardOwner};
 pub use decoder::{decode_frame, FrameDecoder};
 pub use error::{DecodeError, ErrorCode, FrameError};
 pub use frame::{

@@ -17,6 +17,11 @@ use felix_proto::*;
 /// end-to-end tests check that it advertises exactly this.
 const BROKER_MAX_FRAME_BYTES: u32 = 4_190_208;
 
+/// The capabilities of a broker (or client) that is not in a cluster.
+const SINGLE_NODE: Capabilities = Capabilities(
+    Capabilities::PUBLISH_ACKED.0 | Capabilities::PUBLISH_KEYED.0 | Capabilities::CONSUMER_GROUPS.0,
+);
+
 fn broker_limits() -> Limits {
     Limits { max_frame_bytes: BROKER_MAX_FRAME_BYTES, ..Limits::default() }
 }
@@ -28,7 +33,8 @@ fn vectors() -> Vec<(&'static str, Frame)> {
             "hello",
             Frame::Hello(Hello {
                 version: 1,
-                capabilities: Capabilities::ALL,
+                // A single-node client: everything but CLUSTER.
+                capabilities: SINGLE_NODE,
                 token: Some(Bytes::from_static(b"tok")),
             }),
         ),
@@ -36,7 +42,8 @@ fn vectors() -> Vec<(&'static str, Frame)> {
             "hello_ok",
             Frame::HelloOk(HelloOk {
                 version: 1,
-                capabilities: Capabilities::ALL,
+                // What a single-node broker advertises: everything but CLUSTER.
+                capabilities: SINGLE_NODE,
                 limits: broker_limits(),
                 core: CoreId(1),
                 core_count: 2,
@@ -71,6 +78,27 @@ fn vectors() -> Vec<(&'static str, Frame)> {
         (
             "stream_list",
             Frame::StreamList(StreamList { request_id: RequestId(3), streams: vec![s("a/b/c")] }),
+        ),
+        ("metadata", Frame::Metadata(Metadata { request_id: RequestId(40), stream: s("a/b/c") })),
+        (
+            "metadata_ok",
+            Frame::MetadataOk(MetadataOk {
+                request_id: RequestId(40),
+                stream: s("a/b/c"),
+                owners: vec![
+                    ShardOwner { node: s("b1"), address: s("10.0.0.1:7400"), live: true },
+                    ShardOwner { node: s("b2"), address: s("10.0.0.2:7400"), live: false },
+                ],
+            }),
+        ),
+        (
+            "not_owner",
+            Frame::NotOwner(NotOwner {
+                request_id: RequestId(41),
+                stream: s("a/b/c"),
+                shard: ShardId(1),
+                owner: ShardOwner { node: s("b2"), address: s("10.0.0.2:7400"), live: true },
+            }),
         ),
         (
             "publish",

@@ -39,7 +39,9 @@ pub const RECORD_OVERHEAD_BYTES: usize = 64;
 /// Memory one batch costs beyond its records, for budgets.
 pub const BATCH_OVERHEAD_BYTES: usize = 256;
 /// Capabilities this broker advertises.
-pub const BROKER_CAPABILITIES: Capabilities = Capabilities::ALL;
+/// Capabilities a single-node broker advertises: everything but `CLUSTER`.
+pub const BROKER_CAPABILITIES: Capabilities =
+    Capabilities(Capabilities::ALL.0 & !Capabilities::CLUSTER.0);
 /// QUIC application error code used when the broker closes a connection at shutdown.
 pub const CLOSE_SHUTTING_DOWN: u32 = ErrorCode::ShuttingDown as u32;
 
@@ -324,6 +326,13 @@ impl Session {
                     }
                 })
             }
+            Frame::Metadata(m) => ready(error_frame(
+                m.request_id,
+                WireError::new(
+                    ErrorCode::InvalidArgument,
+                    "Metadata is answered by brokers in a cluster (capability CLUSTER)",
+                ),
+            )),
             Frame::Ping(n) => ready(Some(Frame::Pong(n))),
             Frame::Pong(_) => ready(None),
             Frame::Hello(_) => {

@@ -65,6 +65,14 @@ fn error_body() -> impl Strategy<Value = ErrorBody> {
     })
 }
 
+fn owner() -> impl Strategy<Value = ShardOwner> {
+    (text(20), text(40), any::<bool>()).prop_map(|(node, address, live)| ShardOwner {
+        node,
+        address,
+        live,
+    })
+}
+
 /// Any frame within the default limits.
 pub fn frame() -> impl Strategy<Value = Frame> {
     prop_oneof![
@@ -107,6 +115,14 @@ pub fn frame() -> impl Strategy<Value = Frame> {
         (request_id(), vec(name(), 0..5)).prop_map(|(request_id, streams)| Frame::StreamList(
             StreamList { request_id, streams }
         )),
+        (request_id(), name())
+            .prop_map(|(request_id, stream)| Frame::Metadata(Metadata { request_id, stream })),
+        (request_id(), name(), vec(owner(), 0..6)).prop_map(|(request_id, stream, owners)| {
+            Frame::MetadataOk(MetadataOk { request_id, stream, owners })
+        }),
+        (request_id(), name(), any::<u32>(), owner()).prop_map(|(request_id, stream, s, owner)| {
+            Frame::NotOwner(NotOwner { request_id, stream, shard: ShardId(s), owner })
+        }),
         (
             option::of((request_id(), ack_mode())),
             option::of(bytes(40)),

@@ -17,6 +17,8 @@ use crate::net::steering::SteeringMode;
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:7400";
 /// Default metrics address.
 pub const DEFAULT_METRICS: &str = "127.0.0.1:9400";
+/// Default of `--cluster-name`.
+pub const DEFAULT_CLUSTER_NAME: &str = "felix";
 /// Default of `--max-streams-per-tenant`.
 pub const DEFAULT_MAX_STREAMS_PER_TENANT: u32 = 1000;
 /// `--min-free-bytes auto` keeps this share of the data file system free, in percent...
@@ -155,6 +157,25 @@ pub struct ServeArgs {
     /// Repair corruption found in the middle of a log by truncating there (reported) instead of refusing to start.
     #[arg(long, env = "FELIX_REPAIR", default_value_t = false)]
     pub repair: bool,
+    /// etcd endpoints (`http://host:port`, comma-separated): run as a member of a cluster.
+    /// Without it the broker is a single node and needs no etcd.
+    #[arg(long, env = "FELIX_CLUSTER_ETCD", value_delimiter = ',')]
+    pub cluster_etcd: Vec<String>,
+    /// This broker's name in the cluster, unique among its brokers (1-64 bytes of
+    /// A-Z a-z 0-9 . _ -). Required with --cluster-etcd.
+    #[arg(long, env = "FELIX_NODE_ID")]
+    pub node_id: Option<String>,
+    /// Where clients and other brokers reach this broker (`host:port`, UDP). Required with
+    /// --cluster-etcd.
+    #[arg(long, env = "FELIX_ADVERTISE")]
+    pub advertise: Option<String>,
+    /// The cluster's name: its brokers share the etcd key prefix `/felix/<name>/`.
+    #[arg(long, env = "FELIX_CLUSTER_NAME", default_value = DEFAULT_CLUSTER_NAME)]
+    pub cluster_name: String,
+    /// Membership lease TTL in seconds: a broker that cannot renew its lease for this long
+    /// stops acknowledging writes, and the others see it as down.
+    #[arg(long, env = "FELIX_LEASE_TTL_S", default_value_t = felix_cluster::agent::LEASE_TTL_S_DEFAULT)]
+    pub lease_ttl_s: u32,
     /// A TOML file with any of these settings (names as the flags, with underscores).
     #[arg(long, env = "FELIX_CONFIG")]
     pub config: Option<PathBuf>,
@@ -194,6 +215,11 @@ struct FileConfig {
     allow_anonymous: Option<bool>,
     repair: Option<bool>,
     auth_keys: Option<Vec<PathBuf>>,
+    cluster_etcd: Option<Vec<String>>,
+    node_id: Option<String>,
+    advertise: Option<String>,
+    cluster_name: Option<String>,
+    lease_ttl_s: Option<u32>,
 }
 
 /// `min_free_bytes` in the config file: a number of bytes or `"auto"`.
@@ -248,6 +274,7 @@ impl ServeArgs {
         if !auto_create_given && !self.auth_keys.is_empty() {
             self.auto_create = false;
         }
+        self.check_cluster()?;
         if self.max_streams_per_tenant == 0 {
             return Err(ConfigError::Invalid("--max-streams-per-tenant must be at least 1".into()));
         }
@@ -308,8 +335,17 @@ impl ServeArgs {
             slow_consumer_secs,
             allow_anonymous,
             repair,
-            auth_keys
+            auth_keys,
+            cluster_etcd,
+            cluster_name,
+            lease_ttl_s
         );
+        if f.node_id.is_some() && unset("node_id") {
+            self.node_id = f.node_id;
+        }
+        if f.advertise.is_some() && unset("advertise") {
+            self.advertise = f.advertise;
+        }
         if f.cert.is_some() && unset("cert") {
             self.cert = f.cert;
         }
@@ -331,6 +367,42 @@ impl ServeArgs {
                 self.steering =
                     s.parse().map_err(|e| ConfigError::Invalid(format!("steering: {e}")))?;
             }
+        }
+        Ok(())
+    }
+
+    /// With `--cluster-etcd`, a valid node id, an advertise address and a usable lease TTL.
+    fn check_cluster(&self) -> Result<(), ConfigError> {
+        if self.cluster_etcd.is_empty() {
+            return Ok(());
+        }
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        match &self.node_id {
+            None => return bad("--cluster-etcd needs --node-id".into()),
+            Some(id) => {
+                if let Err(e) = felix_cluster::NodeId::new(id) {
+                    return bad(format!("--node-id: {e}"));
+                }
+            }
+        }
+        match &self.advertise {
+            None => return bad("--cluster-etcd needs --advertise HOST:PORT".into()),
+            Some(a)
+                if a.rsplit_once(':')
+                    .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err()) =>
+            {
+                return bad(format!("--advertise {a:?} is not HOST:PORT"))
+            }
+            Some(_) => {}
+        }
+        if self.lease_ttl_s < felix_cluster::agent::LEASE_TTL_S_MIN {
+            return bad(format!(
+                "--lease-ttl-s must be at least {}",
+                felix_cluster::agent::LEASE_TTL_S_MIN
+            ));
+        }
+        if self.cluster_name.is_empty() || self.cluster_name.contains('/') {
+            return bad("--cluster-name is non-empty, without '/'".into());
         }
         Ok(())
     }
@@ -385,6 +457,11 @@ impl ServeArgs {
             ),
             format!("allow_anonymous = {}", self.allow_anonymous),
             format!("repair = {}", self.repair),
+            format!("cluster_etcd = {:?}", self.cluster_etcd),
+            format!("node_id = {:?}", self.node_id.as_deref().unwrap_or("")),
+            format!("advertise = {:?}", self.advertise.as_deref().unwrap_or("")),
+            format!("cluster_name = {:?}", self.cluster_name),
+            format!("lease_ttl_s = {}", self.lease_ttl_s),
         ]
         .join("\n")
     }

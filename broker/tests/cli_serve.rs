@@ -66,6 +66,10 @@ fn every_environment_twin_takes_effect() {
         ("FELIX_ALLOW_ANONYMOUS", "true", "allow_anonymous = true"),
         ("FELIX_REPAIR", "true", "repair = true"),
         ("FELIX_AUTH_KEYS", "/k1.pem,/k2.pem", "auth_keys = [\"/k1.pem\", \"/k2.pem\"]"),
+        ("FELIX_MIN_FREE_BYTES", "12345", "min_free_bytes = 12345"),
+        ("FELIX_MAX_STREAMS_PER_TENANT", "17", "max_streams_per_tenant = 17"),
+        ("FELIX_CLUSTER_NAME", "blue", "cluster_name = \"blue\""),
+        ("FELIX_LEASE_TTL_S", "7", "lease_ttl_s = 7"),
     ];
     for (var, value, expect) in cases {
         let out = print_config(felix().arg("serve").env(var, value));
@@ -171,4 +175,65 @@ fn sigterm_drains_and_exits_zero() {
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert!(status.success(), "exit {status:?}: {err}");
     assert!(err.contains("felix: stopped"), "{err}");
+}
+
+#[test]
+fn cluster_settings_come_from_flags_environment_and_file_and_are_checked() {
+    let cluster = [
+        ("FELIX_CLUSTER_ETCD", "http://10.0.0.9:2379,http://10.0.0.8:2379"),
+        ("FELIX_NODE_ID", "b7"),
+        ("FELIX_ADVERTISE", "10.0.0.7:7400"),
+    ];
+    let mut cmd = felix();
+    cmd.arg("serve");
+    for (k, v) in cluster {
+        cmd.env(k, v);
+    }
+    let out = print_config(&mut cmd);
+    for want in [
+        "cluster_etcd = [\"http://10.0.0.9:2379\", \"http://10.0.0.8:2379\"]",
+        "node_id = \"b7\"",
+        "advertise = \"10.0.0.7:7400\"",
+    ] {
+        assert!(out.contains(want), "{want} missing:\n{out}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("felix.toml");
+    std::fs::write(
+        &file,
+        "cluster_etcd = [\"http://e:2379\"]\nnode_id = \"f1\"\nadvertise = \"h:1\"\nlease_ttl_s = 3\n",
+    )
+    .unwrap();
+    let out = print_config(felix().args(["serve", "--node-id", "f2", "--config"]).arg(&file));
+    assert!(out.contains("node_id = \"f2\"") && out.contains("lease_ttl_s = 3"), "{out}");
+    // Incomplete or invalid cluster settings are refused with a message naming the flag.
+    for (args, says) in [
+        (vec!["--cluster-etcd", "http://e:2379"], "--node-id"),
+        (vec!["--cluster-etcd", "http://e:2379", "--node-id", "b1"], "--advertise"),
+        (
+            vec!["--cluster-etcd", "http://e:2379", "--node-id", "b/1", "--advertise", "h:1"],
+            "node id",
+        ),
+        (
+            vec!["--cluster-etcd", "http://e:2379", "--node-id", "b1", "--advertise", "nope"],
+            "HOST:PORT",
+        ),
+        (
+            vec![
+                "--cluster-etcd",
+                "http://e:2379",
+                "--node-id",
+                "b1",
+                "--advertise",
+                "h:1",
+                "--lease-ttl-s",
+                "1",
+            ],
+            "--lease-ttl-s",
+        ),
+    ] {
+        let out = felix().arg("serve").args(&args).arg("--print-config").output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(says), "{args:?}: {err}");
+    }
 }

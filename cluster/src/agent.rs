@@ -108,6 +108,39 @@ pub struct AgentHandle {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
+/// What a data core holds of the agent: the views and the command queue. Its futures need no
+/// runtime (tokio's channels), so a glommio core awaits them directly.
+#[derive(Clone, Debug)]
+pub struct AgentClient {
+    node: NodeId,
+    commands: mpsc::Sender<Command>,
+    views: watch::Receiver<Arc<ClusterView>>,
+}
+
+impl AgentClient {
+    /// This broker's node id.
+    pub fn node(&self) -> &NodeId {
+        &self.node
+    }
+
+    /// A receiver of the newest view.
+    pub fn views(&self) -> watch::Receiver<Arc<ClusterView>> {
+        self.views.clone()
+    }
+
+    /// See [`AgentHandle::create_stream`].
+    pub async fn create_stream(
+        &self,
+        name: &str,
+        def: StreamDef,
+    ) -> Result<(StreamDef, StreamPlacement), ClusterError> {
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::CreateStream { name: name.to_owned(), def, reply };
+        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
+        rx.await.map_err(|_| ClusterError::Stopped)?
+    }
+}
+
 /// What the agent's thread is asked to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stop {
@@ -122,6 +155,7 @@ enum Stop {
 /// The answer to a CreateStream: the definition in force and its placement.
 type CreateReply = oneshot::Sender<Result<(StreamDef, StreamPlacement), ClusterError>>;
 
+#[derive(Debug)]
 enum Command {
     CreateStream { name: String, def: StreamDef, reply: CreateReply },
 }
@@ -142,6 +176,15 @@ impl AgentHandle {
         self.views.borrow().clone()
     }
 
+    /// A cloneable, `Send` client of this agent, for the broker's data cores.
+    pub fn client(&self) -> AgentClient {
+        AgentClient {
+            node: self.node.clone(),
+            commands: self.commands.clone(),
+            views: self.views.clone(),
+        }
+    }
+
     /// Defines `name` cluster-wide unless it exists, and waits until the controller placed
     /// it. Returns the definition in force (an existing one wins) and its placement.
     pub async fn create_stream(
@@ -149,10 +192,7 @@ impl AgentHandle {
         name: &str,
         def: StreamDef,
     ) -> Result<(StreamDef, StreamPlacement), ClusterError> {
-        let (reply, rx) = oneshot::channel();
-        let cmd = Command::CreateStream { name: name.to_owned(), def, reply };
-        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
-        rx.await.map_err(|_| ClusterError::Stopped)?
+        self.client().create_stream(name, def).await
     }
 
     /// Stops the agent: resigns the controller role, revokes the lease (so the others see

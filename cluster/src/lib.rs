@@ -12,9 +12,10 @@ pub mod agent;
 mod error;
 pub mod keys;
 pub mod placement;
+pub mod testing;
 mod view;
 
-pub use agent::{Agent, AgentConfig, AgentHandle};
+pub use agent::{Agent, AgentClient, AgentConfig, AgentHandle};
 pub use error::ClusterError;
 pub use placement::{PlacementError, StreamPlacement};
 pub use view::{ClusterView, Member, Route, StreamDef};

@@ -3,86 +3,16 @@
 //! spread by load, a join, a crash (lease expiry), a restart, and etcd going away and coming
 //! back.
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use felix_cluster::testing::Etcd;
 use felix_cluster::Route;
 use felix_cluster::{Agent, AgentConfig, AgentHandle, ClusterView, Member, NodeId, StreamDef};
 
 const TTL_S: u32 = 2;
 /// How long a change may take to reach every agent: a lease expiry plus a margin.
 const SETTLE: Duration = Duration::from_secs(TTL_S as u64 + 3);
-
-/// An etcd server of the test's own.
-struct Etcd {
-    child: Option<Child>,
-    client_url: String,
-    peer_url: String,
-    dir: tempfile::TempDir,
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
-impl Etcd {
-    /// Starts etcd, or returns `None` (with a message) where it is not installed and this is
-    /// not CI. CI installs it (`.ci/run`), so there a missing etcd fails the test.
-    fn start() -> Option<Etcd> {
-        if Command::new("etcd").arg("--version").output().is_err() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "etcd is not installed (apt-get install etcd-server)"
-            );
-            eprintln!("SKIPPED: etcd is not installed (apt-get install etcd-server)");
-            return None;
-        }
-        let mut etcd = Etcd {
-            child: None,
-            client_url: format!("http://127.0.0.1:{}", free_port()),
-            peer_url: format!("http://127.0.0.1:{}", free_port()),
-            dir: tempfile::tempdir().unwrap(),
-        };
-        etcd.spawn();
-        Some(etcd)
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new("etcd")
-            .args(["--name", "t", "--data-dir"])
-            .arg(self.dir.path().join("etcd"))
-            .args(["--listen-client-urls", &self.client_url])
-            .args(["--advertise-client-urls", &self.client_url])
-            .args(["--listen-peer-urls", &self.peer_url])
-            .args(["--initial-advertise-peer-urls", &self.peer_url])
-            .args(["--initial-cluster", &format!("t={}", self.peer_url)])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn etcd");
-        self.child = Some(child);
-        let addr = self.client_url.trim_start_matches("http://").to_owned();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(Instant::now() < deadline, "etcd did not start");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Etcd {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 fn agent(etcd: &Etcd, cluster: &str, node: &str) -> AgentHandle {
     Agent::start(AgentConfig {

@@ -26,6 +26,23 @@ use super::meta::{self, MetaError, StreamMeta, TenantQuota};
 use super::stats::{self, AppStats};
 use super::tail::{EncodedBatch, TailRead};
 
+/// A stream definition as the cluster keeps it.
+fn cluster_def(shards: u32, retention: Retention) -> felix_cluster::StreamDef {
+    felix_cluster::StreamDef {
+        shards,
+        retention_bytes: retention.bytes_max.unwrap_or(0),
+        retention_ms: retention.age_max_ms.unwrap_or(0),
+    }
+}
+
+/// The retention of a cluster definition.
+fn retention_of(def: felix_cluster::StreamDef) -> Retention {
+    Retention {
+        bytes_max: (def.retention_bytes != 0).then_some(def.retention_bytes),
+        age_max_ms: (def.retention_ms != 0).then_some(def.retention_ms),
+    }
+}
+
 /// The internal log of consumer positions kept by each core (shard 0 only).
 pub const OFFSETS_LOG: &str = "felix-internal/offsets/v1";
 
@@ -56,6 +73,8 @@ pub struct Settings {
     pub slow_consumer: Duration,
     /// Token verification; `None` when authentication is off. Immutable after start.
     pub auth: Option<Arc<super::auth::Authenticator>>,
+    /// The cluster agent; `None` for a single-node broker.
+    pub cluster: Option<felix_cluster::AgentClient>,
 }
 
 /// A stream known to this core.
@@ -93,6 +112,8 @@ pub struct CoreApp {
     offsets_log: StreamLog,
     /// Set when shutdown starts: new publishes are refused.
     pub stopping: Cell<bool>,
+    /// The cluster view of this core; `None` for a single-node broker.
+    pub cluster: Option<Rc<super::cluster::ClusterLink>>,
 }
 
 impl CoreApp {
@@ -113,7 +134,9 @@ impl CoreApp {
             .map(Rc::new)
             .map_err(|e| format!("{core}: free space of {}: {e}", settings.data_dir.display()))?;
         DiskFloor::spawn_watch(&disk);
+        let cluster = settings.cluster.clone().map(super::cluster::ClusterLink::new);
         let app = Rc::new(CoreApp {
+            cluster,
             core,
             disk,
             core_budget: Rc::new(Semaphore::new(settings.inflight_bytes_per_core as u64)),
@@ -128,6 +151,11 @@ impl CoreApp {
             offsets_log,
             stopping: Cell::new(false),
         });
+        if let Some(link) = app.cluster.clone() {
+            let weak = Rc::downgrade(&app);
+            let stop = move || weak.upgrade().is_none_or(|a| a.stopping.get());
+            glommio::spawn_local(link.follow(stop)).detach();
+        }
         app.load_offsets().await.map_err(|e| format!("{core}: consumer offsets: {e}"))?;
         let metas = meta::load_all(&app.settings.data_dir).map_err(|e| e.to_string())?;
         for m in metas {
@@ -155,9 +183,29 @@ impl CoreApp {
         }
         let parsed = parse_client_stream(name)?;
         let found = meta::load(&self.settings.data_dir, &parsed).map_err(|e| meta_error(&e))?;
-        let m = match found {
-            Some(m) => m,
-            None if create && self.settings.auto_create => {
+        let m = match (found, &self.cluster) {
+            (Some(m), _) => m,
+            (None, Some(link)) => {
+                // In a cluster the definition is the cluster's: adopt it, or create it there.
+                let def = match link.definition(name) {
+                    Some(def) => def,
+                    None if create && self.settings.auto_create => {
+                        let wanted =
+                            cluster_def(self.settings.default_shards, self.settings.retention);
+                        link.define(name, wanted).await?
+                    }
+                    None => {
+                        return Err(WireError::new(
+                            ErrorCode::StreamNotFound,
+                            format!("no stream {name}"),
+                        ))
+                    }
+                };
+                let m =
+                    StreamMeta { name: parsed, shards: def.shards, retention: retention_of(def) };
+                self.define(&m)?.0
+            }
+            (None, None) if create && self.settings.auto_create => {
                 let m = StreamMeta {
                     name: parsed,
                     shards: self.settings.default_shards,
@@ -165,7 +213,7 @@ impl CoreApp {
                 };
                 self.define(&m)?.0
             }
-            None => {
+            (None, None) => {
                 return Err(WireError::new(ErrorCode::StreamNotFound, format!("no stream {name}")))
             }
         };
@@ -184,7 +232,20 @@ impl CoreApp {
         }
         let found = match meta::load(&self.settings.data_dir, &m.name) {
             Ok(Some(found)) => found,
-            Ok(None) => self.define(&m)?.0,
+            Ok(None) => match &self.cluster {
+                None => self.define(&m)?.0,
+                Some(link) => {
+                    // The cluster's definition wins; this broker keeps a copy to open its logs.
+                    let wanted = cluster_def(m.shards, m.retention);
+                    let def = link.define(m.name.as_str(), wanted).await?;
+                    let local = StreamMeta {
+                        name: m.name.clone(),
+                        shards: def.shards,
+                        retention: retention_of(def),
+                    };
+                    self.define(&local)?.0
+                }
+            },
             Err(e) => return Err(meta_error(&e)),
         };
         if found != m {
@@ -244,6 +305,20 @@ impl CoreApp {
         });
         self.streams.borrow_mut().insert(entry.meta.name.as_str().to_owned(), entry.clone());
         Ok(entry)
+    }
+
+    /// The shard an unkeyed batch goes to in a cluster: one of `owned` (the shards this
+    /// broker owns), preferring this core's, round-robin; `None` when it owns none.
+    pub fn unkeyed_shard_among(&self, entry: &StreamEntry, owned: &[ShardId]) -> Option<ShardId> {
+        let mine: Vec<ShardId> =
+            owned.iter().copied().filter(|s| self.owner(*s) == self.core).collect();
+        let pick = if mine.is_empty() { owned } else { &mine[..] };
+        if pick.is_empty() {
+            return None;
+        }
+        let k = entry.unkeyed_next.get();
+        entry.unkeyed_next.set(k.wrapping_add(1));
+        Some(pick[k as usize % pick.len()])
     }
 
     /// The shard an unkeyed batch goes to: one this core owns, round-robin, so unkeyed

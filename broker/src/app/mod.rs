@@ -2,6 +2,7 @@
 //! around the cores (start-up checks, admin thread, signals, shutdown).
 //!
 //! - `auth`: bearer tokens (JWT) and what they allow.
+//! - `cluster`: each core's copy of the cluster view, ownership checks and fencing.
 //! - `core`: one core's state and the handling of its own shards.
 //! - `mesh`: requests between cores (forwarded publishes, remote reads, commits).
 //! - `session`: one client connection: Hello, requests, publish and acks.
@@ -13,6 +14,7 @@
 //! - `stats`: per-core counters and histograms.
 
 pub mod auth;
+pub mod cluster;
 pub mod core;
 pub mod disk;
 pub mod mesh;
@@ -42,6 +44,9 @@ use crate::net::{NetConfig, Server, TlsSource};
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long start-up waits for a just-released port before calling it taken.
 pub const PORT_RELEASE_WAIT: Duration = Duration::from_secs(3);
+/// How long start-up waits for the cluster agent's first lease before serving anyway (requests
+/// for this broker's shards get ShardUnavailable until it has one).
+pub const CLUSTER_JOIN_WAIT: Duration = Duration::from_secs(10);
 /// How often retention runs.
 pub const RETENTION_INTERVAL: Duration = Duration::from_secs(10);
 
@@ -57,6 +62,8 @@ pub struct Broker {
     pub net: crate::admin::NetSnapshot,
     /// Whether the broker is serving (for `/health`).
     pub ready: Arc<AtomicBool>,
+    /// The cluster agent (`--cluster-etcd`), stopped last at shutdown.
+    agent: Option<felix_cluster::AgentHandle>,
 }
 
 impl Broker {
@@ -80,7 +87,9 @@ impl Broker {
             max_batch_records: felix_proto::limits::MAX_BATCH_RECORDS_DEFAULT,
             max_key_bytes: felix_proto::limits::MAX_KEY_BYTES_DEFAULT,
         };
+        let agent = start_agent(args)?;
         let settings = Settings {
+            cluster: agent.as_ref().map(felix_cluster::AgentHandle::client),
             data_dir: args.data_dir.clone(),
             cores,
             auto_create: args.auto_create,
@@ -198,6 +207,7 @@ impl Broker {
             stats,
             net: Arc::new(Mutex::new(Vec::new())),
             ready: Arc::new(AtomicBool::new(true)),
+            agent,
         };
         broker.refresh();
         Ok(broker)
@@ -236,7 +246,16 @@ impl Broker {
         self.stop.flush.store(true, Ordering::Relaxed);
         clean &= self.wait_cores(deadline, "flush");
         self.handle.shutdown();
+        // Last: leave the cluster (resign, revoke the lease) once nothing is served any more.
+        if let Some(agent) = self.agent {
+            agent.stop();
+        }
         clean
+    }
+
+    /// The cluster agent's newest view, for a broker in a cluster.
+    pub fn cluster_view(&self) -> Option<Arc<felix_cluster::ClusterView>> {
+        self.agent.as_ref().map(felix_cluster::AgentHandle::view)
     }
 
     fn wait_cores(&self, deadline: Instant, phase: &str) -> bool {
@@ -343,6 +362,45 @@ async fn watch_stop(app: Rc<CoreApp>, stop: Arc<ShutdownFlags>, drained: mpsc::S
     app.flush_all().await;
     app.publish_stats();
     let _ = drained.send(());
+}
+
+/// Starts the cluster agent with `--cluster-etcd`, and waits (at most [`CLUSTER_JOIN_WAIT`])
+/// for its first lease.
+fn start_agent(args: &ServeArgs) -> Result<Option<felix_cluster::AgentHandle>, String> {
+    if args.cluster_etcd.is_empty() {
+        return Ok(None);
+    }
+    let (Some(node), Some(advertise)) = (&args.node_id, &args.advertise) else {
+        return Err("--cluster-etcd needs --node-id and --advertise".into());
+    };
+    let node = felix_cluster::NodeId::new(node).map_err(|e| e.to_string())?;
+    let metrics = args.metrics_addr().ok().flatten().map(|a| a.to_string());
+    let member = felix_cluster::Member {
+        node,
+        advertise: advertise.clone(),
+        cores: args.cores as u16,
+        metrics,
+    };
+    let agent = felix_cluster::Agent::start(felix_cluster::AgentConfig {
+        endpoints: args.cluster_etcd.clone(),
+        cluster: args.cluster_name.clone(),
+        member,
+        lease_ttl_s: args.lease_ttl_s,
+    })
+    .map_err(|e| e.to_string())?;
+    let deadline = Instant::now() + CLUSTER_JOIN_WAIT;
+    while !agent.view().lease_holds(Instant::now()) {
+        if Instant::now() >= deadline {
+            eprintln!(
+                "felix: warning: no cluster lease from etcd {:?} after {CLUSTER_JOIN_WAIT:?}; \
+                 serving, but this broker's shards are unavailable until it has one",
+                args.cluster_etcd
+            );
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(Some(agent))
 }
 
 fn check_data_dir(dir: &std::path::Path) -> Result<(), String> {

@@ -16,13 +16,15 @@ use std::time::Instant;
 use bytes::{Bytes, BytesMut};
 use felix_proto::{
     AckMode, Capabilities, ErrorBody, ErrorCode, Frame, FrameDecoder, FrameError, FrameType,
-    HelloOk, Publish, PublishAck, Record, RequestId, StreamInfo, StreamList, PROTOCOL_VERSION,
+    HelloOk, Publish, PublishAck, Record, RequestId, ShardId, StreamInfo, StreamList,
+    PROTOCOL_VERSION,
 };
 use futures_lite::future::poll_once;
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::sync::Semaphore;
 
 use super::auth::{Action, Grant};
+use super::cluster::Refused;
 use super::core::{now_ms, CoreApp};
 use super::mesh::{CoreRequest, CoreResponse, WireError};
 use super::meta::{self, StreamMeta};
@@ -54,6 +56,8 @@ pub struct Session {
     /// The connection.
     pub conn: Connection,
     hello: Cell<bool>,
+    /// What the client advertised in Hello.
+    client_capabilities: Cell<Capabilities>,
     grant: std::cell::RefCell<Option<Grant>>,
     budget: Rc<Semaphore>,
     /// Set once the connection is gone.
@@ -73,6 +77,7 @@ pub async fn serve_connection(app: Rc<CoreApp>, conn: Connection) {
         app: app.clone(),
         conn: conn.clone(),
         hello: Cell::new(false),
+        client_capabilities: Cell::new(Capabilities::NONE),
         grant: std::cell::RefCell::new(None),
         closed: Cell::new(false),
         active_subscriptions: Cell::new(0),
@@ -205,9 +210,10 @@ impl Session {
                         }
                     }
                     self.hello.set(true);
+                    self.client_capabilities.set(h.capabilities);
                     ready(Some(Frame::HelloOk(HelloOk {
                         version: PROTOCOL_VERSION,
-                        capabilities: BROKER_CAPABILITIES,
+                        capabilities: broker_capabilities(app),
                         limits: app.settings.limits,
                         core: app.core,
                         core_count: app.settings.cores as u16,
@@ -243,6 +249,9 @@ impl Session {
         match frame {
             Frame::Publish(p) => self.publish(p).await,
             Frame::Subscribe(s) => {
+                if let Err(r) = self.check_subscribe(&s) {
+                    return ready(self.refused(s.request_id, &s.stream, r, false));
+                }
                 let session = self.clone();
                 let id = s.request_id;
                 // Resolving start positions may take mesh round trips; answer in order.
@@ -273,6 +282,19 @@ impl Session {
                 Ok(entry) => ready(Some(stream_info(d.request_id, &entry.meta))),
                 Err(e) => ready(error_frame(d.request_id, e)),
             },
+            Frame::ListStreams(l) if app.cluster.is_some() => {
+                let names = app.cluster.as_ref().map(|c| c.stream_names()).unwrap_or_default();
+                let streams = names
+                    .into_iter()
+                    .filter(|n| n.starts_with(&l.prefix))
+                    .filter(|n| {
+                        felix_proto::StreamName::parse(n)
+                            .is_ok_and(|name| self.authorize_name(Action::Read, &name).is_ok())
+                    })
+                    .take(felix_proto::limits::MAX_LISTED_STREAMS)
+                    .collect();
+                ready(Some(Frame::StreamList(StreamList { request_id: l.request_id, streams })))
+            }
             Frame::ListStreams(l) => match meta::load_all(&app.settings.data_dir) {
                 Ok(all) => {
                     let streams = all
@@ -296,6 +318,11 @@ impl Session {
                 ready(error_frame(c.request_id, e))
             }
             Frame::CommitOffset(c) => {
+                if let Some(Err(r)) =
+                    app.cluster.as_ref().map(|l| l.check(&c.stream, c.shard, true))
+                {
+                    return ready(self.refused(c.request_id, &c.stream, r, false));
+                }
                 let app = app.clone();
                 Box::pin(async move {
                     let req = CoreRequest::Commit {
@@ -326,13 +353,25 @@ impl Session {
                     }
                 })
             }
-            Frame::Metadata(m) => ready(error_frame(
-                m.request_id,
-                WireError::new(
-                    ErrorCode::InvalidArgument,
-                    "Metadata is answered by brokers in a cluster (capability CLUSTER)",
-                ),
-            )),
+            Frame::Metadata(m) => {
+                let cluster = app
+                    .cluster
+                    .as_ref()
+                    .filter(|_| self.client_capabilities.get().contains(Capabilities::CLUSTER));
+                ready(match cluster {
+                    Some(link) => match link.metadata(m.request_id, &m.stream) {
+                        Ok(ok) => Some(Frame::MetadataOk(ok)),
+                        Err(e) => error_frame(m.request_id, e),
+                    },
+                    None => error_frame(
+                        m.request_id,
+                        WireError::new(
+                            ErrorCode::InvalidArgument,
+                            "Metadata needs capability CLUSTER on both sides (a broker in a cluster)",
+                        ),
+                    ),
+                })
+            }
             Frame::Ping(n) => ready(Some(Frame::Pong(n))),
             Frame::Pong(_) => ready(None),
             Frame::Hello(_) => {
@@ -384,10 +423,26 @@ impl Session {
                 return fail(e);
             }
         };
-        let shard = match &p.key {
-            Some(k) => felix_proto::shard_for_key(k, entry.meta.shards),
-            None => app.unkeyed_shard(&entry),
+        let shard = match (&p.key, &app.cluster) {
+            (Some(k), _) => felix_proto::shard_for_key(k, entry.meta.shards),
+            (None, None) => app.unkeyed_shard(&entry),
+            // In a cluster: a shard this broker owns (shard 0, refused below, if none).
+            (None, Some(link)) => app
+                .unkeyed_shard_among(&entry, &link.owned(&p.stream, entry.meta.shards))
+                .unwrap_or(ShardId(0)),
         };
+        if let Some(Err(r)) = app.cluster.as_ref().map(|l| l.check(&p.stream, shard, true)) {
+            stats::add(&c.publish_errors, 1);
+            return match (request_id, r) {
+                (Some(id), r) => ready(self.refused(id, &p.stream, r, true)),
+                // Nothing to answer an unacked batch with: dropped, counted.
+                (None, Refused::NotOwner { .. }) => {
+                    stats::add(&c.cluster_not_owner, 1);
+                    ready(None)
+                }
+                (None, Refused::Wire(e)) => fail(e),
+            };
+        }
         let bytes: usize = p.records.iter().map(Bytes::len).sum::<usize>()
             + p.key.as_ref().map_or(0, Bytes::len) * p.records.len();
         stats::add(&c.publishes, 1);
@@ -485,6 +540,48 @@ impl Session {
         Box::pin(async move { answer_rx.recv().await.flatten() })
     }
 
+    /// The answer to a request refused by the cluster: a `NotOwner` frame for a client that
+    /// advertised CLUSTER, else `PublishError` (acked publishes) or `Error` with the code.
+    fn refused(
+        &self,
+        request_id: RequestId,
+        stream: &str,
+        r: Refused,
+        publish: bool,
+    ) -> Option<Frame> {
+        let counters = &self.app.stats.counters;
+        if let Refused::NotOwner { shard, owner } = &r {
+            stats::add(&counters.cluster_not_owner, 1);
+            if self.client_capabilities.get().contains(Capabilities::CLUSTER) {
+                return Some(Frame::NotOwner(felix_proto::NotOwner {
+                    request_id,
+                    stream: stream.to_owned(),
+                    shard: *shard,
+                    owner: owner.clone(),
+                }));
+            }
+        }
+        let e = r.into_wire(stream);
+        let body = ErrorBody { request_id, code: e.code, message: e.message };
+        Some(if publish { Frame::PublishError(body) } else { Frame::Error(body) })
+    }
+
+    /// In a cluster: whether every shard a Subscribe names (all of the stream's when it
+    /// names none) is this broker's.
+    fn check_subscribe(&self, s: &felix_proto::Subscribe) -> Result<(), Refused> {
+        let Some(link) = &self.app.cluster else { return Ok(()) };
+        let all: Vec<ShardId>;
+        let shards = match &s.shards {
+            Some(list) => list,
+            None => {
+                let n = link.definition(&s.stream).map_or(0, |d| d.shards);
+                all = (0..n).map(ShardId).collect();
+                &all
+            }
+        };
+        shards.iter().try_for_each(|shard| link.check(&s.stream, *shard, false))
+    }
+
     /// Whether this connection may do `action` on `stream`.
     pub fn may(&self, action: Action, stream: &str) -> bool {
         self.authorize(action, stream).is_ok()
@@ -530,7 +627,16 @@ fn needs(frame: &Frame) -> Option<(Action, &str)> {
         Frame::DescribeStream(d) => Some((Action::Read, &d.stream)),
         Frame::Subscribe(s) => Some((Action::Subscribe, &s.stream)),
         Frame::CommitOffset(c) => Some((Action::Subscribe, &c.stream)),
+        Frame::Metadata(m) => Some((Action::Read, &m.stream)),
         _ => None,
+    }
+}
+
+/// What this broker advertises: everything when it runs in a cluster, else all but CLUSTER.
+fn broker_capabilities(app: &CoreApp) -> Capabilities {
+    match app.cluster {
+        Some(_) => Capabilities::ALL,
+        None => BROKER_CAPABILITIES,
     }
 }
 

@@ -55,6 +55,7 @@ counters! {
     storage_bytes_written: "Bytes written to log files (encoded, padded).",
     storage_torn_bytes_dropped: "Bytes of torn tails dropped at recovery.",
     inflight_bytes: "Publish bytes received and not yet acked (gauge).",
+    cluster_not_owner: "Requests refused because another broker of the cluster owns the shard.",
 }
 
 /// One core's statistics.

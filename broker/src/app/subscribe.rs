@@ -59,6 +59,13 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
             list
         }
     };
+    // In a cluster the session checked ownership before; a stream auto-created just now may
+    // have been placed elsewhere since.
+    if let Some(link) = &app.cluster {
+        for shard in &shards {
+            link.check(&s.stream, *shard, false).map_err(|r| r.into_wire(&s.stream))?;
+        }
+    }
     let mut positions = Vec::with_capacity(shards.len());
     for shard in &shards {
         let req = CoreRequest::Resolve {

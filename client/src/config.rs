@@ -20,7 +20,9 @@ use crate::error::ConfigError;
 pub const DEFAULT_ADDR: &str = "127.0.0.1:7400";
 /// The TLS server name used when none is configured (the broker's dev certificate's name).
 pub const DEFAULT_SERVER_NAME: &str = "localhost";
-/// The most connections one client opens.
+/// The most seed addresses in `addr`.
+pub const SEEDS_MAX: usize = 16;
+/// The most connections one client opens (per broker, in a cluster).
 pub const CONNECTIONS_MAX: usize = 64;
 /// The most publish streams per connection.
 pub const STREAMS_PER_CONNECTION_MAX: usize = 64;
@@ -164,7 +166,9 @@ impl Default for PublishSettings {
 /// Everything a [`crate::Client`] needs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientConfig {
-    /// `host:port` of the broker.
+    /// `host:port` of the broker, or of several seed brokers of a cluster separated by commas
+    /// (`a:7400,b:7400`): the client connects to the first one that answers and, when that
+    /// broker is in a cluster, learns the other brokers from it (see [`ClientConfig::seeds`]).
     pub addr: String,
     /// The name the broker's certificate must carry (also sent as SNI).
     pub server_name: String,
@@ -172,7 +176,8 @@ pub struct ClientConfig {
     pub trust: Option<Trust>,
     /// A bearer token sent in Hello.
     pub token: Option<String>,
-    /// Connections to open; `None` opens one per broker core (HelloOk's `core_count`).
+    /// Connections to open (per broker, in a cluster); `None` opens one per broker core
+    /// (HelloOk's `core_count`).
     pub connections: Option<usize>,
     /// Bidirectional streams each connection uses for publishing.
     pub streams_per_connection: usize,
@@ -353,7 +358,13 @@ impl ClientConfig {
         if self.trust.is_none() {
             return Err(ConfigError::NoTrust);
         }
-        range("addr", !self.addr.is_empty(), "must be host:port")?;
+        let seeds = self.seeds();
+        range(
+            "addr",
+            !seeds.is_empty() && seeds.iter().all(|s| is_host_port(s)),
+            "must be host:port, or a comma-separated list of them",
+        )?;
+        range("addr", seeds.len() <= SEEDS_MAX, "at most 16 seed addresses")?;
         range("server_name", !self.server_name.is_empty(), "must not be empty")?;
         range(
             "token",
@@ -394,6 +405,11 @@ impl ClientConfig {
             (1..=IN_FLIGHT_BATCHES_MAX).contains(&p.in_flight_batches_max),
             "1..=4096",
         )
+    }
+
+    /// The seed addresses of `addr`, in order: split at commas, trimmed, empty parts dropped.
+    pub fn seeds(&self) -> Vec<String> {
+        self.addr.split(',').map(str::trim).filter(|s| !s.is_empty()).map(str::to_owned).collect()
     }
 
     /// The connect limit.
@@ -474,6 +490,11 @@ pub fn ack_mode_name(mode: AckMode) -> &'static str {
     }
 }
 
+/// Whether `s` is `host:port` with a non-empty host and a numeric port (`[v6]:port` too).
+fn is_host_port(s: &str) -> bool {
+    s.rsplit_once(':').is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+}
+
 fn invalid(key: &'static str, value: &str, reason: impl Into<String>) -> ConfigError {
     ConfigError::InvalidEnv { key, value: value.to_owned(), reason: reason.into() }
 }
@@ -536,6 +557,24 @@ mod tests {
             let env = [("FELIX_DANGER_ACCEPT_ANY_CERT", "1"), (key, value)];
             assert!(ClientConfig::from_env_map(env).is_err(), "{key}={value} was accepted");
         }
+    }
+
+    #[test]
+    fn addr_takes_a_list_of_seeds() {
+        let mut c =
+            ClientConfig::new(" a:1 , [::1]:2,,b.example:3 ", Trust::DangerAcceptAnyCertificate);
+        assert_eq!(c.seeds(), ["a:1", "[::1]:2", "b.example:3"]);
+        assert_eq!(c.validate(), Ok(()));
+        for bad in ["", ",", "a", "a:1,b", "a:x", ":7400", "a:70000"] {
+            c.addr = bad.into();
+            assert!(c.validate().is_err(), "{bad:?} was accepted");
+        }
+        c.addr = vec!["h:1"; SEEDS_MAX + 1].join(",");
+        assert!(c.validate().is_err(), "too many seeds");
+        let env = [("FELIX_DANGER_ACCEPT_ANY_CERT", "1"), ("FELIX_ADDR", "x:1,y:2")];
+        let c = ClientConfig::from_env_map(env).unwrap();
+        assert_eq!(c.seeds(), ["x:1", "y:2"]);
+        assert!(c.to_string().contains("addr=x:1,y:2"));
     }
 
     #[test]

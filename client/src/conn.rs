@@ -23,9 +23,9 @@ use tokio::sync::oneshot;
 use crate::error::ClientError;
 use crate::tls::RejectionNote;
 
-/// The capabilities this client implements and offers in Hello.
-pub const CLIENT_CAPABILITIES: Capabilities =
-    Capabilities(Capabilities::ALL.0 & !Capabilities::CLUSTER.0);
+/// The capabilities this client implements and offers in Hello (`CLUSTER` included: a broker in
+/// a cluster then answers `NotOwner` instead of an error, and `Metadata`).
+pub const CLIENT_CAPABILITIES: Capabilities = Capabilities::ALL;
 /// The largest HelloOk (or Error answering Hello) accepted, header included.
 const HELLO_ANSWER_BYTES_MAX: usize = HEADER_LEN + 8 + 4096 + 2;
 /// The most subscription streams kept while their SubscribeOk has not been processed yet.
@@ -50,6 +50,7 @@ pub(crate) struct Conn {
 }
 
 /// Connection parameters that do not change across reconnects.
+#[derive(Clone)]
 pub(crate) struct ConnParams {
     pub addr: SocketAddr,
     pub server_name: String,
@@ -205,8 +206,8 @@ impl Drop for Conn {
 /// Checks `frame` against `caps` and `limits`, then encodes it.
 ///
 /// Refuses, before anything is written: a flag bit the broker did not advertise, a Subscribe
-/// with a group or a CommitOffset without `CONSUMER_GROUPS`, and a frame over the broker's
-/// `max_frame_bytes`.
+/// with a group or a CommitOffset without `CONSUMER_GROUPS`, Metadata without `CLUSTER`, and a
+/// frame over the broker's `max_frame_bytes`.
 pub(crate) fn encode_checked(
     caps: Capabilities,
     limits: &Limits,
@@ -231,6 +232,9 @@ pub(crate) fn encode_checked(
     };
     if needs_groups && !caps.contains(Capabilities::CONSUMER_GROUPS) {
         return Err(ClientError::Unsupported("consumer groups"));
+    }
+    if matches!(frame, Frame::Metadata(_)) && !caps.contains(Capabilities::CLUSTER) {
+        return Err(ClientError::Unsupported("cluster metadata"));
     }
     let bytes = frame.to_bytes();
     if bytes.len() > limits.max_frame_bytes as usize {
@@ -443,6 +447,11 @@ fn route_answer(frame: Frame, pending: &Pending, unacked_errors: &AtomicU64) {
         Frame::StreamList(s) => (s.request_id, Ok(Frame::StreamList(s))),
         Frame::SubscribeOk(s) => (s.request_id, Ok(Frame::SubscribeOk(s))),
         Frame::CommitOk(id) => (id, Ok(Frame::CommitOk(id))),
+        Frame::MetadataOk(m) => (m.request_id, Ok(Frame::MetadataOk(m))),
+        Frame::NotOwner(n) if n.request_id.0 != 0 => {
+            let felix_proto::NotOwner { request_id, stream, shard, owner } = n;
+            (request_id, Err(ClientError::NotOwner { stream, shard, owner }))
+        }
         Frame::PublishError(e) | Frame::Error(e) if e.request_id.0 != 0 => {
             (e.request_id, Err(ClientError::from_broker(e.code, e.message)))
         }
@@ -629,6 +638,21 @@ mod tests {
             Err(ClientError::Unsupported("consumer groups"))
         );
         assert!(encode_checked(Capabilities::CONSUMER_GROUPS, &l, &sub).is_ok());
+    }
+
+    #[test]
+    fn metadata_needs_the_cluster_capability() {
+        let m = Frame::Metadata(felix_proto::Metadata {
+            request_id: RequestId(1),
+            stream: "a/b/c".into(),
+        });
+        let l = Limits::default();
+        let single_node = Capabilities(Capabilities::ALL.0 & !Capabilities::CLUSTER.0);
+        assert_eq!(
+            encode_checked(single_node, &l, &m),
+            Err(ClientError::Unsupported("cluster metadata"))
+        );
+        assert!(encode_checked(Capabilities::CLUSTER, &l, &m).is_ok());
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //! Both are `Clone` so that one failure (a lost connection, a refused batch) can be handed to
 //! every record of the batch it concerns.
 
-use felix_proto::ErrorCode;
+use felix_proto::{ErrorCode, ShardId, ShardOwner};
 
 /// A configuration value is missing, malformed or out of range.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -130,6 +130,36 @@ pub enum ClientError {
     /// The publisher or client was closed.
     #[error("closed")]
     Closed,
+    /// In a cluster: the broker does not own the shard and named its owner. The client follows
+    /// such answers itself (refreshing its placement and resending to the owner: nothing was
+    /// stored); it returns this error only after `cluster::NOT_OWNER_REDIRECTS_MAX` redirects
+    /// in a row, when the placement keeps changing under it.
+    #[error("shard {} of {stream} is owned by {} ({}); gave up after redirects", shard.0, owner.node, owner.address)]
+    NotOwner {
+        /// The stream.
+        stream: String,
+        /// The shard.
+        shard: ShardId,
+        /// Its owner, as the last answering broker named it.
+        owner: ShardOwner,
+    },
+    /// In a cluster: the shard cannot be served now, because its owner is down or cannot
+    /// confirm its cluster membership. The client retried for at most
+    /// `cluster::SHARD_UNAVAILABLE_DEADLINE_MS`; nothing of the operation was stored. Other
+    /// shards keep working; retry later.
+    #[error("{} of {stream} is unavailable (owner down or fenced); gave up after {waited_ms} ms", shard_text(*shard))]
+    ShardUnavailable {
+        /// The stream.
+        stream: String,
+        /// The shard, when the operation had one (keyed publish, subscription, commit).
+        shard: Option<ShardId>,
+        /// How long the client retried.
+        waited_ms: u64,
+    },
+}
+
+fn shard_text(shard: Option<ShardId>) -> String {
+    shard.map_or_else(|| "a shard".to_owned(), |s| format!("shard {}", s.0))
 }
 
 impl ClientError {
@@ -141,5 +171,13 @@ impl ClientError {
     /// Whether the error means the connection is gone (a reconnect may help).
     pub fn is_connection_lost(&self) -> bool {
         matches!(self, Self::ConnectionLost(_))
+    }
+
+    /// Whether the broker answered that the shard is unavailable (owner down or fenced).
+    pub(crate) fn is_shard_unavailable(&self) -> bool {
+        matches!(
+            self,
+            Self::ShardUnavailable { .. } | Self::Broker { code: ErrorCode::ShardUnavailable, .. }
+        )
     }
 }

@@ -1,7 +1,8 @@
 //! felix-client: the async Rust client (tokio + quinn) for a Felix broker.
 //!
 //! Owns: connecting (TLS trust, Hello/HelloOk, a pool of connections spread over the broker's
-//! cores, reconnect with backoff), publishing (batching, keys, ack modes), subscribing (start
+//! cores, reconnect with backoff), cluster routing (seed addresses, placement from Metadata, a
+//! pool per broker, following NotOwner), publishing (batching, keys, ack modes), subscribing (start
 //! positions, consumer groups, commits), capability negotiation from the client side, the
 //! `FELIX_*` configuration and the `felix publish|subscribe|streams` commands.
 //! Never does: run inside the broker, assume anything of the broker beyond `docs/protocol.md`,
@@ -10,9 +11,11 @@
 
 pub mod cli;
 mod client;
+pub mod cluster;
 pub mod config;
 mod conn;
 pub mod error;
+mod pool;
 pub mod publisher;
 pub mod subscriber;
 pub mod tls;
@@ -20,6 +23,8 @@ pub mod tls;
 pub use client::{Client, StreamDescription, COVER_ATTEMPTS_PER_CONNECTION};
 pub use config::{CertFingerprint, ClientConfig, PublishSettings, Trust, ENV_KEYS};
 pub use error::{ClientError, ConfigError};
-pub use felix_proto::{AckMode, Capabilities, CoreId, Offset, Record, Retention, ShardId, StartAt};
+pub use felix_proto::{
+    AckMode, Capabilities, CoreId, Offset, Record, Retention, ShardId, ShardOwner, StartAt,
+};
 pub use publisher::{PublishResult, PublishTicket, Publisher, Receipt};
 pub use subscriber::{ReceivedRecord, SubscribeOptions, Subscriber};

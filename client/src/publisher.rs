@@ -10,12 +10,21 @@
 //! the broker forwards a batch that lands elsewhere); otherwise to a connection chosen by the
 //! key's hash, so one key always takes the same connection and the same stream (per-key order).
 //! Unkeyed records rotate over the connections one full batch at a time.
+//!
+//! In a cluster (`crate::cluster`), each broker's pool gets its own workers, started on first
+//! use: a keyed record goes to the workers of its shard's owner (from the cached placement),
+//! then as above to the connection of the shard's core there; unkeyed records rotate over the
+//! live owners of the stream's shards, a batch at a time. A batch refused with `NotOwner` is
+//! sent again to the named owner, and one refused with `ShardUnavailable` is retried within
+//! `cluster::SHARD_UNAVAILABLE_DEADLINE_MS`: the broker stored nothing of either, so nothing is
+//! lost or duplicated.
 
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -28,9 +37,11 @@ use tokio::sync::{mpsc, oneshot, Semaphore};
 use tokio::time::Instant;
 
 use crate::client::Client;
+use crate::cluster::{is_unreachable, unavailable, Cluster};
 use crate::config::PublishSettings;
 use crate::conn::{Conn, Lane};
 use crate::error::ClientError;
+use crate::pool::Pool;
 
 /// Records queued per worker before [`Publisher::send`] waits (backpressure).
 pub const WORKER_QUEUE_RECORDS: usize = 8192;
@@ -73,17 +84,32 @@ pub struct Publisher {
 }
 
 struct PubShared {
-    stream: String,
-    settings: PublishSettings,
+    ctx: Arc<WorkerCtx>,
     caps: Capabilities,
     limits: Limits,
-    workers: Vec<mpsc::Sender<Cmd>>,
+    /// The workers of the home broker's pool: all of them for a single-node broker.
+    home: Arc<BrokerWorkers>,
+    /// In a cluster: the workers of the other brokers' pools, started on first use (at most
+    /// one set per pool, so bounded by `cluster::BROKER_POOLS_MAX`).
+    others: Mutex<HashMap<SocketAddr, Arc<BrokerWorkers>>>,
     /// The stream's shard count, for routing keys to the core that owns their shard.
     shard_count: Option<u32>,
-    core_count: u16,
+    unkeyed_records: AtomicU64,
+}
+
+/// What every worker of one publisher shares.
+struct WorkerCtx {
+    client: Client,
+    stream: String,
+    settings: PublishSettings,
+}
+
+/// The workers of one broker's pool, one per connection.
+struct BrokerWorkers {
+    pool: Arc<Pool>,
+    workers: Vec<mpsc::Sender<Cmd>>,
     /// Worker index for each broker core, when some connection is owned by that core.
     worker_of_core: HashMap<u16, usize>,
-    unkeyed_records: AtomicU64,
 }
 
 enum Cmd {
@@ -109,43 +135,24 @@ impl Publisher {
             Err(ClientError::Broker { code: felix_proto::ErrorCode::StreamNotFound, .. }) => None,
             Err(e) => return Err(e),
         };
-        let limits = client.limits();
-        let slots = client.shared.slots.len();
-        let mut worker_of_core = HashMap::new();
-        for i in 0..slots {
-            if let Some(core) = client.shared.slot_core(i) {
-                worker_of_core.entry(core).or_insert(i);
+        if let Some(cluster) = &client.shared.cluster {
+            // Route from the first record on; a stream not placed yet is routed by the
+            // brokers' answers until a later fetch succeeds.
+            if let Err(e) = cluster.placement(&stream).await {
+                tracing::debug!(stream, error = %e, "no placement yet");
             }
         }
-        let workers = (0..slots)
-            .map(|slot| {
-                let (tx, rx) = mpsc::channel(WORKER_QUEUE_RECORDS);
-                let worker = Worker {
-                    client: client.clone(),
-                    slot,
-                    stream: stream.clone(),
-                    settings: settings.clone(),
-                    limits,
-                    open: HashMap::new(),
-                    conn: None,
-                    lanes: Vec::new(),
-                    next_lane: 0,
-                    in_flight: Arc::new(Semaphore::new(settings.in_flight_batches_max)),
-                };
-                tokio::spawn(worker.run(rx));
-                tx
-            })
-            .collect();
+        let limits = client.limits();
+        let home = client.shared.home.clone();
+        let ctx = Arc::new(WorkerCtx { client, stream, settings });
         Ok(Self {
             shared: Arc::new(PubShared {
-                stream,
-                core_count: client.core_count().max(1),
-                settings,
+                home: BrokerWorkers::start(home, &ctx),
+                ctx,
                 caps,
                 limits,
-                workers,
+                others: Mutex::new(HashMap::new()),
                 shard_count: shard_count.filter(|n| *n > 0),
-                worker_of_core,
                 unkeyed_records: AtomicU64::new(0),
             }),
         })
@@ -153,19 +160,23 @@ impl Publisher {
 
     /// The stream this publisher writes to.
     pub fn stream(&self) -> &str {
-        &self.shared.stream
+        &self.shared.ctx.stream
     }
 
     /// The shard a key goes to, when the stream's shard count is known.
     pub fn shard_for_key(&self, key: &[u8]) -> Option<ShardId> {
-        self.shared.shard_count.map(|n| shard_for_key(key, n))
+        let placed = self.cluster().and_then(|c| c.cached(self.stream())).map(|p| p.shards());
+        placed.or(self.shared.shard_count).map(|n| shard_for_key(key, n))
     }
 
     /// Queues `record` for the next batch; waits only when the worker's queue is full.
     ///
     /// Fails at once, sending nothing, when the record is keyed and the broker did not
     /// advertise `PUBLISH_KEYED` (`Unsupported("keyed publish")`), when the key is over the
-    /// broker's limit, or when the record cannot fit in a frame.
+    /// broker's limit, or when the record cannot fit in a frame. In a cluster, also when the
+    /// publisher does not ask for acks and the record's shard is unavailable or its owner
+    /// cannot be reached (`ShardUnavailable`, or the connect error): an unacked record sent
+    /// elsewhere would be dropped unseen.
     pub async fn send(&self, record: Record) -> Result<PublishTicket, ClientError> {
         let s = &self.shared;
         if let Some(key) = &record.key {
@@ -179,14 +190,15 @@ impl Publisher {
                 });
             }
         }
-        let fixed = frame_fixed_bytes(&s.stream, record.key.as_ref());
+        let fixed = frame_fixed_bytes(&s.ctx.stream, record.key.as_ref());
         let room = (s.limits.max_frame_bytes as usize).saturating_sub(fixed + 4);
         if record.value.len() > room {
             return Err(ClientError::RecordTooLarge { len: record.value.len(), max: room });
         }
-        let worker = self.worker_for(record.key.as_deref());
+        let (broker, worker) = self.route(record.key.as_deref()).await?;
         let (tx, rx) = oneshot::channel();
-        s.workers[worker].send(Cmd::Record(record, tx)).await.map_err(|_| ClientError::Closed)?;
+        let queue = &broker.workers[worker];
+        queue.send(Cmd::Record(record, tx)).await.map_err(|_| ClientError::Closed)?;
         Ok(PublishTicket { rx })
     }
 
@@ -197,8 +209,11 @@ impl Publisher {
 
     /// Sends every queued record and waits until every batch sent so far is acked or failed.
     pub async fn flush(&self) -> Result<(), ClientError> {
-        let mut waits = Vec::with_capacity(self.shared.workers.len());
-        for w in &self.shared.workers {
+        let mut brokers = vec![self.shared.home.clone()];
+        brokers
+            .extend(self.shared.others.lock().unwrap_or_else(|p| p.into_inner()).values().cloned());
+        let mut waits = Vec::new();
+        for w in brokers.iter().flat_map(|b| b.workers.iter()) {
             let (tx, rx) = oneshot::channel();
             w.send(Cmd::Flush(tx)).await.map_err(|_| ClientError::Closed)?;
             waits.push(rx);
@@ -214,23 +229,135 @@ impl Publisher {
         self.flush().await
     }
 
-    fn worker_for(&self, key: Option<&[u8]>) -> usize {
+    fn cluster(&self) -> Option<&Arc<Cluster>> {
+        self.shared.ctx.client.shared.cluster.as_ref()
+    }
+
+    /// The workers and the worker index a record with `key` goes to.
+    async fn route(&self, key: Option<&[u8]>) -> Result<(Arc<BrokerWorkers>, usize), ClientError> {
         let s = &self.shared;
-        let n = s.workers.len();
+        let placement = self.cluster().and_then(|c| c.cached(&s.ctx.stream));
+        let Some(placement) = placement else {
+            return Ok((s.home.clone(), self.home_worker_for(key)));
+        };
+        let unacked = s.ctx.settings.ack_mode == AckMode::None;
         match key {
             Some(key) => {
-                let owner = s
-                    .shard_count
-                    .map(|count| (shard_for_key(key, count).0 % u32::from(s.core_count)) as u16)
-                    .and_then(|core| s.worker_of_core.get(&core).copied());
-                owner.unwrap_or((key_hash(key) % n as u64) as usize)
+                let shard = shard_for_key(key, placement.shards());
+                let owner = placement.owner(shard).filter(|o| o.live);
+                let Some(owner) = owner else {
+                    if let Some(c) = self.cluster() {
+                        c.invalidate(&s.ctx.stream); // the owner may be back: look again
+                    }
+                    if unacked {
+                        return Err(unavailable(&s.ctx.stream, Some(shard)));
+                    }
+                    // A live broker answers ShardUnavailable; the ack task retries.
+                    let broker = match placement.live_addresses().first() {
+                        Some(via) => self.workers_at(via, false).await?,
+                        None => s.home.clone(),
+                    };
+                    return Ok((broker.clone(), broker.worker_for_key(key, Some(shard))));
+                };
+                let broker = self.workers_at(&owner.address, unacked).await?;
+                let worker = broker.worker_for_key(key, Some(shard));
+                Ok((broker, worker))
             }
             None => {
+                let live = placement.live_addresses();
+                if live.is_empty() {
+                    return Ok((s.home.clone(), self.home_worker_for(None)));
+                }
                 let i = s.unkeyed_records.fetch_add(1, Ordering::Relaxed);
-                let per_batch = u64::from(s.settings.batch_records_max.max(1));
+                let batch = (i / u64::from(s.ctx.settings.batch_records_max.max(1))) as usize;
+                let broker = self.workers_at(live[batch % live.len()], unacked).await?;
+                let worker = (batch / live.len()) % broker.workers.len();
+                Ok((broker, worker))
+            }
+        }
+    }
+
+    /// The workers of the broker at `address`, started on first use. When the broker cannot
+    /// be reached, an acked record goes to the home broker instead (its answer, NotOwner or
+    /// ShardUnavailable, is followed by the ack task); an unacked one fails.
+    async fn workers_at(
+        &self,
+        address: &str,
+        unacked: bool,
+    ) -> Result<Arc<BrokerWorkers>, ClientError> {
+        let s = &self.shared;
+        let Some(cluster) = self.cluster() else { return Ok(s.home.clone()) };
+        let pool = match cluster.pool_for(address).await {
+            Ok(pool) => pool,
+            Err(e) if unacked => return Err(e),
+            Err(e) => {
+                tracing::debug!(broker = address, error = %e, "owner unreachable, via home");
+                return Ok(s.home.clone());
+            }
+        };
+        if pool.addr() == s.home.pool.addr() {
+            return Ok(s.home.clone());
+        }
+        let mut others = s.others.lock().unwrap_or_else(|p| p.into_inner());
+        let broker =
+            others.entry(pool.addr()).or_insert_with(|| BrokerWorkers::start(pool, &s.ctx)).clone();
+        Ok(broker)
+    }
+
+    /// The home worker for `key` (single node, or no placement known yet).
+    fn home_worker_for(&self, key: Option<&[u8]>) -> usize {
+        let s = &self.shared;
+        match key {
+            Some(key) => s.home.worker_for_key(key, s.shard_count.map(|n| shard_for_key(key, n))),
+            None => {
+                let n = s.home.workers.len();
+                let i = s.unkeyed_records.fetch_add(1, Ordering::Relaxed);
+                let per_batch = u64::from(s.ctx.settings.batch_records_max.max(1));
                 ((i / per_batch) % n as u64) as usize
             }
         }
+    }
+}
+
+impl BrokerWorkers {
+    /// Starts one worker per connection of `pool`.
+    fn start(pool: Arc<Pool>, ctx: &Arc<WorkerCtx>) -> Arc<Self> {
+        let mut worker_of_core = HashMap::new();
+        for i in 0..pool.len() {
+            if let Some(core) = pool.slot_core(i) {
+                worker_of_core.entry(core).or_insert(i);
+            }
+        }
+        let limits = pool.hello().limits;
+        let in_flight_max = ctx.settings.in_flight_batches_max;
+        let workers = (0..pool.len())
+            .map(|slot| {
+                let (tx, rx) = mpsc::channel(WORKER_QUEUE_RECORDS);
+                let worker = Worker {
+                    ctx: ctx.clone(),
+                    pool: pool.clone(),
+                    slot,
+                    limits,
+                    open: HashMap::new(),
+                    conn: None,
+                    lanes: Vec::new(),
+                    next_lane: 0,
+                    in_flight: Arc::new(Semaphore::new(in_flight_max)),
+                };
+                tokio::spawn(worker.run(rx));
+                tx
+            })
+            .collect();
+        Arc::new(Self { pool, workers, worker_of_core })
+    }
+
+    /// The worker of the connection owned by `shard`'s core when there is one (the broker's
+    /// rule: shard `s` lives on core `s % core_count`), else one chosen by the key's hash.
+    fn worker_for_key(&self, key: &[u8], shard: Option<ShardId>) -> usize {
+        let cores = u32::from(self.pool.hello().core_count.max(1));
+        shard
+            .and_then(|s| self.worker_of_core.get(&((s.0 % cores) as u16)).copied())
+            .unwrap_or((key_hash(key) % self.workers.len() as u64) as usize)
     }
 }
 
@@ -251,12 +378,11 @@ struct OpenBatch {
     deadline: Instant,
 }
 
-/// Batches and sends the records of one connection slot.
+/// Batches and sends the records of one connection slot of one broker's pool.
 struct Worker {
-    client: Client,
+    ctx: Arc<WorkerCtx>,
+    pool: Arc<Pool>,
     slot: usize,
-    stream: String,
-    settings: PublishSettings,
     limits: Limits,
     open: HashMap<Option<Bytes>, OpenBatch>,
     /// The connection `lanes` belong to.
@@ -313,16 +439,16 @@ impl Worker {
     }
 
     fn records_cap(&self) -> usize {
-        self.settings.batch_records_max.min(self.limits.max_batch_records).max(1) as usize
+        self.ctx.settings.batch_records_max.min(self.limits.max_batch_records).max(1) as usize
     }
 
     async fn add(&mut self, record: Record, tx: oneshot::Sender<PublishResult>) {
         let Record { key, value } = record;
         let frame_record_bytes = 4 + value.len();
         let stored_record_bytes = value.len() + key.as_ref().map_or(0, Bytes::len);
-        let fixed = frame_fixed_bytes(&self.stream, key.as_ref());
+        let fixed = frame_fixed_bytes(&self.ctx.stream, key.as_ref());
         let frame_cap = self.limits.max_frame_bytes as usize;
-        let stored_cap = self.settings.batch_bytes_max as usize;
+        let stored_cap = self.ctx.settings.batch_bytes_max as usize;
         let records_cap = self.records_cap();
         let full = self.open.get(&key).is_some_and(|b| {
             b.records.len() >= records_cap
@@ -340,7 +466,7 @@ impl Worker {
                 self.send_batch(batch).await;
             }
         }
-        let linger = Duration::from_micros(self.settings.linger_us);
+        let linger = Duration::from_micros(self.ctx.settings.linger_us);
         let batch = self.open.entry(key.clone()).or_insert_with(|| OpenBatch {
             key: key.clone(),
             records: Vec::new(),
@@ -396,7 +522,7 @@ impl Worker {
     }
 
     async fn wait_in_flight(&self) {
-        let n = self.settings.in_flight_batches_max as u32;
+        let n = self.ctx.settings.in_flight_batches_max as u32;
         if let Ok(permits) = self.in_flight.acquire_many(n).await {
             drop(permits);
         }
@@ -405,13 +531,13 @@ impl Worker {
     /// The lane for a batch with `key` on the slot's current connection, opening the
     /// connection (with backoff) or lanes as needed.
     async fn lane(&mut self, key: Option<&Bytes>) -> Result<(Arc<Conn>, Arc<Lane>), ClientError> {
-        let conn = self.client.shared.conn(self.slot).await?;
+        let conn = self.pool.conn(self.slot).await?;
         let same = self.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn));
         if !same || self.lanes.iter().any(|l| l.is_closed()) {
             self.lanes.clear();
             self.conn = Some(conn.clone());
         }
-        let lanes_max = self.client.shared.config.streams_per_connection.max(1);
+        let lanes_max = self.ctx.client.shared.config.streams_per_connection.max(1);
         let index = match key {
             Some(k) => (key_hash(k) % lanes_max as u64) as usize,
             None => {
@@ -427,30 +553,62 @@ impl Worker {
 
     async fn send_batch(&mut self, batch: OpenBatch) {
         let OpenBatch { key, records, waiters, .. } = batch;
+        let cluster = self.ctx.client.shared.cluster.clone();
+        let mode = self.ctx.settings.ack_mode;
         let (conn, lane) = match self.lane(key.as_ref()).await {
             Ok(x) => x,
-            Err(e) => return fail(waiters, e),
+            Err(e) => {
+                // Nothing was sent: in a cluster, an acked batch whose broker is out of reach
+                // is retried at the shard's owner after a fresh look at the placement.
+                if let Some(cluster) = cluster.filter(|_| mode != AckMode::None) {
+                    if is_unreachable(&e) {
+                        cluster.invalidate(&self.ctx.stream);
+                        let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+                            return fail(waiters, ClientError::Closed);
+                        };
+                        let resend = Resend { stream: self.ctx.stream.clone(), key, records, mode };
+                        let first = Err(unavailable(&self.ctx.stream, None));
+                        tokio::spawn(async move {
+                            let _permit = permit;
+                            let answer = resend.follow(&cluster, first).await;
+                            resolve(waiters, resend.records.len(), answer);
+                        });
+                        return;
+                    }
+                }
+                return fail(waiters, e);
+            }
         };
         let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
             return fail(waiters, ClientError::Closed);
         };
-        let mode = self.settings.ack_mode;
         let id = if mode == AckMode::None { RequestId(0) } else { conn.next_request_id() };
         let count = records.len();
         let frame = Frame::Publish(Publish {
             ack: (mode != AckMode::None).then_some(AckRequest { request_id: id, mode }),
             key,
-            stream: self.stream.clone(),
+            stream: self.ctx.stream.clone(),
             records,
         });
         let bytes = match conn.encode_checked(&frame) {
             Ok(b) => b,
             Err(e) => return fail(waiters, e),
         };
+        // In a cluster, an acked batch is kept until its ack: a broker that refuses it with
+        // NotOwner or ShardUnavailable stored nothing, and it is sent again.
+        let resend = match (frame, &cluster) {
+            (Frame::Publish(p), Some(_)) if mode != AckMode::None => {
+                Some(Resend { stream: p.stream, key: p.key, records: p.records, mode })
+            }
+            _ => None,
+        };
         let rx = match lane.send_request(id, &bytes).await {
             Ok(rx) => rx,
             Err(e) => {
                 self.lanes.clear();
+                if let Some(c) = &cluster {
+                    c.invalidate(&self.ctx.stream);
+                }
                 return fail(waiters, e);
             }
         };
@@ -465,24 +623,79 @@ impl Worker {
         let limit = conn.ack_timeout();
         tokio::spawn(async move {
             let _permit = permit;
-            match waiter.wait(id, rx, limit, "ack").await {
-                Ok(Frame::PublishAck(ack)) if ack.count as usize == count => {
-                    for (i, w) in waiters.into_iter().enumerate() {
-                        let offset = Offset(ack.base_offset.0 + i as u64);
-                        let _ = w.send(Ok(Some(Receipt { shard: ack.shard, offset })));
-                    }
+            let mut answer = waiter.wait(id, rx, limit, "ack").await;
+            if let (Some(cluster), Some(resend)) = (cluster, resend) {
+                if answer.as_ref().is_err_and(ClientError::is_connection_lost) {
+                    // The outcome is unknown (no resend), but the broker may be gone.
+                    cluster.invalidate(&resend.stream);
                 }
-                Ok(Frame::PublishAck(ack)) => fail(
-                    waiters,
-                    ClientError::Protocol(format!("ack for {} records of {count}", ack.count)),
-                ),
-                Ok(other) => fail(
-                    waiters,
-                    crate::conn::unexpected(&other, felix_proto::FrameType::PublishAck),
-                ),
-                Err(e) => fail(waiters, e),
+                answer = resend.follow(&cluster, answer).await;
             }
+            resolve(waiters, count, answer);
         });
+    }
+}
+
+/// An acked batch kept for sending again in a cluster.
+#[derive(Clone)]
+struct Resend {
+    stream: String,
+    key: Option<Bytes>,
+    records: Vec<Bytes>,
+    mode: AckMode,
+}
+
+impl Resend {
+    /// Follows `first` (see `Cluster::follow`): a NotOwner or ShardUnavailable answer sends
+    /// the batch again, on the control lane of the owner's connection for its shard.
+    async fn follow(
+        &self,
+        cluster: &Cluster,
+        first: Result<Frame, ClientError>,
+    ) -> Result<Frame, ClientError> {
+        let shard = match (&self.key, cluster.cached_shards(&self.stream)) {
+            (Some(key), Some(n)) => Some(shard_for_key(key, n)),
+            _ => None,
+        };
+        cluster
+            .follow(&self.stream, shard, first, |conn| {
+                let batch = self.clone();
+                async move {
+                    let id = conn.next_request_id();
+                    let frame = Frame::Publish(Publish {
+                        ack: Some(AckRequest { request_id: id, mode: batch.mode }),
+                        key: batch.key,
+                        stream: batch.stream,
+                        records: batch.records,
+                    });
+                    conn.request(id, &frame).await
+                }
+            })
+            .await
+    }
+}
+
+/// Resolves the waiters of a batch of `count` records with its ack (or failure).
+fn resolve(
+    waiters: Vec<oneshot::Sender<PublishResult>>,
+    count: usize,
+    answer: Result<Frame, ClientError>,
+) {
+    match answer {
+        Ok(Frame::PublishAck(ack)) if ack.count as usize == count => {
+            for (i, w) in waiters.into_iter().enumerate() {
+                let offset = Offset(ack.base_offset.0 + i as u64);
+                let _ = w.send(Ok(Some(Receipt { shard: ack.shard, offset })));
+            }
+        }
+        Ok(Frame::PublishAck(ack)) => fail(
+            waiters,
+            ClientError::Protocol(format!("ack for {} records of {count}", ack.count)),
+        ),
+        Ok(other) => {
+            fail(waiters, crate::conn::unexpected(&other, felix_proto::FrameType::PublishAck))
+        }
+        Err(e) => fail(waiters, e),
     }
 }
 

@@ -1,14 +1,24 @@
-//! The subscriber: one subscription on one connection, records with their shard and offset,
-//! consumer-group commits.
+//! The subscriber: one subscription on one connection (in a cluster: one part per broker that
+//! owns some of its shards, merged), records with their shard and offset, consumer-group
+//! commits.
 //!
 //! Call order: [`crate::Client::subscribe`] with [`SubscribeOptions`], then [`Subscriber::next`]
 //! in a loop; with a group, [`Subscriber::commit_consumed`] (or [`Subscriber::commit`]) whenever
 //! the application has processed what it received. Records are read straight from the
 //! subscription's QUIC stream, so a slow reader slows the broker's sending (flow control), and
-//! nothing is buffered beyond one decoded batch.
+//! nothing is buffered beyond one decoded batch per part.
+//!
+//! In a cluster, the shards to read (all of the placement's, or those asked for) are grouped by
+//! owner, and each owner gets a Subscribe naming its shards; a part refused with `NotOwner` is
+//! grouped again after a fresh placement, and an unavailable shard is retried within
+//! `cluster::SHARD_UNAVAILABLE_DEADLINE_MS`. Commits go to the part that reads the shard, on
+//! its owner, following `NotOwner` like the publisher.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
+use std::time::Instant;
 
 use bytes::Bytes;
 use felix_proto::{
@@ -17,6 +27,7 @@ use felix_proto::{
 };
 
 use crate::client::Client;
+use crate::cluster::{is_unreachable, Cluster, Patience, NOT_OWNER_REDIRECTS_MAX};
 use crate::conn::{unexpected, Conn, SubStream};
 use crate::error::ClientError;
 
@@ -94,40 +105,56 @@ pub struct ReceivedRecord {
 /// A running subscription.
 pub struct Subscriber {
     client: Client,
-    conn: Arc<Conn>,
     options: SubscribeOptions,
-    id: SubscriptionId,
+    /// One per broker the subscription reads from; one on a single-node broker.
+    parts: Vec<Part>,
+    /// The shards read, over every part, sorted.
     shards: Vec<ShardId>,
-    stream: SubStream,
+    /// The part read first next time (the parts take turns).
+    next_part: usize,
     buffered: VecDeque<ReceivedRecord>,
     /// The next offset to read per shard, from the records handed out.
     consumed: BTreeMap<ShardId, Offset>,
     committed: BTreeMap<ShardId, Offset>,
     resumes: u64,
+}
+
+/// One Subscribe on one connection and the stream it delivers on.
+struct Part {
+    conn: Arc<Conn>,
+    id: SubscriptionId,
+    shards: Vec<ShardId>,
+    stream: SubStream,
     ended: bool,
 }
 
 impl Subscriber {
     pub(crate) async fn start(
         client: Client,
-        slot: usize,
         options: SubscribeOptions,
     ) -> Result<Self, ClientError> {
-        let conn = client.shared.conn(slot).await?;
-        let (ok, stream) = open(&conn, &options, options.start).await?;
-        Ok(Self {
+        let parts = match client.shared.cluster.clone() {
+            Some(cluster) => {
+                open_in_cluster(&cluster, &options, options.shards.clone(), options.start).await?
+            }
+            None => {
+                let conn = client.shared.conn(client.shared.home.next_slot()).await?;
+                vec![open_part(conn, &options, options.shards.clone(), options.start).await?]
+            }
+        };
+        let mut sub = Self {
             client,
-            conn,
             options,
-            id: ok.subscription_id,
-            shards: ok.shards,
-            stream,
+            parts,
+            shards: Vec::new(),
+            next_part: 0,
             buffered: VecDeque::new(),
             consumed: BTreeMap::new(),
             committed: BTreeMap::new(),
             resumes: 0,
-            ended: false,
-        })
+        };
+        sub.update_shards();
+        Ok(sub)
     }
 
     /// How many times the subscription resumed after a lost connection.
@@ -135,14 +162,19 @@ impl Subscriber {
         self.resumes
     }
 
-    /// The broker's id for this subscription.
+    /// The broker's id for this subscription (in a cluster: of its first part).
     pub fn id(&self) -> SubscriptionId {
-        self.id
+        self.parts.first().map_or(SubscriptionId(0), |p| p.id)
     }
 
-    /// The shards this subscription reads (from SubscribeOk).
+    /// The shards this subscription reads (from the SubscribeOk answers).
     pub fn shards(&self) -> &[ShardId] {
         &self.shards
+    }
+
+    /// How many brokers the subscription reads from (one on a single-node broker).
+    pub fn parts(&self) -> usize {
+        self.parts.len()
     }
 
     /// The options it was started with.
@@ -150,12 +182,13 @@ impl Subscriber {
         &self.options
     }
 
-    /// The next record; `Ok(None)` once the broker has finished the subscription's stream.
-    /// Cancel-safe: dropping the future loses no record.
+    /// The next record; `Ok(None)` once the broker (every broker, in a cluster) has finished
+    /// the subscription's stream. Cancel-safe: dropping the future loses no record.
     ///
-    /// When the connection is lost and `resume` is on, the subscription is opened again on a
-    /// fresh connection (with the client's reconnect backoff) and records already returned
-    /// are skipped, so nothing is returned twice and nothing is missed. It resumes from the
+    /// When the connection is lost and `resume` is on, the subscription (in a cluster: the
+    /// part on that connection, at its shards' current owners) is opened again on a fresh
+    /// connection (with the client's reconnect backoff) and records already returned are
+    /// skipped, so nothing is returned twice and nothing is missed. It resumes from the
     /// group's commits (with a group), from the next offset (a single shard), or from the
     /// original start (earliest, an offset or a time). A subscription without a group over
     /// several shards that started at `Latest` cannot resume without missing records: it
@@ -169,10 +202,38 @@ impl Subscriber {
                 self.consumed.insert(r.shard, Offset(r.offset.0 + 1));
                 return Ok(Some(r));
             }
-            if self.ended {
+            if self.parts.iter().all(|p| p.ended) {
                 return Ok(None);
             }
-            while let Some(item) = self.stream.decoder.poll_frame() {
+            self.decode_buffered()?;
+            if !self.buffered.is_empty() {
+                continue;
+            }
+            let (i, read) = self.read_any().await;
+            match read {
+                Ok(Some(chunk)) => self.parts[i].stream.decoder.handle_chunk(chunk),
+                Ok(None) => self.parts[i].ended = true,
+                Err(quinn::ReadError::Reset(code)) => {
+                    self.parts[i].ended = true;
+                    let code = u16::try_from(code.into_inner())
+                        .map_or(ErrorCode::Unknown, ErrorCode::from_u16);
+                    let message = "the broker reset the subscription stream".to_owned();
+                    return Err(ClientError::Broker { code, message });
+                }
+                Err(e) => {
+                    let lost = ClientError::ConnectionLost(e.to_string());
+                    self.resume_after(i, lost).await?;
+                }
+            }
+        }
+    }
+
+    /// Decodes what the parts have received, until some records are buffered.
+    fn decode_buffered(&mut self) -> Result<(), ClientError> {
+        let n = self.parts.len();
+        for k in 0..n {
+            let part = &mut self.parts[(self.next_part + k) % n];
+            while let Some(item) = part.stream.decoder.poll_frame() {
                 match item {
                     Ok(Frame::EventBatch(b)) => {
                         for (i, rec) in b.records.into_iter().enumerate() {
@@ -191,58 +252,85 @@ impl Subscriber {
                     Ok(Frame::Ping(_) | Frame::Pong(_)) => {}
                     Ok(other) => return Err(unexpected(&other, FrameType::EventBatch)),
                     Err(e) if e.fatal => {
-                        self.ended = true;
+                        part.ended = true;
                         return Err(ClientError::Protocol(format!("subscription framing: {e}")));
                     }
                     Err(e) => tracing::warn!(error = %e, "undecodable frame on a subscription"),
                 }
                 if !self.buffered.is_empty() {
-                    break;
-                }
-            }
-            if !self.buffered.is_empty() {
-                continue;
-            }
-            match self.stream.recv.read_chunk(READ_CHUNK_BYTES, true).await {
-                Ok(Some(chunk)) => self.stream.decoder.handle_chunk(chunk.bytes),
-                Ok(None) => self.ended = true,
-                Err(quinn::ReadError::Reset(code)) => {
-                    self.ended = true;
-                    let code = u16::try_from(code.into_inner())
-                        .map_or(ErrorCode::Unknown, ErrorCode::from_u16);
-                    let message = "the broker reset the subscription stream".to_owned();
-                    return Err(ClientError::Broker { code, message });
-                }
-                Err(e) => {
-                    let lost = ClientError::ConnectionLost(e.to_string());
-                    self.resume_after(lost).await?;
+                    return Ok(());
                 }
             }
         }
+        Ok(())
     }
 
-    /// Opens the subscription again after `lost`, or returns `lost` when it cannot resume.
-    async fn resume_after(&mut self, lost: ClientError) -> Result<(), ClientError> {
-        let Some(start) = self.resume_start() else {
-            self.ended = true;
+    /// Reads the next chunk of whichever part has one first (the parts take turns at being
+    /// polled first). Cancel-safe: quinn's `read_chunk` is.
+    async fn read_any(&mut self) -> (usize, Result<Option<Bytes>, quinn::ReadError>) {
+        let n = self.parts.len();
+        let first = self.next_part % n;
+        self.next_part = self.next_part.wrapping_add(1);
+        let chunk =
+            |r: Result<Option<quinn::Chunk>, quinn::ReadError>| r.map(|c| c.map(|c| c.bytes));
+        if n == 1 {
+            return (0, chunk(self.parts[0].stream.recv.read_chunk(READ_CHUNK_BYTES, true).await));
+        }
+        let mut reads: Vec<_> = self
+            .parts
+            .iter_mut()
+            .enumerate()
+            .filter(|(_, p)| !p.ended)
+            .map(|(i, p)| {
+                Box::pin(async move {
+                    (i, chunk(p.stream.recv.read_chunk(READ_CHUNK_BYTES, true).await))
+                })
+            })
+            .collect();
+        // `next` reads only while some part has not ended: `reads` is not empty.
+        let k = reads.len();
+        let start = first % k.max(1);
+        std::future::poll_fn(|cx| {
+            for j in 0..k {
+                if let Poll::Ready(x) = reads[(start + j) % k].as_mut().poll(cx) {
+                    return Poll::Ready(x);
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Opens part `i` again after `lost`, or returns `lost` when it cannot resume.
+    async fn resume_after(&mut self, i: usize, lost: ClientError) -> Result<(), ClientError> {
+        let Some(start) = self.resume_start(&self.parts[i].shards) else {
+            self.parts[i].ended = true;
             return Err(lost);
         };
         tracing::warn!(error = %lost, stream = %self.options.stream, "resuming subscription");
-        // Whatever was decoded but not returned is read again on the new stream.
-        self.buffered.clear();
-        let slot = self.client.shared.next_slot();
-        let conn = self.client.shared.conn(slot).await?;
-        let (ok, stream) = open(&conn, &self.options, start).await?;
-        self.conn = conn;
-        self.id = ok.subscription_id;
-        self.shards = ok.shards;
-        self.stream = stream;
+        // Whatever was decoded but not returned from this part is read again.
+        let shards = self.parts[i].shards.clone();
+        self.buffered.retain(|r| !shards.contains(&r.shard));
+        let fresh = match self.client.shared.cluster.clone() {
+            Some(cluster) => {
+                cluster.invalidate(&self.options.stream);
+                open_in_cluster(&cluster, &self.options, Some(shards), start).await?
+            }
+            None => {
+                let shared = &self.client.shared;
+                let conn = shared.conn(shared.home.next_slot()).await?;
+                vec![open_part(conn, &self.options, self.options.shards.clone(), start).await?]
+            }
+        };
+        self.parts.splice(i..=i, fresh);
+        self.update_shards();
         self.resumes += 1;
         Ok(())
     }
 
-    /// Where a resumed subscription starts, when it can resume without missing records.
-    fn resume_start(&self) -> Option<StartAt> {
+    /// Where a resumed part reading `shards` starts, when it can resume without missing
+    /// records.
+    fn resume_start(&self, shards: &[ShardId]) -> Option<StartAt> {
         let o = &self.options;
         if !o.resume {
             return None;
@@ -250,27 +338,49 @@ impl Subscriber {
         if o.group.is_some() {
             return Some(o.start);
         }
-        if let [shard] = self.shards[..] {
+        if let [shard] = shards[..] {
             return Some(self.consumed.get(&shard).map_or(o.start, |next| StartAt::Offset(*next)));
         }
         (o.start != StartAt::Latest).then_some(o.start)
     }
 
+    fn update_shards(&mut self) {
+        let mut shards: Vec<ShardId> =
+            self.parts.iter().flat_map(|p| p.shards.iter().copied()).collect();
+        shards.sort_unstable();
+        shards.dedup();
+        self.shards = shards;
+    }
+
     /// Commits that the group has consumed `shard` up to, not including, `next_offset`.
-    /// Needs a group and the broker's `CONSUMER_GROUPS` capability.
+    /// Needs a group and the broker's `CONSUMER_GROUPS` capability. In a cluster the commit
+    /// goes to the shard's owner.
     pub async fn commit(&self, shard: ShardId, next_offset: Offset) -> Result<(), ClientError> {
         let Some(group) = &self.options.group else {
             return Err(ClientError::InvalidArgument("commit needs a consumer group".into()));
         };
-        let id = self.conn.next_request_id();
-        let frame = Frame::CommitOffset(CommitOffset {
-            request_id: id,
-            stream: self.options.stream.clone(),
-            group: group.clone(),
-            shard,
-            offset: next_offset,
-        });
-        match self.conn.request(id, &frame).await? {
+        let part = self.parts.iter().find(|p| p.shards.contains(&shard)).or(self.parts.first());
+        let conn = match part {
+            Some(p) => p.conn.clone(),
+            None => self.client.shared.conn(0).await?,
+        };
+        let stream = &self.options.stream;
+        let commit = |conn: Arc<Conn>| async move {
+            let id = conn.next_request_id();
+            let frame = Frame::CommitOffset(CommitOffset {
+                request_id: id,
+                stream: stream.clone(),
+                group: group.clone(),
+                shard,
+                offset: next_offset,
+            });
+            conn.request(id, &frame).await
+        };
+        let mut answer = commit(conn).await;
+        if let Some(cluster) = &self.client.shared.cluster {
+            answer = cluster.follow(stream, Some(shard), answer, commit).await;
+        }
+        match answer? {
             Frame::CommitOk(_) => Ok(()),
             other => Err(unexpected(&other, FrameType::CommitOk)),
         }
@@ -293,24 +403,115 @@ impl Subscriber {
     }
 }
 
-/// Sends Subscribe on `conn` and takes the subscription's stream.
-async fn open(
-    conn: &Conn,
+/// Sends Subscribe for `shards` (`None`: all) on `conn` and takes the subscription's stream.
+async fn open_part(
+    conn: Arc<Conn>,
     options: &SubscribeOptions,
+    shards: Option<Vec<ShardId>>,
     start: StartAt,
-) -> Result<(SubscribeOk, SubStream), ClientError> {
+) -> Result<Part, ClientError> {
     let id = conn.next_request_id();
     let frame = Frame::Subscribe(Subscribe {
         request_id: id,
         stream: options.stream.clone(),
-        shards: options.shards.clone(),
+        shards,
         start,
         group: options.group.clone(),
     });
-    let ok = match conn.request(id, &frame).await? {
+    let ok: SubscribeOk = match conn.request(id, &frame).await? {
         Frame::SubscribeOk(ok) => ok,
         other => return Err(unexpected(&other, FrameType::SubscribeOk)),
     };
     let stream = conn.take_subscription_stream(ok.subscription_id).await?;
-    Ok((ok, stream))
+    Ok(Part { conn, id: ok.subscription_id, shards: ok.shards, stream, ended: false })
+}
+
+/// Opens the parts of a subscription to `shards` (`None`: every shard of the placement) in a
+/// cluster: one Subscribe per owner, naming its shards. A part refused with `NotOwner` is
+/// grouped again after a fresh placement (at most [`NOT_OWNER_REDIRECTS_MAX`] times); shards
+/// whose owner is down are retried until the deadline, then `ShardUnavailable`.
+async fn open_in_cluster(
+    cluster: &Cluster,
+    options: &SubscribeOptions,
+    shards: Option<Vec<ShardId>>,
+    start: StartAt,
+) -> Result<Vec<Part>, ClientError> {
+    let stream = &options.stream;
+    let mut parts = Vec::new();
+    let mut todo = shards;
+    let mut redirects = 0u32;
+    let mut patience = Patience::default();
+    let mut after: Option<Instant> = None;
+    loop {
+        let placement = match after {
+            None => cluster.placement(stream).await,
+            Some(t) => cluster.refresh(stream, t).await,
+        };
+        let placement = match placement {
+            Ok(p) => p,
+            Err(e) if e.is_shard_unavailable() || is_unreachable(&e) => {
+                patience.wait(stream, None).await?;
+                after = Some(Instant::now());
+                continue;
+            }
+            Err(ClientError::Broker { code: ErrorCode::StreamNotFound, .. })
+                if parts.is_empty() =>
+            {
+                // A stream the cluster does not know: the home broker answers the Subscribe
+                // as a single broker would (an error, or the stream created).
+                let home = cluster.home();
+                let conn = home.conn(home.next_slot()).await?;
+                return Ok(vec![open_part(conn, options, todo, start).await?]);
+            }
+            Err(e) => return Err(e),
+        };
+        let want = todo.take().unwrap_or_else(|| (0..placement.shards()).map(ShardId).collect());
+        // Owner address (None: not live) -> its shards. A shard the placement lacks goes to
+        // the home broker, whose answer (InvalidShard) is the caller's.
+        let mut groups: BTreeMap<Option<String>, Vec<ShardId>> = BTreeMap::new();
+        for s in want {
+            let owner = match placement.owner(s) {
+                Some(o) => o.live.then(|| o.address.clone()),
+                None => Some(cluster.home().name().to_owned()),
+            };
+            groups.entry(owner).or_default().push(s);
+        }
+        let mut retry = Vec::new();
+        let mut waiting = false;
+        for (owner, group) in groups {
+            let Some(address) = owner else {
+                retry.extend(group);
+                waiting = true;
+                continue;
+            };
+            let opened = match cluster.conn_at(&address, None).await {
+                Ok(conn) => open_part(conn, options, Some(group.clone()), start).await,
+                Err(e) => Err(e),
+            };
+            match opened {
+                Ok(part) => parts.push(part),
+                Err(ClientError::NotOwner { stream: s, shard, owner }) => {
+                    cluster.learn(&s, shard, &owner);
+                    redirects += 1;
+                    if redirects > NOT_OWNER_REDIRECTS_MAX {
+                        return Err(ClientError::NotOwner { stream: s, shard, owner });
+                    }
+                    retry.extend(group);
+                }
+                Err(e) if e.is_shard_unavailable() || is_unreachable(&e) => {
+                    retry.extend(group);
+                    waiting = true;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if retry.is_empty() {
+            return Ok(parts);
+        }
+        if waiting {
+            patience.wait(stream, retry.first().copied()).await?;
+        }
+        todo = Some(retry);
+        after = Some(Instant::now());
+    }
 }

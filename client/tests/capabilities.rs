@@ -16,8 +16,7 @@ async fn broker_with(caps: Capabilities) -> (TestBroker, Client) {
         TestBroker::start(BrokerOptions { capabilities: caps, ..Default::default() }).await;
     broker.create_stream(STREAM, 4);
     let client = Client::connect(broker.client_config()).await.unwrap();
-    // What both sides speak: this client does not advertise CLUSTER (yet).
-    assert_eq!(client.capabilities(), Capabilities(caps.0 & !Capabilities::CLUSTER.0));
+    assert_eq!(client.capabilities(), caps);
     (broker, client)
 }
 

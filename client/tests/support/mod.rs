@@ -4,7 +4,14 @@
 //! configurable sequence, records every flag bit it receives (and every use of a capability it
 //! did not advertise), stores published records, pushes them to subscriptions and keeps
 //! consumer-group commits. It is not the real broker: it exists to test the client's logic.
+//!
+//! A broker that advertises `CLUSTER` acts as a member of a cluster (`cluster.rs`): it answers
+//! `Metadata` from a placement table shared by every member, refuses shards it does not own with
+//! `NotOwner` and shards whose owner is down with `ShardUnavailable`. Without a table it is a
+//! cluster of one that owns everything.
 #![allow(dead_code)]
+
+pub mod cluster;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -13,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use cluster::ClusterRole;
 use felix_client::{CertFingerprint, ClientConfig, Trust};
 use felix_proto::{
     encode_event_batch, shard_for_key, AckMode, Capabilities, CoreId, ErrorBody, ErrorCode,
@@ -38,17 +46,23 @@ pub struct BrokerOptions {
     pub swallow_acks: bool,
     /// The token a Hello must carry, if any.
     pub token: Option<String>,
+    /// This broker's place in a mock cluster (used when `capabilities` has `CLUSTER`).
+    pub cluster: Option<ClusterRole>,
 }
+
+/// What a single-node broker advertises: everything but `CLUSTER`.
+pub const SINGLE_NODE: Capabilities = Capabilities(Capabilities::ALL.0 & !Capabilities::CLUSTER.0);
 
 impl Default for BrokerOptions {
     fn default() -> Self {
         Self {
-            capabilities: Capabilities::ALL,
+            capabilities: SINGLE_NODE,
             limits: Limits::default(),
             core_count: 2,
             core_sequence: vec![0, 1],
             swallow_acks: false,
             token: None,
+            cluster: None,
         }
     }
 }
@@ -91,6 +105,16 @@ pub struct Observed {
     pub ack_modes: Vec<AckMode>,
     /// The key of each publish frame and the core of the connection it arrived on.
     pub publish_cores: Vec<(Option<Bytes>, u16)>,
+    /// Metadata requests answered.
+    pub metadata_requests: usize,
+    /// NotOwner answers sent (publish, subscribe, commit).
+    pub not_owner_sent: usize,
+    /// ShardUnavailable answers sent.
+    pub unavailable_sent: usize,
+    /// Unacked publishes dropped because the shard is not owned here.
+    pub dropped_not_owner: usize,
+    /// The shard list of each accepted Subscribe (`None`: all).
+    pub subscribes: Vec<Option<Vec<ShardId>>>,
 }
 
 /// Shared state: observations plus a change counter that wakes subscriptions.
@@ -194,7 +218,8 @@ impl TestBroker {
             }
         };
         let addr = endpoint.local_addr().unwrap();
-        let task = tokio::spawn(accept_loop(endpoint.clone(), state.clone(), options.clone()));
+        let task =
+            tokio::spawn(accept_loop(endpoint.clone(), addr, state.clone(), options.clone()));
         Self { addr, cert, cert_pem, key, state, options, endpoint, task }
     }
 
@@ -268,13 +293,18 @@ impl StoppedBroker {
     }
 }
 
-async fn accept_loop(endpoint: quinn::Endpoint, state: Arc<State>, options: BrokerOptions) {
+async fn accept_loop(
+    endpoint: quinn::Endpoint,
+    addr: SocketAddr,
+    state: Arc<State>,
+    options: BrokerOptions,
+) {
     while let Some(incoming) = endpoint.accept().await {
         let state = state.clone();
         let options = options.clone();
         tokio::spawn(async move {
             if let Ok(conn) = incoming.await {
-                serve_connection(conn, state, options).await;
+                serve_connection(conn, addr, state, options).await;
             }
         });
     }
@@ -282,13 +312,29 @@ async fn accept_loop(endpoint: quinn::Endpoint, state: Arc<State>, options: Brok
 
 struct ConnCtx {
     conn: quinn::Connection,
+    /// The broker's own address.
+    addr: SocketAddr,
     state: Arc<State>,
     options: Arc<BrokerOptions>,
     core: Mutex<Option<u16>>,
+    /// What the client advertised in Hello.
+    client_caps: Mutex<Capabilities>,
 }
 
-async fn serve_connection(conn: quinn::Connection, state: Arc<State>, options: BrokerOptions) {
-    let ctx = Arc::new(ConnCtx { conn, state, options: Arc::new(options), core: Mutex::new(None) });
+async fn serve_connection(
+    conn: quinn::Connection,
+    addr: SocketAddr,
+    state: Arc<State>,
+    options: BrokerOptions,
+) {
+    let ctx = Arc::new(ConnCtx {
+        conn,
+        addr,
+        state,
+        options: Arc::new(options),
+        core: Mutex::new(None),
+        client_caps: Mutex::new(Capabilities::NONE),
+    });
     while let Ok((send, recv)) = ctx.conn.accept_bi().await {
         tokio::spawn(serve_stream(ctx.clone(), send, recv));
     }
@@ -364,6 +410,7 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
                         return vec![error(RequestId(0), ErrorCode::InvalidToken, "bad token")];
                     }
                 }
+                *ctx.client_caps.lock().unwrap() = h.capabilities;
                 let seq = &ctx.options.core_sequence;
                 let n = ctx.state.next_core.fetch_add(1, Ordering::Relaxed);
                 let core = seq[n % seq.len()];
@@ -425,7 +472,6 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
             if let Some(a) = p.ack {
                 o.ack_modes.push(a.mode);
             }
-            let core_count = u32::from(ctx.options.core_count.max(1));
             let Some(stream) = o.streams.get_mut(&p.stream) else {
                 return vec![if p.ack.is_some() {
                     Frame::PublishError(ErrorBody {
@@ -438,10 +484,13 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
                 }];
             };
             let n = stream.shards.len() as u32;
-            let shard = match &p.key {
-                Some(k) => shard_for_key(k, n),
-                None => ShardId((0..n).find(|s| s % core_count == u32::from(core)).unwrap_or(0)),
+            drop(o);
+            let shard = match cluster::check_publish(ctx, &p, n, core) {
+                Ok(shard) => shard,
+                Err(answers) => return answers,
             };
+            let mut o = ctx.state.lock();
+            let Some(stream) = o.streams.get_mut(&p.stream) else { return vec![] };
             let log = &mut stream.shards[shard.0 as usize];
             let base = log.len() as u64;
             let ts = now_ms();
@@ -465,6 +514,9 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
                 ctx.state.lock().violations.push("Subscribe with a group".into());
                 return vec![error(s.request_id, ErrorCode::InvalidArgument, "no groups")];
             }
+            if let Err(answers) = cluster::check_subscribe(ctx, &s) {
+                return answers;
+            }
             let o = ctx.state.lock();
             let Some(stream) = o.streams.get(&s.stream) else {
                 return vec![error(s.request_id, ErrorCode::StreamNotFound, "no such stream")];
@@ -476,6 +528,10 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
                 return vec![error(s.request_id, ErrorCode::InvalidShard, "no such shard")];
             }
             let mut positions = BTreeMap::new();
+            drop(o);
+            ctx.state.lock().subscribes.push(s.shards.clone());
+            let o = ctx.state.lock();
+            let Some(stream) = o.streams.get(&s.stream) else { return vec![] };
             for sh in &shards {
                 let log = &stream.shards[sh.0 as usize];
                 let committed = s
@@ -506,9 +562,13 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
                 ctx.state.lock().violations.push("CommitOffset".into());
                 return vec![error(c.request_id, ErrorCode::InvalidArgument, "no groups")];
             }
+            if let Err(answers) = cluster::check_commit(ctx, &c) {
+                return answers;
+            }
             ctx.state.lock().commits.insert((c.stream, c.group, c.shard.0), c.offset.0);
             vec![Frame::CommitOk(c.request_id)]
         }
+        Frame::Metadata(m) => cluster::metadata(ctx, m),
         Frame::Ping(n) => vec![Frame::Pong(n)],
         Frame::Hello(_) => vec![error(RequestId(0), ErrorCode::InvalidArgument, "second Hello")],
         other => vec![error(RequestId(0), ErrorCode::InvalidArgument, &format!("{other:?}"))],

@@ -1,5 +1,7 @@
 //! The `felix` binary: `felix serve` runs a broker; `felix publish|subscribe|streams` are the
-//! client commands of `felix_client::cli`.
+//! client commands of `felix_client::cli`; `felix cluster status` reads a cluster from etcd.
+
+mod cluster_cmd;
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,6 +26,9 @@ enum Command {
     Serve(ServeArgs),
     #[command(flatten)]
     Client(felix_client::cli::ClientCommand),
+    /// Look at a cluster of brokers (members, controller, placement, load).
+    #[command(subcommand)]
+    Cluster(cluster_cmd::ClusterCommand),
 }
 
 /// The log filter when `FELIX_LOG` is unset: the broker logs its start-up and notable events;
@@ -41,7 +46,7 @@ fn main() -> ExitCode {
     };
     let log_default = match cli.command {
         Command::Serve(_) => SERVE_LOG_DEFAULT,
-        Command::Client(_) => CLIENT_LOG_DEFAULT,
+        Command::Client(_) | Command::Cluster(_) => CLIENT_LOG_DEFAULT,
     };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -62,6 +67,7 @@ fn main() -> ExitCode {
         }
         // Reads the environment without validating it: trust may come from a flag alone.
         Command::Client(cmd) => felix_client::cli::main(cmd),
+        Command::Cluster(cmd) => cluster_cmd::main(cmd),
     }
 }
 

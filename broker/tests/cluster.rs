@@ -32,6 +32,7 @@ struct Node {
     dir: std::path::PathBuf,
     child: Option<Child>,
     etcd: String,
+    metrics: String,
 }
 
 impl Node {
@@ -43,6 +44,10 @@ impl Node {
             dir: root.join(id),
             child: None,
             etcd: etcd.to_owned(),
+            metrics: {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                l.local_addr().unwrap().to_string()
+            },
         };
         node.spawn();
         node
@@ -55,7 +60,7 @@ impl Node {
         }
         let addr = self.addr.to_string();
         cmd.args(["serve", "--listen", &addr, "--advertise", &addr, "--node-id", &self.id])
-            .args(["--cores", "1", "--no-pin", "--metrics", "off", "--min-free-bytes", "0"])
+            .args(["--cores", "1", "--no-pin", "--metrics", &self.metrics, "--min-free-bytes", "0"])
             .args(["--cluster-etcd", &self.etcd, "--lease-ttl-s", &TTL_S.to_string()])
             .arg("--data-dir")
             .arg(&self.dir)
@@ -118,6 +123,17 @@ impl Raw {
         self.send.write_all(&frame.to_bytes()).await.unwrap();
         read_frames(&mut self.recv, 1).await.pop().expect("an answer")
     }
+}
+
+/// `felix cluster status --json` against the test's etcd.
+fn status(etcd: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_felix"))
+        .args(["cluster", "status", "--json", "--etcd", etcd])
+        .env_remove("FELIX_CLUSTER_NAME")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("status is JSON")
 }
 
 fn cluster_caps() -> Capabilities {
@@ -249,6 +265,29 @@ async fn three_brokers_place_route_refuse_and_survive_a_kill() {
             other => panic!("shard {shard} at a non-owner: {other:?}"),
         }
     }
+    // `felix cluster status`: three members with their leases, a controller, the placement,
+    // and each member's per-core load from its metrics (the owners stored something).
+    let st = status(&etcd.client_url);
+    assert_eq!(st["members"].as_array().unwrap().len(), 3, "{st:#}");
+    assert!(st["controller"].is_string(), "{st:#}");
+    assert!(st["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m["lease_ttl_left_s"].as_i64() > Some(0)));
+    let orders = st["streams"].as_array().unwrap().iter().find(|x| x["name"] == STREAM).unwrap();
+    assert_eq!(orders["placement"]["owners"].as_array().unwrap().len(), SHARDS as usize);
+    assert!(orders["down"].as_array().unwrap().is_empty());
+    for (node, load) in st["load"].as_array().unwrap().iter().map(|l| (&l[0], &l[1])) {
+        let stored: u64 = load["Ok"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["stored_bytes"].as_u64().unwrap())
+            .sum();
+        assert!(stored > 0, "{node} stored nothing: {load}");
+    }
+
     // A client without CLUSTER gets the plain error, code NotOwner, naming the owner.
     let mut plain = Raw::open(&nodes[0], single_node_caps()).await;
     let foreign = (0..SHARDS).find(|s| placement[*s as usize].0 != nodes[0].id).unwrap();
@@ -278,6 +317,10 @@ async fn three_brokers_place_route_refuse_and_survive_a_kill() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     eprintln!("{dead_id} seen down after {:?}", killed_at.elapsed());
+    let st = status(&etcd.client_url);
+    assert_eq!(st["members"].as_array().unwrap().len(), 2, "{st:#}");
+    let orders = st["streams"].as_array().unwrap().iter().find(|x| x["name"] == STREAM).unwrap();
+    assert_eq!(orders["down"], serde_json::json!([dead_id]), "{st:#}");
     for shard in 0..SHARDS {
         let owner = &placement[shard as usize].0;
         let answer = raws[0].ask(publish(400 + u64::from(shard), shard, "after")).await;

@@ -221,12 +221,14 @@ impl Drop for AgentHandle {
     }
 }
 
+/// Controller candidates: election key -> (create revision, node). The oldest key leads.
+pub(crate) type Candidates = BTreeMap<String, (i64, NodeId)>;
+
 /// One agent's state across sessions.
 struct State {
     config: AgentConfig,
     view: ClusterView,
-    /// Controller candidates: election key -> (create revision, node).
-    candidates: BTreeMap<String, (i64, NodeId)>,
+    candidates: Candidates,
     view_tx: watch::Sender<Arc<ClusterView>>,
     /// The lease of the current (or last) session.
     lease: Option<i64>,
@@ -363,7 +365,8 @@ async fn session(
                 }
                 for e in resp.events() {
                     if let Some(kv) = e.kv() {
-                        apply(st, kv, e.event_type() == EventType::Delete)?;
+                        let deleted = e.event_type() == EventType::Delete;
+                        apply(&st.config.cluster, &mut st.view, &mut st.candidates, kv, deleted)?;
                     }
                 }
                 if let Some(h) = resp.header() {
@@ -446,7 +449,7 @@ async fn load(st: &mut State, client: &mut Client) -> Result<i64, ClusterError> 
     st.view = ClusterView { lease_valid_until: lease, ..ClusterView::default() };
     st.candidates.clear();
     for kv in resp.kvs() {
-        apply(st, kv, false)?;
+        apply(&st.config.cluster, &mut st.view, &mut st.candidates, kv, false)?;
     }
     let revision = resp.header().map_or(0, |h| h.revision());
     st.view.revision = revision;
@@ -454,49 +457,53 @@ async fn load(st: &mut State, client: &mut Client) -> Result<i64, ClusterError> 
 }
 
 /// Applies one key's put or delete to the view.
-fn apply(st: &mut State, kv: &KeyValue, deleted: bool) -> Result<(), ClusterError> {
-    let cluster = st.config.cluster.clone();
+pub(crate) fn apply(
+    cluster: &str,
+    view: &mut ClusterView,
+    candidates: &mut Candidates,
+    kv: &KeyValue,
+    deleted: bool,
+) -> Result<(), ClusterError> {
     let key = kv.key_str().map_err(ClusterError::from)?.to_owned();
     let corrupt = |why: String| ClusterError::Corrupt { key: key.clone(), why };
-    let controller_prefix = format!("{}/", keys::controller(&cluster));
-    if let Some(name) = keys::name_under(&key, &keys::members(&cluster)) {
+    let controller_prefix = format!("{}/", keys::controller(cluster));
+    if let Some(name) = keys::name_under(&key, &keys::members(cluster)) {
         let node = NodeId::new(name).map_err(|e| corrupt(e.to_string()))?;
         if deleted {
-            st.view.members.remove(&node);
+            view.members.remove(&node);
         } else {
             let m: Member =
                 serde_json::from_slice(kv.value()).map_err(|e| corrupt(e.to_string()))?;
-            st.view.members.insert(node, m);
+            view.members.insert(node, m);
         }
-    } else if let Some(name) = keys::name_under(&key, &keys::streams(&cluster)) {
+    } else if let Some(name) = keys::name_under(&key, &keys::streams(cluster)) {
         if deleted {
-            st.view.streams.remove(name);
+            view.streams.remove(name);
         } else {
             let d: StreamDef =
                 serde_json::from_slice(kv.value()).map_err(|e| corrupt(e.to_string()))?;
-            st.view.streams.insert(name.to_owned(), d);
+            view.streams.insert(name.to_owned(), d);
         }
-    } else if let Some(name) = keys::name_under(&key, &keys::placements(&cluster)) {
+    } else if let Some(name) = keys::name_under(&key, &keys::placements(cluster)) {
         if deleted {
-            st.view.placements.remove(name);
+            view.placements.remove(name);
         } else {
             let p: StreamPlacement =
                 serde_json::from_slice(kv.value()).map_err(|e| corrupt(e.to_string()))?;
-            st.view.placements.insert(name.to_owned(), p);
+            view.placements.insert(name.to_owned(), p);
         }
     } else if key.starts_with(&controller_prefix) {
         if deleted {
-            st.candidates.remove(&key);
+            candidates.remove(&key);
         } else {
             let node = std::str::from_utf8(kv.value())
                 .ok()
                 .and_then(|s| NodeId::new(s).ok())
                 .ok_or_else(|| corrupt("not a node id".into()))?;
-            st.candidates.insert(key.clone(), (kv.create_revision(), node));
+            candidates.insert(key.clone(), (kv.create_revision(), node));
         }
         // The election's leader is the candidate with the oldest key.
-        st.view.controller =
-            st.candidates.values().min_by_key(|(rev, _)| *rev).map(|(_, n)| n.clone());
+        view.controller = candidates.values().min_by_key(|(rev, _)| *rev).map(|(_, n)| n.clone());
     }
     Ok(())
 }

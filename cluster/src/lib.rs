@@ -12,12 +12,14 @@ pub mod agent;
 mod error;
 pub mod keys;
 pub mod placement;
+mod status;
 pub mod testing;
 mod view;
 
 pub use agent::{Agent, AgentClient, AgentConfig, AgentHandle};
 pub use error::ClusterError;
 pub use placement::{PlacementError, StreamPlacement};
+pub use status::{cluster_status, ClusterStatus, MemberStatus, StreamStatus};
 pub use view::{ClusterView, Member, Route, StreamDef};
 
 use serde::{Deserialize, Serialize};

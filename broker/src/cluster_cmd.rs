@@ -1,0 +1,190 @@
+//! `felix cluster status`: members (with what is left of their lease), the controller, each
+//! stream's placement, and each member's per-core load from its metrics endpoint; a table, or
+//! JSON with `--json`.
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Subcommand};
+use felix_cluster::{ClusterStatus, StreamPlacement};
+use serde::Serialize;
+
+/// How long one metrics scrape may take.
+const SCRAPE_TIMEOUT_MS: u64 = 1_000;
+/// The largest metrics page read.
+const SCRAPE_BYTES_MAX: u64 = 4 << 20;
+
+/// `felix cluster ...`
+#[derive(Subcommand, Debug)]
+pub enum ClusterCommand {
+    /// Show members, controller, placement and per-core load.
+    Status(StatusArgs),
+}
+
+/// `felix cluster status` flags.
+#[derive(Args, Debug)]
+pub struct StatusArgs {
+    /// etcd endpoints (comma-separated), as given to `felix serve --cluster-etcd`.
+    #[arg(long, env = "FELIX_CLUSTER_ETCD", value_delimiter = ',', required = true)]
+    pub etcd: Vec<String>,
+    /// The cluster's name.
+    #[arg(long, env = "FELIX_CLUSTER_NAME", default_value = felix_broker::config::DEFAULT_CLUSTER_NAME)]
+    pub cluster_name: String,
+    /// Print JSON instead of tables.
+    #[arg(long, default_value_t = false)]
+    pub json: bool,
+}
+
+/// One member's load, from its `/metrics`.
+#[derive(Debug, Default, Serialize)]
+struct CoreLoad {
+    core: u16,
+    stored_bytes: u64,
+    publishes: u64,
+    connections_open: u64,
+}
+
+#[derive(Serialize)]
+struct Output<'a> {
+    #[serde(flatten)]
+    status: &'a ClusterStatus,
+    /// Per member: per-core load, or why it could not be read.
+    load: Vec<(String, Result<Vec<CoreLoad>, String>)>,
+}
+
+/// Runs a `felix cluster` command.
+pub fn main(cmd: ClusterCommand) -> ExitCode {
+    let ClusterCommand::Status(args) = cmd;
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("felix: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let status = match rt.block_on(felix_cluster::cluster_status(&args.etcd, &args.cluster_name)) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("felix: cluster {}: {e}", args.cluster_name);
+            return ExitCode::FAILURE;
+        }
+    };
+    let load = status
+        .members
+        .iter()
+        .map(|m| {
+            let node = m.member.node.to_string();
+            match &m.member.metrics {
+                Some(addr) => (node, scrape(addr)),
+                None => (node, Err("no metrics endpoint".into())),
+            }
+        })
+        .collect();
+    let out = Output { status: &status, load };
+    if args.json {
+        match serde_json::to_string_pretty(&out) {
+            Ok(j) => println!("{j}"),
+            Err(e) => {
+                eprintln!("felix: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else {
+        print!("{}", render(&out));
+    }
+    ExitCode::SUCCESS
+}
+
+fn render(out: &Output<'_>) -> String {
+    let s = out.status;
+    let mut t = format!(
+        "cluster {} at etcd revision {}, controller {}\n\n",
+        s.cluster,
+        s.revision,
+        s.controller.as_ref().map_or("none".to_owned(), ToString::to_string)
+    );
+    t.push_str(&format!(
+        "{:<16} {:<24} {:>9} {:>5} {:>6}\n",
+        "MEMBER", "ADDRESS", "LEASE_S", "CORES", "SHARDS"
+    ));
+    for m in &s.members {
+        t.push_str(&format!(
+            "{:<16} {:<24} {:>9} {:>5} {:>6}\n",
+            m.member.node, m.member.advertise, m.lease_ttl_left_s, m.member.cores, m.shards
+        ));
+    }
+    t.push_str(&format!(
+        "\n{:<16} {:>5} {:>14} {:>10} {:>11}\n",
+        "MEMBER", "CORE", "STORED_BYTES", "PUBLISHES", "CONNECTIONS"
+    ));
+    for (node, load) in &out.load {
+        match load {
+            Ok(cores) => {
+                for c in cores {
+                    t.push_str(&format!(
+                        "{:<16} {:>5} {:>14} {:>10} {:>11}\n",
+                        node, c.core, c.stored_bytes, c.publishes, c.connections_open
+                    ));
+                }
+            }
+            Err(e) => t.push_str(&format!("{node:<16} metrics unavailable: {e}\n")),
+        }
+    }
+    t.push_str(&format!("\n{:<40} {:>6}  PLACEMENT\n", "STREAM", "SHARDS"));
+    for st in &s.streams {
+        let placement = st.placement.as_ref().map_or("not placed yet".to_owned(), owners);
+        let down = if st.down.is_empty() {
+            String::new()
+        } else {
+            let names: Vec<String> = st.down.iter().map(ToString::to_string).collect();
+            format!("  (down: {})", names.join(", "))
+        };
+        t.push_str(&format!("{:<40} {:>6}  {placement}{down}\n", st.name, st.def.shards));
+    }
+    t
+}
+
+/// `b1:0,3 b2:1,4` — each owner and its shards.
+fn owners(p: &StreamPlacement) -> String {
+    let mut by: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for (shard, node) in p.owners.iter().enumerate() {
+        by.entry(node.to_string()).or_default().push(shard.to_string());
+    }
+    by.into_iter().map(|(n, s)| format!("{n}:{}", s.join(","))).collect::<Vec<_>>().join(" ")
+}
+
+/// Reads the per-core counters the status shows from `http://addr/metrics`.
+fn scrape(addr: &str) -> Result<Vec<CoreLoad>, String> {
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_millis(SCRAPE_TIMEOUT_MS)).build();
+    let resp = agent.get(&format!("http://{addr}/metrics")).call().map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(resp.into_reader(), SCRAPE_BYTES_MAX),
+        &mut text,
+    )
+    .map_err(|e| e.to_string())?;
+    let mut cores: std::collections::BTreeMap<u16, CoreLoad> = Default::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name_labels, value)) = line.rsplit_once(' ') else { continue };
+        let Some((name, labels)) = name_labels.split_once('{') else { continue };
+        let Some(core) = labels
+            .strip_prefix("core=\"")
+            .and_then(|r| r.split('"').next())
+            .and_then(|c| c.parse::<u16>().ok())
+        else {
+            continue;
+        };
+        if labels.contains("quantile") {
+            continue;
+        }
+        let v: u64 = value.parse::<f64>().map_or(0, |f| f as u64);
+        let entry = cores.entry(core).or_insert_with(|| CoreLoad { core, ..CoreLoad::default() });
+        match name {
+            "felix_storage_append_bytes_total" => entry.stored_bytes = v,
+            "felix_broker_publishes_total" => entry.publishes = v,
+            "felix_broker_connections_open" => entry.connections_open = v,
+            _ => {}
+        }
+    }
+    Ok(cores.into_values().collect())
+}

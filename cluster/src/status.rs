@@ -1,0 +1,106 @@
+//! A one-shot look at a cluster, for operators (`felix cluster status`): everything the
+//! agents keep in etcd, plus what is left of each member's lease.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, GetOptions};
+use serde::Serialize;
+
+use crate::agent::{apply, Candidates, CONNECT_TIMEOUT_MS, REQUEST_TIMEOUT_MS};
+use crate::error::ClusterError;
+use crate::view::{ClusterView, Member, StreamDef};
+use crate::{keys, NodeId, StreamPlacement};
+
+/// The cluster as etcd holds it at one revision.
+#[derive(Clone, Debug, Serialize)]
+pub struct ClusterStatus {
+    /// The cluster's name.
+    pub cluster: String,
+    /// The etcd revision read.
+    pub revision: i64,
+    /// The controller, if one is elected.
+    pub controller: Option<NodeId>,
+    /// Live members, with the seconds left on their lease.
+    pub members: Vec<MemberStatus>,
+    /// Streams, their definitions and placements.
+    pub streams: Vec<StreamStatus>,
+}
+
+/// One live member.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemberStatus {
+    /// As it registered.
+    pub member: Member,
+    /// Seconds left on its lease when read (it renews every third of its TTL).
+    pub lease_ttl_left_s: i64,
+    /// Shards it owns over every stream.
+    pub shards: u64,
+}
+
+/// One stream.
+#[derive(Clone, Debug, Serialize)]
+pub struct StreamStatus {
+    /// Its name.
+    pub name: String,
+    /// Its definition.
+    pub def: StreamDef,
+    /// Its placement, once the controller made it.
+    pub placement: Option<StreamPlacement>,
+    /// Owners (node ids) of its shards that are not live: those shards are unavailable.
+    pub down: Vec<NodeId>,
+}
+
+/// Reads the status of cluster `cluster` from etcd at `endpoints`.
+pub async fn cluster_status(
+    endpoints: &[String],
+    cluster: &str,
+) -> Result<ClusterStatus, ClusterError> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+        .with_timeout(Duration::from_millis(REQUEST_TIMEOUT_MS));
+    let mut client = Client::connect(endpoints, Some(options)).await?;
+    let resp = client.get(keys::root(cluster), Some(GetOptions::new().with_prefix())).await?;
+    let mut view = ClusterView::default();
+    let mut candidates = Candidates::new();
+    let mut leases = BTreeMap::new();
+    for kv in resp.kvs() {
+        apply(cluster, &mut view, &mut candidates, kv, false)?;
+        let key = kv.key_str().map_err(ClusterError::from)?;
+        if let Some(node) = keys::name_under(key, &keys::members(cluster)) {
+            leases.insert(node.to_owned(), kv.lease());
+        }
+    }
+    view.revision = resp.header().map_or(0, |h| h.revision());
+    let load = crate::placement::load(view.placements.values());
+    let mut members = Vec::new();
+    for (node, member) in &view.members {
+        let lease = leases.get(node.as_str()).copied().unwrap_or(0);
+        let left = client.lease_time_to_live(lease, None).await.map_or(-1, |r| r.ttl());
+        let shards = load.get(node).copied().unwrap_or(0);
+        members.push(MemberStatus { member: member.clone(), lease_ttl_left_s: left, shards });
+    }
+    let streams = view
+        .streams
+        .iter()
+        .map(|(name, def)| {
+            let placement = view.placements.get(name).cloned();
+            let mut down: Vec<NodeId> = placement
+                .iter()
+                .flat_map(|p| p.owners.iter())
+                .filter(|o| !view.members.contains_key(*o))
+                .cloned()
+                .collect();
+            down.sort();
+            down.dedup();
+            StreamStatus { name: name.clone(), def: *def, placement, down }
+        })
+        .collect();
+    Ok(ClusterStatus {
+        cluster: cluster.to_owned(),
+        revision: view.revision,
+        controller: view.controller.clone(),
+        members,
+        streams,
+    })
+}

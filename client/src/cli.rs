@@ -36,7 +36,8 @@ pub enum ClientCommand {
 /// subcommand (`felix streams list --addr …`).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ConnectArgs {
-    /// Broker address host:port (FELIX_ADDR).
+    /// Broker address host:port, or seed brokers of a cluster, comma-separated: the first one
+    /// that answers is used and the others are learned from it (FELIX_ADDR).
     #[arg(long, global = true)]
     pub addr: Option<String>,
     /// Trust the CA or certificate in this PEM/DER file (FELIX_CA_FILE).
@@ -566,6 +567,11 @@ mod tests {
         ]);
         let ClientCommand::Streams(a) = p.cmd else { panic!("not streams") };
         assert_eq!(a.connect.addr.as_deref(), Some("10.0.0.1:7400"));
+        let seeds = ["felix", "publish", "-s", "a/b/c", "--addr", "10.0.0.1:7400,10.0.0.2:7400"];
+        let ClientCommand::Publish(p) = Felix::parse_from(seeds).cmd else { panic!("not publish") };
+        let env = ClientConfig::new("127.0.0.1:1", Trust::DangerAcceptAnyCertificate);
+        let c = p.connect.apply(env).unwrap();
+        assert_eq!(c.seeds(), ["10.0.0.1:7400", "10.0.0.2:7400"]);
         assert_eq!(a.connect.ca_file, Some(PathBuf::from("/ca.pem")));
         assert!(a.connect.show_config);
         let both = ["felix", "streams", "list", "--ca-file", "/ca.pem", "--fingerprint", "ab"];

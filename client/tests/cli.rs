@@ -45,12 +45,20 @@ impl tokio::io::AsyncWrite for Out {
 }
 
 async fn felix(broker: &TestBroker, args: &[&str], stdin: &str) -> anyhow::Result<String> {
+    felix_with(broker.client_config(), args, stdin).await
+}
+
+async fn felix_with(
+    config: felix_client::ClientConfig,
+    args: &[&str],
+    stdin: &str,
+) -> anyhow::Result<String> {
     let mut argv = vec!["felix"];
     argv.extend_from_slice(args);
     let cmd = Felix::try_parse_from(argv)?.cmd;
     let out = Out::default();
     let input = tokio::io::BufReader::new(std::io::Cursor::new(stdin.as_bytes().to_vec()));
-    let run = run_with_io(cmd, broker.client_config(), input, out.clone());
+    let run = run_with_io(cmd, config, input, out.clone());
     tokio::time::timeout(std::time::Duration::from_secs(30), run).await??;
     Ok(out.text())
 }
@@ -173,4 +181,38 @@ async fn publish_with_a_fixed_key_and_binary_values_in_json() {
     assert_eq!(rec["key"], "k");
     assert_eq!(rec["timestamp_ms"], 1);
     assert!(rec.get("value").is_none());
+}
+
+#[tokio::test]
+async fn publish_and_subscribe_through_a_list_of_seeds() {
+    let cluster = support::cluster::MockCluster::start(3).await;
+    let owners = [0, 1, 2];
+    cluster.create_stream("acme/app/orders", &owners);
+    // The flag's list wins over the configuration's address; the first seed is unreachable.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let seeds = format!("{},{}", silent.local_addr().unwrap(), cluster.broker(2).addr);
+    let mut config = cluster.client_config(&[0]);
+    config.connect_timeout_ms = 500;
+    let input: String = (0..12).map(|i| format!("k{i}:v{i}\n")).collect();
+    let args = ["publish", "-s", "acme/app/orders", "-K", ":", "--json", "--addr", &seeds];
+    let out = felix_with(config.clone(), &args, &input).await.unwrap();
+    let receipts = json_lines(&out);
+    assert_eq!(receipts.len(), 12);
+    for r in &receipts {
+        let (shard, key) = (r["shard"].as_u64().unwrap() as usize, r["key"].as_str().unwrap());
+        let at_owner = cluster.stored(owners[shard], "acme/app/orders");
+        assert!(at_owner[shard].iter().any(|s| s.key.as_deref() == Some(key.as_bytes())));
+    }
+    let stored: usize = (0..3)
+        .map(|m| cluster.stored(m, "acme/app/orders").iter().map(Vec::len).sum::<usize>())
+        .sum();
+    assert_eq!(stored, 12, "each record stored once");
+    let args =
+        ["subscribe", "-s", "acme/app/orders", "--from", "earliest", "-c", "12", "--addr", &seeds];
+    let out = felix_with(config, &args, "").await.unwrap();
+    let mut values: Vec<&str> = out.lines().collect();
+    values.sort_unstable();
+    let mut want: Vec<String> = (0..12).map(|i| format!("v{i}")).collect();
+    want.sort_unstable();
+    assert_eq!(values, want);
 }

@@ -14,7 +14,9 @@ type Check = fn(&ClientConfig) -> bool;
 
 fn table() -> Vec<(&'static str, &'static str, Check)> {
     vec![
-        ("FELIX_ADDR", "10.1.2.3:9999", |c| c.addr == "10.1.2.3:9999"),
+        ("FELIX_ADDR", "10.1.2.3:9999,10.1.2.4:9999", |c| {
+            c.seeds() == ["10.1.2.3:9999", "10.1.2.4:9999"]
+        }),
         ("FELIX_SERVER_NAME", "broker.internal", |c| c.server_name == "broker.internal"),
         ("FELIX_CA_FILE", "/etc/felix/ca.pem", |c| {
             c.trust == Some(Trust::CaFile(PathBuf::from("/etc/felix/ca.pem")))

@@ -68,7 +68,8 @@ pub enum SubscribeFrom {
 /// Flags of `felix-loadgen run`.
 #[derive(Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Broker address (host:port).
+    /// Broker address (host:port), or seed brokers of a cluster, comma-separated (the client
+    /// connects to the first that answers and routes to every shard's owner).
     #[arg(long, env = "FELIX_LOADGEN_ADDR", default_value = "127.0.0.1:7400")]
     pub addr: String,
     /// Name the broker's certificate carries.
@@ -77,7 +78,8 @@ pub struct RunArgs {
     /// CA or self-signed certificate (PEM) to trust, e.g. DATA_DIR/dev-cert.pem.
     #[arg(long, env = "FELIX_LOADGEN_CA_FILE")]
     pub ca_file: PathBuf,
-    /// Broker metrics address (host:port) scraped before, during and after the run; `off`.
+    /// Broker metrics address (host:port) scraped before, during and after the run, or one per
+    /// broker of a cluster, comma-separated (stored bytes then count every broker); `off`.
     #[arg(long, env = "FELIX_LOADGEN_METRICS", default_value = "127.0.0.1:9400")]
     pub metrics: String,
     /// The broker's process id, for its CPU % and RSS from /proc (same host only).
@@ -204,13 +206,13 @@ pub struct AeadArgs {
 /// The effective configuration of a run: what every part of the run reads.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct RunConfig {
-    /// Broker address.
+    /// Broker address, or seed addresses (comma-separated).
     pub addr: String,
     /// Certificate name.
     pub server_name: String,
     /// Trusted certificate file.
     pub ca_file: PathBuf,
-    /// Metrics address, `None` when off.
+    /// Metrics address (or addresses, comma-separated), `None` when off.
     pub metrics: Option<String>,
     /// Broker pid for /proc sampling.
     pub broker_pid: Option<u32>,
@@ -320,6 +322,15 @@ impl RunArgs {
             _ => None,
         };
         let metrics = (self.metrics != "off").then(|| self.metrics.clone());
+        if let Some(m) = &metrics {
+            let n = crate::metrics::addresses(m).len();
+            if !(1..=crate::metrics::METRICS_ADDRS_MAX).contains(&n) {
+                bail!(
+                    "--metrics takes 1..={} addresses, or off",
+                    crate::metrics::METRICS_ADDRS_MAX
+                );
+            }
+        }
         let config = RunConfig {
             addr: self.addr.clone(),
             server_name: self.server_name.clone(),
@@ -532,6 +543,11 @@ mod tests {
         assert_eq!(client.publish.linger_us, 250);
         assert_eq!(client.publish.in_flight_batches_max, 9);
         assert_eq!(client.trust, Some(Trust::CaFile("/x.pem".into())));
+        let seeds = parse(&["--addr=10.0.0.1:7500,10.0.0.2:7500", "--metrics=a:9400,b:9400"])
+            .expect("lists");
+        assert_eq!(seeds.client_config().seeds(), ["10.0.0.1:7500", "10.0.0.2:7500"]);
+        assert_eq!(seeds.metrics.as_deref(), Some("a:9400,b:9400"));
+        assert!(seeds.describe().contains("addr = 10.0.0.1:7500,10.0.0.2:7500"));
         let text = c.describe();
         for needle in ["workload = mixed", "keys = unkeyed", "ack = written", "rate = 1000"] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");
@@ -550,6 +566,8 @@ mod tests {
             &["--cpus=100000"],
             &["--workload=subscribe", "--subscribers=0"],
             &["--in-flight-batches=0"],
+            &["--addr=a:1,b"],
+            &["--metrics=,"],
         ] {
             assert!(parse(bad).is_err(), "{bad:?} was accepted");
         }

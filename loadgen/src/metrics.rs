@@ -1,6 +1,7 @@
 //! Scraping the broker's `/metrics` (Prometheus text) for the figures the report trusts: bytes
 //! stored, flushes, connections accepted and publish errors per core, and the broker's own
-//! publish-to-ack p99 per core.
+//! publish-to-ack p99 per core. With several brokers (a cluster), [`scrape_all`] scrapes each
+//! one and lays their cores end to end, so that totals count every broker.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -9,6 +10,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 
+/// The most metrics addresses one run scrapes.
+pub const METRICS_ADDRS_MAX: usize = 16;
 /// The longest a scrape may take.
 pub const SCRAPE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The largest metrics page read.
@@ -46,6 +49,58 @@ impl BrokerSample {
             .map(|(i, v)| v.saturating_sub(b.get(i).copied().unwrap_or(0)))
             .collect()
     }
+}
+
+impl BrokerSample {
+    /// The samples of several brokers as one: each broker's cores after the previous
+    /// broker's (every series padded to the broker's core count, so indices stay aligned).
+    /// One sample is returned as it is.
+    pub fn concat(mut samples: Vec<BrokerSample>) -> BrokerSample {
+        if samples.len() == 1 {
+            return samples.remove(0);
+        }
+        let mut out = BrokerSample::default();
+        for s in samples {
+            let series = [
+                &s.append_bytes,
+                &s.flushes,
+                &s.connections_accepted,
+                &s.publish_errors,
+                &s.ack_p50_us,
+                &s.ack_p99_us,
+            ];
+            let cores = series.iter().map(|v| v.len()).max().unwrap_or(0);
+            let put = |dst: &mut Vec<u64>, src: &[u64]| {
+                dst.extend(src.iter().copied().chain(std::iter::repeat(0)).take(cores));
+            };
+            put(&mut out.append_bytes, &s.append_bytes);
+            put(&mut out.flushes, &s.flushes);
+            put(&mut out.connections_accepted, &s.connections_accepted);
+            put(&mut out.publish_errors, &s.publish_errors);
+            put(&mut out.ack_p50_us, &s.ack_p50_us);
+            put(&mut out.ack_p99_us, &s.ack_p99_us);
+        }
+        out
+    }
+}
+
+/// The addresses of a comma-separated list, trimmed, empty parts dropped.
+pub fn addresses(list: &str) -> Vec<&str> {
+    list.split(',').map(str::trim).filter(|a| !a.is_empty()).collect()
+}
+
+/// Scrapes every address of the comma-separated `list` (one per broker) and concatenates
+/// their cores in list order; fails if any broker cannot be scraped (a total that misses a
+/// broker would understate what was stored).
+pub fn scrape_all(list: &str) -> anyhow::Result<BrokerSample> {
+    let addrs = addresses(list);
+    anyhow::ensure!(!addrs.is_empty(), "no metrics address");
+    anyhow::ensure!(
+        addrs.len() <= METRICS_ADDRS_MAX,
+        "more than {METRICS_ADDRS_MAX} metrics addresses"
+    );
+    let samples = addrs.iter().map(|a| scrape(a)).collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(BrokerSample::concat(samples))
 }
 
 /// Fetches and parses `http://<addr>/metrics`.
@@ -151,5 +206,19 @@ felix_net_datagrams_in{core=\"0\"} 77
         let before = parse(&PAGE.replace("} 250", "} 50"));
         assert_eq!(s.delta(&before, |s| &s.append_bytes), vec![0, 200]);
         assert_eq!(BrokerSample::total(&s.append_bytes), 350);
+    }
+
+    #[test]
+    fn several_brokers_lay_their_cores_end_to_end() {
+        let a = parse(PAGE);
+        let b = parse("felix_storage_append_bytes_total{core=\"0\"} 7\n");
+        let all = BrokerSample::concat(vec![a.clone(), b]);
+        assert_eq!(all.append_bytes, vec![100, 250, 7]);
+        assert_eq!(all.connections_accepted, vec![2, 0, 0], "padded to each broker's cores");
+        assert_eq!(all.ack_p50_us, vec![80, 0, 0]);
+        assert_eq!(BrokerSample::total(&all.append_bytes), 357);
+        assert_eq!(BrokerSample::concat(vec![a.clone()]), a, "one broker: unchanged");
+        assert_eq!(addresses(" a:1, ,b:2 "), ["a:1", "b:2"]);
+        assert!(scrape_all(" , ").is_err());
     }
 }

@@ -194,7 +194,7 @@ struct Sampler<'a> {
 
 impl<'a> Sampler<'a> {
     fn new(config: &'a RunConfig, workers: &'a [Arc<WorkerShared>]) -> Self {
-        let broker = config.metrics.as_deref().and_then(|m| metrics::scrape(m).ok());
+        let broker = config.metrics.as_deref().and_then(|m| metrics::scrape_all(m).ok());
         let n = workers.len();
         Self {
             config,
@@ -218,7 +218,7 @@ impl<'a> Sampler<'a> {
             workers: self.workers.iter().map(|w| Totals::of(w)).collect(),
             generator_cpu_s: sys::process_cpu_s(None).unwrap_or(0.0),
             broker_cpu_s: self.config.broker_pid.and_then(|p| sys::process_cpu_s(Some(p))),
-            broker: self.config.metrics.as_deref().and_then(|m| metrics::scrape(m).ok()),
+            broker: self.config.metrics.as_deref().and_then(|m| metrics::scrape_all(m).ok()),
             load: sys::load_average_1m(),
             rss: self.config.broker_pid.and_then(sys::process_rss_bytes),
         }
@@ -253,7 +253,7 @@ impl<'a> Sampler<'a> {
         if measured {
             self.rss_max = self.rss_max.max(rss);
         }
-        let scrape = self.config.metrics.as_deref().and_then(|m| metrics::scrape(m).ok());
+        let scrape = self.config.metrics.as_deref().and_then(|m| metrics::scrape_all(m).ok());
         let (stored, p99s, accepted) = match (&scrape, &self.previous_broker) {
             (Some(s), Some(p)) => (
                 s.delta(p, |s| &s.append_bytes),

@@ -23,7 +23,7 @@ fn loadgen() -> Command {
 #[test]
 fn every_env_var_takes_effect() {
     let cases = [
-        ("FELIX_LOADGEN_ADDR", "10.1.2.3:7777", "addr = 10.1.2.3:7777"),
+        ("FELIX_LOADGEN_ADDR", "10.1.2.3:7777,10.1.2.4:7777", "addr = 10.1.2.3:7777,10.1.2.4:7777"),
         ("FELIX_LOADGEN_SERVER_NAME", "felix.test", "server_name = felix.test"),
         ("FELIX_LOADGEN_METRICS", "off", "metrics = -"),
         ("FELIX_LOADGEN_BROKER_PID", "4242", "broker_pid = 4242"),

@@ -387,3 +387,30 @@ async fn a_single_node_broker_gets_no_cluster_frames() {
     drop(o);
     broker.assert_no_unadvertised_bits();
 }
+
+#[tokio::test]
+async fn an_owner_that_cannot_be_reached_fails_with_the_typed_error() {
+    let mut cluster = MockCluster::start(2).await;
+    cluster.create_stream(STREAM, &[0, 1]);
+    let mut config = cluster.client_config(&[0]);
+    config.connect_timeout_ms = 300;
+    config.reconnect_attempts_max = 1;
+    let client = Client::connect(config).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    let k1 = key_for(1, 2, 0);
+    publisher.publish(Record::keyed(k1.clone(), "before")).await.unwrap();
+    // b1 dies; its lease has not expired, so the placement still names it live.
+    cluster.kill(1).await;
+    let started = Instant::now();
+    let err = tokio::time::timeout(WAIT, publisher.publish(Record::keyed(k1, "lost")))
+        .await
+        .expect("hung")
+        .unwrap_err();
+    assert!(
+        matches!(err, ClientError::ShardUnavailable { shard: Some(ShardId(1)), .. }),
+        "{err:?}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(SHARD_UNAVAILABLE_DEADLINE_MS) * 4);
+    let r = publisher.publish(Record::keyed(key_for(0, 2, 0), "ok")).await.unwrap().unwrap();
+    assert_eq!(r.shard, ShardId(0));
+}

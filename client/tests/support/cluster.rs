@@ -123,8 +123,13 @@ impl MockCluster {
 
     /// Stops member `i` and marks it down in the table.
     pub async fn stop(&mut self, i: usize) {
-        let b = self.brokers[i].take().expect("broker running");
         self.table.set_live(&node(i), false);
+        self.kill(i).await;
+    }
+
+    /// Stops member `i` while the table still shows it live (its lease not expired yet).
+    pub async fn kill(&mut self, i: usize) {
+        let b = self.brokers[i].take().expect("broker running");
         b.stop().await;
     }
 

@@ -66,6 +66,7 @@ impl From<NodeId> for String {
 
 impl std::fmt::Display for NodeId {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        // `pad` honours width and alignment, for tables.
+        f.pad(&self.0)
     }
 }

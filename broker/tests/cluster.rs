@@ -1,19 +1,20 @@
-//! Three `felix serve` processes and an etcd of the test's own, as a cluster on 127.0.0.1 with
-//! distinct ports (one core each). Raw felix/1 frames check what the brokers answer: placement
+//! Three `felix serve` processes and an etcd of the test's own, as a cluster (one core each). Raw felix/1 frames check what the brokers answer: placement
 //! through any broker (Metadata), acks at the owner, NotOwner (typed, with the owner's
 //! address) elsewhere, the plain error for a client without CLUSTER, a broker killed with
 //! kill -9 (its shards ShardUnavailable, the others still acking) and restarted (serving its
 //! shards again with every acked record).
 //!
-//! Network namespaces (one address per broker) are the next step of the harness; these tests
-//! run the same brokers on loopback ports.
+//! Each broker runs in a network namespace of its own (`cluster_support::Hosts`), or on
+//! 127.0.0.1 with distinct ports where namespaces cannot be made (the test says which).
 
+mod cluster_support;
 mod e2e_support;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use cluster_support::Hosts;
 use e2e_support::{raw_connection, read_frames, WAIT};
 use felix_cluster::testing::Etcd;
 use felix_proto::{
@@ -28,6 +29,7 @@ const TTL_S: u64 = 2;
 /// One broker process.
 struct Node {
     id: String,
+    command: Box<dyn Fn() -> Command>,
     addr: std::net::SocketAddr,
     dir: std::path::PathBuf,
     child: Option<Child>,
@@ -36,25 +38,36 @@ struct Node {
 }
 
 impl Node {
-    fn start(id: &str, root: &std::path::Path, etcd: &str) -> Node {
-        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    fn start(
+        hosts: &std::rc::Rc<Hosts>,
+        host: usize,
+        id: &str,
+        root: &std::path::Path,
+        etcd: &str,
+    ) -> Node {
+        let metrics = match hosts.isolated() {
+            true => std::net::SocketAddr::new(hosts.ip(host), 9400).to_string(),
+            false => {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                l.local_addr().unwrap().to_string()
+            }
+        };
+        let h = hosts.clone();
         let mut node = Node {
             id: id.to_owned(),
-            addr: format!("127.0.0.1:{port}").parse().unwrap(),
+            command: Box::new(move || h.command(host, env!("CARGO_BIN_EXE_felix"))),
+            addr: hosts.broker_addr(host),
             dir: root.join(id),
             child: None,
             etcd: etcd.to_owned(),
-            metrics: {
-                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-                l.local_addr().unwrap().to_string()
-            },
+            metrics,
         };
         node.spawn();
         node
     }
 
     fn spawn(&mut self) {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_felix"));
+        let mut cmd = (self.command)();
         for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FELIX_")) {
             cmd.env_remove(k);
         }
@@ -62,11 +75,24 @@ impl Node {
         cmd.args(["serve", "--listen", &addr, "--advertise", &addr, "--node-id", &self.id])
             .args(["--cores", "1", "--no-pin", "--metrics", &self.metrics, "--min-free-bytes", "0"])
             .args(["--cluster-etcd", &self.etcd, "--lease-ttl-s", &TTL_S.to_string()])
+            .arg("--allow-anonymous")
             .arg("--data-dir")
             .arg(&self.dir)
             .stdout(Stdio::null())
-            .stderr(Stdio::null());
+            .stderr(self.log());
         self.child = Some(cmd.spawn().expect("spawn felix"));
+    }
+
+    /// The broker's stderr goes to `<data dir>.log` (appended across restarts), shown when
+    /// the test fails.
+    fn log(&self) -> Stdio {
+        let path = self.dir.with_extension("log");
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+        Stdio::from(f)
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
     }
 
     fn kill9(&mut self) {
@@ -114,7 +140,12 @@ impl Raw {
                     }
                 }
             }
-            assert!(Instant::now() < deadline, "{} did not come up", node.id);
+            assert!(
+                Instant::now() < deadline,
+                "{} did not come up; its log:\n{}",
+                node.id,
+                node.log_text()
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
@@ -210,11 +241,13 @@ async fn owners_of(raw: &mut Raw, stream: &str) -> Vec<(String, String, bool)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_brokers_place_route_refuse_and_survive_a_kill() {
-    let Some(etcd) = Etcd::start() else { return };
+    let hosts = std::rc::Rc::new(Hosts::new(3));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
     let root = tempfile::tempdir().unwrap();
     let mut nodes: Vec<Node> = ["b1", "b2", "b3"]
         .iter()
-        .map(|id| Node::start(id, root.path(), &etcd.client_url))
+        .enumerate()
+        .map(|(i, id)| Node::start(&hosts, i, id, root.path(), &etcd.client_url))
         .collect();
     let mut raws = Vec::new();
     for n in &nodes {

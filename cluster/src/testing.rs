@@ -22,6 +22,11 @@ impl Etcd {
     /// Starts etcd, or returns `None` (with a message) where it is not installed and this is
     /// not CI. CI installs it (`.ci/run`), so there a missing etcd fails the test.
     pub fn start() -> Option<Etcd> {
+        Self::start_on("127.0.0.1")
+    }
+
+    /// [`Etcd::start`] on the address `ip` (for test hosts in network namespaces).
+    pub fn start_on(ip: &str) -> Option<Etcd> {
         if Command::new("etcd").arg("--version").output().is_err() {
             assert!(
                 std::env::var_os("CI").is_none(),
@@ -32,8 +37,8 @@ impl Etcd {
         }
         let mut etcd = Etcd {
             child: None,
-            client_url: format!("http://127.0.0.1:{}", free_port()),
-            peer_url: format!("http://127.0.0.1:{}", free_port()),
+            client_url: format!("http://{ip}:{}", free_port()),
+            peer_url: format!("http://{ip}:{}", free_port()),
             dir: tempfile::tempdir().unwrap(),
         };
         etcd.spawn();
@@ -51,7 +56,10 @@ impl Etcd {
             .args(["--initial-advertise-peer-urls", &self.peer_url])
             .args(["--initial-cluster", &format!("t={}", self.peer_url)])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(
+                std::fs::File::create(self.dir.path().join("etcd.log"))
+                    .map_or(Stdio::null(), Stdio::from),
+            )
             .spawn()
             .expect("spawn etcd");
         self.child = Some(child);
@@ -69,6 +77,13 @@ impl Etcd {
             let _ = c.kill();
             let _ = c.wait();
         }
+    }
+}
+
+impl Etcd {
+    /// What etcd wrote to stderr so far (for failing tests).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
     }
 }
 

@@ -101,7 +101,10 @@ pub async fn raw_connection(addr: std::net::SocketAddr, dir: &Path) -> quinn::Co
         .with_no_client_auth();
     tls.alpn_protocols = vec![felix_proto::ALPN.to_vec()];
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("quic tls");
-    let mut endpoint = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).expect("endpoint");
+    let mut endpoint = quinn::Endpoint::client(
+        if addr.ip().is_loopback() { "127.0.0.1:0" } else { "0.0.0.0:0" }.parse().unwrap(),
+    )
+    .expect("endpoint");
     endpoint.set_default_client_config(quinn::ClientConfig::new(Arc::new(quic)));
     tokio::time::timeout(WAIT, endpoint.connect(addr, "localhost").expect("connect"))
         .await

@@ -255,7 +255,9 @@ async fn run(
             Ok(()) => break,
             Err(e) => {
                 tracing::warn!(error = %e, "cluster agent: etcd session ended; retrying");
-                st.view.lease_valid_until = None;
+                // The lease stays valid until `lease_valid_until` (the last answered keep-alive
+                // plus the TTL): the broker goes on acking its own shards until then, and the
+                // next session resumes the lease if etcd still holds it.
                 st.view.controller = None;
                 st.publish();
                 let retry = tokio::time::sleep(Duration::from_millis(RETRY_INTERVAL_MS));

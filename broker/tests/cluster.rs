@@ -390,6 +390,29 @@ async fn three_brokers_place_route_refuse_and_survive_a_kill() {
             }
         }
     }
+    // Every record acked before the kill is read back from the restarted owner.
+    let client = cluster_client(&nodes, 0, root.path()).await;
+    let theirs: Vec<ShardId> =
+        (0..SHARDS).filter(|s| placement[*s as usize].0 == dead_id).map(ShardId).collect();
+    let opts = felix_client::SubscribeOptions::new(STREAM)
+        .start(felix_client::StartAt::Earliest)
+        .shards(theirs.clone());
+    let mut sub = client.subscribe(opts).await.expect("subscribe at the restarted owner");
+    let want: std::collections::BTreeSet<String> = acked
+        .iter()
+        .filter(|(s, _, _)| theirs.contains(&ShardId(*s)))
+        .map(|(_, _, v)| v.clone())
+        .collect();
+    let mut got = std::collections::BTreeSet::new();
+    while !want.is_subset(&got) {
+        match tokio::time::timeout(WAIT, sub.next()).await {
+            Ok(Ok(Some(r))) => {
+                got.insert(String::from_utf8(r.value.to_vec()).unwrap());
+            }
+            other => panic!("read {got:?} of {want:?}: {other:?}"),
+        }
+    }
+    client.close();
     drop(etcd);
 }
 

@@ -8,6 +8,7 @@
 //! Never does: run inside the broker, assume anything of the broker beyond `docs/protocol.md`,
 //! or write a frame carrying a flag bit the broker did not advertise (see `conn`'s
 //! `encode_checked`). `docs/client.md` is the user guide.
+#![forbid(unsafe_code)]
 
 pub mod cli;
 mod client;

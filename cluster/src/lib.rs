@@ -7,6 +7,7 @@
 //! Never does: touch a record, a data core or glommio. The agent runs on a control thread of
 //! its own with a small tokio runtime (etcd clients are tokio); the broker's data cores learn
 //! what it knows from bounded messages and never wait on etcd.
+#![forbid(unsafe_code)]
 
 pub mod agent;
 mod error;

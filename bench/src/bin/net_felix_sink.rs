@@ -59,12 +59,12 @@ fn main() -> anyhow::Result<()> {
     std::thread::sleep(warmup);
     let s0 = server.stats()[0];
     let b0 = bytes.load(Ordering::Relaxed);
-    let c0 = process_cpu_us();
+    let c0 = felix_bench::process_cpu_us();
     let t0 = Instant::now();
     std::thread::sleep(measure);
     let s1 = server.stats()[0];
     let b1 = bytes.load(Ordering::Relaxed);
-    let c1 = process_cpu_us();
+    let c1 = felix_bench::process_cpu_us();
     let wall = t0.elapsed().as_secs_f64();
     let datagrams = s1.datagrams_in - s0.datagrams_in;
     let cpu_us = c1 - c0;
@@ -88,21 +88,7 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// utime + stime of this process from /proc/self/stat, in microseconds.
-fn process_cpu_us() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name (which may contain spaces) start after the last ')'.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    ticks * 1_000_000 / clock_ticks()
-}
 
-/// Linux reports /proc times in USER_HZ ticks, 100 per second on every architecture we run.
-fn clock_ticks() -> u64 {
-    100
-}
 
 /// A tracing subscriber at `info` (as the broker binary runs): without any subscriber, the
 /// `log` feature of quinn-proto's tracing turns every per-packet span into a `log` call.

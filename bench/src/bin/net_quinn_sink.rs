@@ -34,7 +34,7 @@ async fn run(
         .with_protocol_versions(&[&rustls::version::TLS13])?
         .with_no_client_auth()
         .with_single_cert(vec![cert.cert.der().clone()], key)?;
-    tls.alpn_protocols = vec![b"felix/1".to_vec()];
+    tls.alpn_protocols = vec![felix_proto::ALPN.to_vec()];
     let quic = quinn::crypto::rustls::QuicServerConfig::try_from(tls)?;
     let mut server_config = quinn::ServerConfig::with_crypto(Arc::new(quic));
     let mut transport = quinn::TransportConfig::default();
@@ -90,12 +90,12 @@ async fn run(
     tokio::time::sleep(warmup).await;
     let d0 = datagrams(&conns);
     let b0 = bytes.load(Ordering::Relaxed);
-    let c0 = process_cpu_us();
+    let c0 = felix_bench::process_cpu_us();
     let t0 = Instant::now();
     tokio::time::sleep(measure).await;
     let d1 = datagrams(&conns);
     let b1 = bytes.load(Ordering::Relaxed);
-    let c1 = process_cpu_us();
+    let c1 = felix_bench::process_cpu_us();
     let wall = t0.elapsed().as_secs_f64();
     let d = d1 - d0;
     let cpu_us = c1 - c0;
@@ -117,15 +117,6 @@ async fn run(
     Ok(())
 }
 
-/// utime + stime of this process from /proc/self/stat, in microseconds (USER_HZ = 100).
-fn process_cpu_us() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    ticks * 10_000
-}
 
 /// A tracing subscriber at `info` (as the broker binary runs): without any subscriber, the
 /// `log` feature of quinn-proto's tracing turns every per-packet span into a `log` call.

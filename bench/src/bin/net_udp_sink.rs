@@ -57,12 +57,12 @@ fn main() -> anyhow::Result<()> {
         }
         match (first, window) {
             (Some(f), None) if now - f >= warmup => {
-                window = Some((now, datagrams, process_cpu_us(), calls));
+                window = Some((now, datagrams, felix_bench::process_cpu_us(), calls));
             }
             (_, Some((t0, d0, c0, k0))) if now - t0 >= measure => {
                 let wall = (now - t0).as_secs_f64();
                 let d = datagrams - d0;
-                let cpu_us = process_cpu_us() - c0;
+                let cpu_us = felix_bench::process_cpu_us() - c0;
                 println!(
                     "{}",
                     serde_json::json!({
@@ -84,12 +84,3 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
-/// utime + stime of this process from /proc/self/stat, in microseconds (USER_HZ = 100).
-fn process_cpu_us() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    ticks * 10_000
-}

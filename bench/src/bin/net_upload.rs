@@ -18,7 +18,7 @@ fn main() -> anyhow::Result<()> {
     anyhow::ensure!(args.len() >= 4, "usage: net_upload quic|udp <addr> <secs> [conns]");
     let addr: std::net::SocketAddr = args[2].parse()?;
     let secs = Duration::from_secs_f64(args[3].parse()?);
-    let c0 = process_cpu_us();
+    let c0 = felix_bench::process_cpu_us();
     let t0 = Instant::now();
     let samples = sample_busy_per_second();
     let sent = match args[1].as_str() {
@@ -33,7 +33,7 @@ fn main() -> anyhow::Result<()> {
         other => anyhow::bail!("unknown mode {other}"),
     };
     let wall = t0.elapsed().as_secs_f64();
-    let cpu_us = process_cpu_us() - c0;
+    let cpu_us = felix_bench::process_cpu_us() - c0;
     // Busy share per second while uploading: drop the first second (handshakes, warm-up) and
     // the last (the sink may already have stopped), and report the median of the rest.
     let mut per_second = samples.lock().map(|s| s.clone()).unwrap_or_default();
@@ -65,7 +65,7 @@ async fn quic(addr: std::net::SocketAddr, secs: Duration, conns: usize) -> anyho
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
         .with_no_client_auth();
-    tls.alpn_protocols = vec![b"felix/1".to_vec()];
+    tls.alpn_protocols = vec![felix_proto::ALPN.to_vec()];
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls)?;
     let mut cc = quinn::ClientConfig::new(Arc::new(quic));
     let mut transport = quinn::TransportConfig::default();
@@ -179,11 +179,11 @@ fn sample_busy_per_second() -> Arc<std::sync::Mutex<Vec<f64>>> {
     let samples = Arc::new(std::sync::Mutex::new(Vec::new()));
     let out = samples.clone();
     std::thread::spawn(move || {
-        let mut last = process_cpu_us();
+        let mut last = felix_bench::process_cpu_us();
         let mut at = Instant::now();
         loop {
             std::thread::sleep(Duration::from_secs(1));
-            let now = process_cpu_us();
+            let now = felix_bench::process_cpu_us();
             let busy = (now - last) as f64 / 1e6 / at.elapsed().as_secs_f64();
             (last, at) = (now, Instant::now());
             if let Ok(mut s) = out.lock() {
@@ -194,12 +194,3 @@ fn sample_busy_per_second() -> Arc<std::sync::Mutex<Vec<f64>>> {
     samples
 }
 
-/// utime + stime of this process from /proc/self/stat, in microseconds (USER_HZ = 100).
-fn process_cpu_us() -> u64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 = f.get(11).and_then(|v| v.parse().ok()).unwrap_or(0)
-        + f.get(12).and_then(|v| v.parse().ok()).unwrap_or(0);
-    ticks * 10_000
-}

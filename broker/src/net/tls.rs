@@ -15,8 +15,8 @@ use sha2::{Digest, Sha256};
 
 use super::config::TlsSource;
 
-/// The ALPN protocol id every Felix connection negotiates.
-pub const ALPN: &[u8] = b"felix/1";
+/// The ALPN protocol id every Felix connection negotiates (defined once, in `felix-proto`).
+pub use felix_proto::ALPN;
 /// File name of the generated development certificate inside the data directory.
 pub const DEV_CERT_FILE: &str = "dev-cert.pem";
 /// File name of the generated development private key inside the data directory.

@@ -88,8 +88,6 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-
-
 /// A tracing subscriber at `info` (as the broker binary runs): without any subscriber, the
 /// `log` feature of quinn-proto's tracing turns every per-packet span into a `log` call.
 fn init_tracing() {

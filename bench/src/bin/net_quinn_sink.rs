@@ -117,7 +117,6 @@ async fn run(
     Ok(())
 }
 
-
 /// A tracing subscriber at `info` (as the broker binary runs): without any subscriber, the
 /// `log` feature of quinn-proto's tracing turns every per-packet span into a `log` call.
 fn init_tracing() {

@@ -83,4 +83,3 @@ fn main() -> anyhow::Result<()> {
         }
     }
 }
-

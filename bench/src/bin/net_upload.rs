@@ -193,4 +193,3 @@ fn sample_busy_per_second() -> Arc<std::sync::Mutex<Vec<f64>>> {
     });
     samples
 }
-

@@ -239,31 +239,40 @@ async fn owners_of(raw: &mut Raw, stream: &str) -> Vec<(String, String, bool)> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_brokers_place_route_refuse_and_survive_a_kill() {
-    let hosts = std::rc::Rc::new(Hosts::new(3));
-    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
-    let root = tempfile::tempdir().unwrap();
-    let mut nodes: Vec<Node> = ["b1", "b2", "b3"]
+/// Starts brokers b1-b3 on hosts 0-2 and opens a CLUSTER connection to each; returns once the
+/// controller sees all three (placements never move, so a test placing streams first waits
+/// for that: probe streams of 3 shards until one spreads over all of them).
+async fn start_three(
+    hosts: &std::rc::Rc<Hosts>,
+    root: &std::path::Path,
+    etcd: &str,
+) -> (Vec<Node>, Vec<Raw>) {
+    let nodes: Vec<Node> = ["b1", "b2", "b3"]
         .iter()
         .enumerate()
-        .map(|(i, id)| Node::start(&hosts, i, id, root.path(), &etcd.client_url))
+        .map(|(i, id)| Node::start(hosts, i, id, root, etcd))
         .collect();
     let mut raws = Vec::new();
     for n in &nodes {
         raws.push(Raw::open(n, cluster_caps()).await);
     }
-    // Placements never move, so wait until the controller sees all three members: probe
-    // streams of 3 shards until one spreads over all of them.
     let deadline = Instant::now() + WAIT;
     for probe in 0.. {
-        let name = format!("acme/app/probe{probe}");
-        let o = create_and_place(&mut raws, &name, 3).await;
+        let o = create_and_place(&mut raws, &format!("acme/app/probe{probe}"), 3).await;
         if o.iter().map(|(n, _, _)| n).collect::<std::collections::BTreeSet<_>>().len() == 3 {
             break;
         }
         assert!(Instant::now() < deadline, "placement never spread over 3 brokers: {o:?}");
     }
+    (nodes, raws)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_brokers_place_route_refuse_and_survive_a_kill() {
+    let hosts = std::rc::Rc::new(Hosts::new(3));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let root = tempfile::tempdir().unwrap();
+    let (mut nodes, mut raws) = start_three(&hosts, root.path(), &etcd.client_url).await;
     let placement = create_and_place(&mut raws, STREAM, SHARDS).await;
     for node in &nodes {
         let mine = placement.iter().filter(|(n, _, _)| *n == node.id).count();
@@ -470,24 +479,7 @@ async fn a_client_through_one_seed_publishes_and_reads_everything_join_and_etcd_
     let hosts = std::rc::Rc::new(Hosts::new(4));
     let Some(mut etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
     let root = tempfile::tempdir().unwrap();
-    let mut nodes: Vec<Node> = ["b1", "b2", "b3"]
-        .iter()
-        .enumerate()
-        .map(|(i, id)| Node::start(&hosts, i, id, root.path(), &etcd.client_url))
-        .collect();
-    let mut raws = Vec::new();
-    for n in &nodes {
-        raws.push(Raw::open(n, cluster_caps()).await);
-    }
-    // As above: wait until placement spreads over all three.
-    let deadline = Instant::now() + WAIT;
-    for probe in 0.. {
-        let o = create_and_place(&mut raws, &format!("acme/app/probe{probe}"), 3).await;
-        if o.iter().map(|(n, _, _)| n).collect::<std::collections::BTreeSet<_>>().len() == 3 {
-            break;
-        }
-        assert!(Instant::now() < deadline, "placement never spread: {o:?}");
-    }
+    let (mut nodes, mut raws) = start_three(&hosts, root.path(), &etcd.client_url).await;
     let placement = create_and_place(&mut raws, STREAM, SHARDS).await;
 
     let client = cluster_client(&nodes, 0, root.path()).await;

@@ -8,6 +8,10 @@ use felix_proto::{
     Capabilities, ErrorCode, Frame, Hello, RequestId, StartAt, Subscribe, PROTOCOL_VERSION,
 };
 
+fn hello() -> Frame {
+    Frame::Hello(Hello { version: PROTOCOL_VERSION, capabilities: Capabilities::ALL, token: None })
+}
+
 /// Regression (hardening #5): 100 Subscribes sent at once on one connection, each on its own
 /// bidirectional stream, used to all start because a subscription was counted only once its
 /// writer ran. Exactly the limit may be accepted; the rest get LimitReached with their ids.
@@ -22,12 +26,7 @@ async fn concurrent_subscribes_cannot_exceed_the_per_connection_limit() {
 
     let conn = raw_connection(broker.addr, dir.path()).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
-    let hello = Frame::Hello(Hello {
-        version: PROTOCOL_VERSION,
-        capabilities: Capabilities::ALL,
-        token: None,
-    });
-    send.write_all(&hello.to_bytes()).await.unwrap();
+    send.write_all(&hello().to_bytes()).await.unwrap();
     assert!(matches!(read_frames(&mut recv, 1).await[0], Frame::HelloOk(_)));
 
     // Open every stream and write every request before reading any answer.
@@ -121,12 +120,7 @@ async fn every_stream_name_within_the_protocol_limit_works_end_to_end() {
     assert!(client.create_stream(&too_long, 1, Default::default()).await.is_err());
     let conn = raw_connection(broker.addr, dir.path()).await;
     let (mut send, mut recv) = conn.open_bi().await.unwrap();
-    let hello = Frame::Hello(Hello {
-        version: PROTOCOL_VERSION,
-        capabilities: Capabilities::ALL,
-        token: None,
-    });
-    send.write_all(&hello.to_bytes()).await.unwrap();
+    send.write_all(&hello().to_bytes()).await.unwrap();
     let create = Frame::CreateStream(felix_proto::CreateStream {
         request_id: RequestId(31),
         stream: too_long,

@@ -155,7 +155,7 @@ fn a_different_core_count_is_refused_with_a_clear_error() {
         "--no-pin",
     ])
     .unwrap();
-    let err = felix_broker::app::Broker::start(&serve).err().expect("must refuse");
+    let err = felix_broker::app::Broker::start(&serve).err().expect("must refuse").to_string();
     assert!(err.contains("laid out for 2 cores"), "{err}");
 }
 

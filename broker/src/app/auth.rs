@@ -30,7 +30,7 @@ use jsonwebtoken::errors::ErrorKind;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde::Deserialize;
 
-use super::mesh::WireError;
+use super::error::WireError;
 use crate::net::Connection;
 
 /// How far a token's `nbf` (not before) and `iat` (issued at) may lie in the future, in

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use felix_cluster::{AgentClient, ClusterError, ClusterView, Route, StreamDef};
 use felix_proto::{ErrorCode, MetadataOk, RequestId, ShardId, ShardOwner};
 
-use super::mesh::WireError;
+use super::error::WireError;
 
 /// How often a core copies the agent's newest view.
 pub const VIEW_POLL_MS: u64 = 20;

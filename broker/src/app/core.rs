@@ -21,7 +21,8 @@ use felix_storage::{
 use glommio::sync::Semaphore;
 
 use super::disk::DiskFloor;
-use super::mesh::{CoreRequest, CoreResponse, Mesh, WireError};
+use super::error::{CoreOpenError, WireError};
+use super::mesh::{CoreRequest, CoreResponse, Mesh};
 use super::meta::{self, MetaError, StreamMeta, TenantQuota};
 use super::stats::{self, AppStats};
 use super::tail::{EncodedBatch, TailRead};
@@ -45,6 +46,11 @@ fn retention_of(def: felix_cluster::StreamDef) -> Retention {
 
 /// The internal log of consumer positions kept by each core (shard 0 only).
 pub const OFFSETS_LOG: &str = "felix-internal/offsets/v1";
+/// Bytes one read of a log asks for when the broker scans it itself (consumer positions at
+/// start-up, a timestamp lookup).
+pub const SCAN_READ_BYTES_MAX: usize = 1 << 20;
+/// How long a tail read that found nothing in the log waits before it looks again.
+pub const LOG_POLL_MS: u64 = 1;
 
 /// Settings every core shares (copied into each core at start).
 #[derive(Clone, Debug)]
@@ -125,14 +131,15 @@ impl CoreApp {
         store: CoreStore,
         mesh: Rc<Mesh>,
         stats: Arc<AppStats>,
-    ) -> Result<Rc<CoreApp>, String> {
+    ) -> Result<Rc<CoreApp>, CoreOpenError> {
         let (offsets_log, _) = store
             .open_stream(OFFSETS_LOG, &[ShardId(0)], Some(RetentionConfig::default()))
             .await
-            .map_err(|e| format!("{core}: consumer offsets: {e}"))?;
-        let disk = DiskFloor::open(&settings.data_dir, settings.min_free_bytes)
-            .map(Rc::new)
-            .map_err(|e| format!("{core}: free space of {}: {e}", settings.data_dir.display()))?;
+            .map_err(|source| CoreOpenError::Offsets { core, source })?;
+        let disk =
+            DiskFloor::open(&settings.data_dir, settings.min_free_bytes).map(Rc::new).map_err(
+                |source| CoreOpenError::FreeSpace { core, dir: settings.data_dir.clone(), source },
+            )?;
         DiskFloor::spawn_watch(&disk);
         let cluster = settings.cluster.clone().map(super::cluster::ClusterLink::new);
         let app = Rc::new(CoreApp {
@@ -156,12 +163,16 @@ impl CoreApp {
             let stop = move || weak.upgrade().is_none_or(|a| a.stopping.get());
             glommio::spawn_local(link.follow(stop)).detach();
         }
-        app.load_offsets().await.map_err(|e| format!("{core}: consumer offsets: {e}"))?;
-        let metas = meta::load_all(&app.settings.data_dir).map_err(|e| e.to_string())?;
+        app.load_offsets().await.map_err(|source| CoreOpenError::Offsets { core, source })?;
+        let metas = meta::load_all(&app.settings.data_dir).map_err(CoreOpenError::Definitions)?;
         for m in metas {
             // The full error (file and position of a corrupt log) is for the operator.
-            let name = m.name.clone();
-            app.open_entry(m).await.map_err(|e| format!("{core}: stream {name}: {e}"))?;
+            let name = m.name.as_str().to_owned();
+            app.open_entry(m).await.map_err(|source| CoreOpenError::Stream {
+                core,
+                name,
+                source,
+            })?;
         }
         Ok(app)
     }
@@ -337,6 +348,7 @@ impl CoreApp {
 
     /// Handles a request for a shard this core owns.
     pub async fn handle_request(self: &Rc<Self>, req: CoreRequest) -> CoreResponse {
+        debug_assert_eq!(self.owner(req.shard()), self.core, "a shard is handled by its owner");
         match req {
             CoreRequest::Append { stream, shard, records, timestamp_ms, ack } => {
                 CoreResponse::Appended(
@@ -391,6 +403,7 @@ impl CoreApp {
         timestamp_ms: u64,
         ack: AckMode,
     ) -> Result<AppendOutcome, WireError> {
+        debug_assert_eq!(self.owner(shard), self.core, "a shard is appended to by its owner");
         let cached = self.streams.borrow().get(stream).cloned();
         let entry = match cached {
             Some(e) => e,
@@ -414,6 +427,11 @@ impl CoreApp {
         let mode = if ack == AckMode::None { AckMode::Written } else { ack };
         let out =
             log.append(shard, records, timestamp_ms, mode).await.map_err(|e| storage_error(&e))?;
+        debug_assert_eq!(out.record_count as usize, records.len(), "every record gets an offset");
+        debug_assert!(
+            log.next_offset(shard).is_ok_and(|n| n.0 >= out.base_offset.0 + records.len() as u64),
+            "the shard's next offset advances past an appended batch"
+        );
         stats::add(&self.stats.counters.storage_append_bytes, bytes);
         stats::add(&self.stats.counters.storage_appends, 1);
         entry.tails.with(shard, |t| {
@@ -447,7 +465,7 @@ impl CoreApp {
                     if std::time::Instant::now() >= deadline {
                         return Ok(Vec::new());
                     }
-                    glommio::timer::sleep(Duration::from_millis(1)).await;
+                    glommio::timer::sleep(Duration::from_millis(LOG_POLL_MS)).await;
                 }
                 TailRead::Crowded => {
                     let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -495,6 +513,12 @@ impl CoreApp {
         entry.tails.with(shard, |t| {
             let before = t.encodes;
             let r = t.read(from, max_bytes, next);
+            if let TailRead::Batches(b) = &r {
+                debug_assert!(
+                    b.first().is_none_or(|b| b.base_offset == from),
+                    "a tail read starts at the offset asked for"
+                );
+            }
             stats::add(&self.stats.counters.tail_encodes, t.encodes - before);
             if let TailRead::Batches(b) = &r {
                 stats::add(&self.stats.counters.tail_batches, b.len() as u64);
@@ -543,14 +567,17 @@ impl CoreApp {
     ) -> Result<Offset, WireError> {
         let mut at = first;
         while at < next {
-            let batches = log.read(shard, at, 1 << 20).await.map_err(|e| storage_error(&e))?;
+            let batches =
+                log.read(shard, at, SCAN_READ_BYTES_MAX).await.map_err(|e| storage_error(&e))?;
             let Some(last) = batches.last() else { break };
             for b in &batches {
                 if b.last_timestamp_ms >= t {
                     return Ok(b.base_offset.max(at));
                 }
             }
-            at = Offset(last.base_offset.0 + last.records.len() as u64);
+            let end = Offset(last.base_offset.0 + last.records.len() as u64);
+            debug_assert!(end > at, "a scan's position advances");
+            at = end;
         }
         Ok(next)
     }
@@ -577,7 +604,7 @@ impl CoreApp {
     async fn load_offsets(&self) -> Result<(), StorageError> {
         let mut at = self.offsets_log.start_offset(ShardId(0))?;
         loop {
-            let batches = self.offsets_log.read(ShardId(0), at, 1 << 20).await?;
+            let batches = self.offsets_log.read(ShardId(0), at, SCAN_READ_BYTES_MAX).await?;
             if batches.is_empty() {
                 return Ok(());
             }
@@ -599,7 +626,9 @@ impl CoreApp {
                             .insert((s.to_owned(), g.to_owned(), shard), u64::from_be_bytes(v));
                     }
                 }
-                at = Offset(b.base_offset.0 + b.records.len() as u64);
+                let end = Offset(b.base_offset.0 + b.records.len() as u64);
+                debug_assert!(end > at, "a scan's position advances");
+                at = end;
             }
         }
     }

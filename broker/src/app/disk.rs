@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use felix_proto::ErrorCode;
 
-use super::mesh::WireError;
+use super::error::WireError;
 use crate::config::MinFreeBytes;
 
 /// How often each core re-reads the free space of the data directory's file system.

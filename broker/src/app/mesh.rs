@@ -13,32 +13,19 @@ use std::sync::Mutex;
 use felix_proto::{AckMode, CoreId, ErrorCode, Offset, Record, ShardId, StartAt};
 use felix_storage::AppendOutcome;
 
+use super::error::WireError;
 use super::tail::EncodedBatch;
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use glommio::channels::shared_channel::{
     self, ConnectedReceiver, ConnectedSender, SharedReceiver, SharedSender,
 };
 
-/// Messages in flight from one core to another, per direction.
-pub const MESH_DEPTH: usize = 1024;
+/// Requests (or replies) queued from one core to another, per direction and per kind: the
+/// application mesh. Not to be confused with the net layer's queue of forwarded datagrams
+/// (`net::config::MESH_DATAGRAMS_QUEUED_MAX`).
+pub const MESH_MESSAGES_QUEUED_MAX: usize = 1024;
 /// Requests from other cores one core handles at once.
 pub const MESH_REQUESTS_IN_FLIGHT_MAX: u64 = 4096;
-
-/// An error to hand back to a client.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct WireError {
-    /// The code.
-    pub code: ErrorCode,
-    /// The message.
-    pub message: String,
-}
-
-impl WireError {
-    /// An error with `code` and `message`.
-    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into() }
-    }
-}
 
 /// Work one core asks of the core that owns a shard.
 #[derive(Debug)]
@@ -91,6 +78,18 @@ pub enum CoreRequest {
         /// Next offset to read.
         offset: Offset,
     },
+}
+
+impl CoreRequest {
+    /// The shard the request is for: only that shard's owner core handles it.
+    pub fn shard(&self) -> ShardId {
+        match self {
+            Self::Append { shard, .. }
+            | Self::Read { shard, .. }
+            | Self::Resolve { shard, .. }
+            | Self::Commit { shard, .. } => *shard,
+        }
+    }
 }
 
 /// The answer to a [`CoreRequest`].
@@ -150,7 +149,7 @@ fn plane(cores: usize) -> Vec<Row> {
     for (from, row) in senders.iter_mut().enumerate() {
         for (to, slot) in row.iter_mut().enumerate() {
             if from != to {
-                let (tx, rx) = shared_channel::new_bounded(MESH_DEPTH);
+                let (tx, rx) = shared_channel::new_bounded(MESH_MESSAGES_QUEUED_MAX);
                 *slot = Some(tx);
                 receivers[to].push((CoreId(from as u16), rx));
             }

@@ -4,6 +4,7 @@
 //! - `auth`: bearer tokens (JWT) and what they allow.
 //! - `cluster`: each core's copy of the cluster view, ownership checks and fencing.
 //! - `core`: one core's state and the handling of its own shards.
+//! - `error`: what a client hears when a request is refused, and why start-up failed.
 //! - `mesh`: requests between cores (forwarded publishes, remote reads, commits).
 //! - `session`: one client connection: Hello, requests, publish and acks.
 //! - `subscribe`: subscriptions and their per-shard pumps.
@@ -17,6 +18,7 @@ pub mod auth;
 pub mod cluster;
 pub mod core;
 pub mod disk;
+pub mod error;
 pub mod mesh;
 pub mod meta;
 pub mod session;
@@ -35,6 +37,7 @@ use futures_lite::future::poll_once;
 use glommio::sync::Semaphore;
 
 use self::core::{CoreApp, Settings};
+use self::error::{CoreOpenError, StartError};
 use self::mesh::{Mesh, MeshMsg, MeshPlan, MESH_REQUESTS_IN_FLIGHT_MAX};
 use self::stats::AppStats;
 use crate::config::ServeArgs;
@@ -49,6 +52,17 @@ pub const PORT_RELEASE_WAIT: Duration = Duration::from_secs(3);
 pub const CLUSTER_JOIN_WAIT: Duration = Duration::from_secs(10);
 /// How often retention runs.
 pub const RETENTION_INTERVAL: Duration = Duration::from_secs(10);
+/// How long start-up waits for every core to open its storage and recover its logs (a large
+/// data directory takes a while) before it gives up.
+pub const CORE_START_TIMEOUT_MS: u64 = 600_000;
+/// How often a core looks for the main thread's shutdown request.
+pub const SHUTDOWN_POLL_MS: u64 = 20;
+/// How often a stopping core looks again at its in-flight appends and at the flush request.
+pub const DRAIN_POLL_MS: u64 = 5;
+/// How often start-up looks whether the cluster agent holds its first lease.
+pub const CLUSTER_JOIN_POLL_MS: u64 = 50;
+/// How often start-up tries again to bind a port that is still held.
+pub const PORT_RELEASE_POLL_MS: u64 = 100;
 
 /// A running broker.
 pub struct Broker {
@@ -68,17 +82,18 @@ pub struct Broker {
 
 impl Broker {
     /// Starts every core. Returns once each core has recovered its logs.
-    pub fn start(args: &ServeArgs) -> Result<Broker, String> {
+    pub fn start(args: &ServeArgs) -> Result<Broker, StartError> {
         check_data_dir(&args.data_dir)?;
         check_port_free(args.listen)?;
         check_io_uring()?;
-        meta::check_layout(&args.data_dir, args.cores).map_err(|e| e.to_string())?;
+        meta::check_layout(&args.data_dir, args.cores).map_err(StartError::Layout)?;
         let max = core::max_shards(args.cores);
         if args.default_shards > max {
-            return Err(format!(
-                "--default-shards {} exceeds {max}, the most a stream may have on {} cores",
-                args.default_shards, args.cores
-            ));
+            return Err(StartError::DefaultShards {
+                shards: args.default_shards,
+                max,
+                cores: args.cores,
+            });
         }
         let cores = args.cores;
         let limits = Limits {
@@ -106,7 +121,9 @@ impl Broker {
             slow_consumer: Duration::from_secs(args.slow_consumer_secs.max(1)),
             auth: match args.auth_keys.is_empty() {
                 true => None,
-                false => Some(Arc::new(auth::Authenticator::load(&args.auth_keys)?)),
+                false => Some(Arc::new(
+                    auth::Authenticator::load(&args.auth_keys).map_err(StartError::AuthKeys)?,
+                )),
             },
         };
         let mut storage = StorageConfig::new(&args.data_dir);
@@ -118,7 +135,7 @@ impl Broker {
             bytes_max: settings.retention.bytes_max,
             age_ms_max: settings.retention.age_max_ms,
         };
-        storage.validate().map_err(|e| e.to_string())?;
+        storage.validate().map_err(StartError::Storage)?;
 
         let tls = match (&args.cert, &args.key) {
             (Some(cert), Some(key)) => TlsSource::Pem { cert: cert.clone(), key: key.clone() },
@@ -143,7 +160,7 @@ impl Broker {
         let stats: Arc<Vec<Arc<AppStats>>> =
             Arc::new((0..cores).map(|_| Arc::new(AppStats::default())).collect());
         let stop = Arc::new(ShutdownFlags::default());
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), CoreOpenError>>();
         let (drained_tx, drained_rx) = mpsc::channel::<()>();
         let per_core = {
             let stats = stats.clone();
@@ -183,19 +200,20 @@ impl Broker {
                 }
             }
         };
-        let handle = Server::start(net, per_core).map_err(|e| start_error(&e, args))?;
-        let deadline = Instant::now() + Duration::from_secs(600);
+        let handle =
+            Server::start(net, per_core).map_err(|e| StartError::from_server(e, args.listen))?;
+        let deadline = Instant::now() + Duration::from_millis(CORE_START_TIMEOUT_MS);
         for _ in 0..cores {
             let left = deadline.saturating_duration_since(Instant::now());
             match ready_rx.recv_timeout(left) {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     handle.shutdown();
-                    return Err(e);
+                    return Err(e.into());
                 }
                 Err(_) => {
                     handle.shutdown();
-                    return Err("a core did not finish starting".into());
+                    return Err(StartError::CoreTimeout);
                 }
             }
         }
@@ -283,11 +301,12 @@ async fn open_core(
     settings: Settings,
     storage: StorageConfig,
     stats: Arc<AppStats>,
-) -> Result<Rc<CoreApp>, String> {
+) -> Result<Rc<CoreApp>, CoreOpenError> {
     let (mesh, request_rx, reply_rx) = Mesh::connect(ends).await;
     tracing::debug!(core = core.0, "mesh connected");
-    let store =
-        CoreStore::open(storage, core).await.map_err(|e| format!("{core}: storage: {e}"))?;
+    let store = CoreStore::open(storage, core)
+        .await
+        .map_err(|source| CoreOpenError::Storage { core, source })?;
     let app = CoreApp::open(core, settings, store.clone(), mesh.clone(), stats).await?;
     // Replies only complete local waiters: their loops never block.
     for (_, rx) in reply_rx {
@@ -335,7 +354,9 @@ async fn open_core(
         })
         .detach();
     }
-    store.start_retention(RETENTION_INTERVAL).map_err(|e| format!("{core}: retention: {e}"))?;
+    store
+        .start_retention(RETENTION_INTERVAL)
+        .map_err(|source| CoreOpenError::Retention { core, source })?;
     let publisher = app.clone();
     glommio::spawn_local(async move {
         loop {
@@ -349,15 +370,15 @@ async fn open_core(
 
 async fn watch_stop(app: Rc<CoreApp>, stop: Arc<ShutdownFlags>, drained: mpsc::Sender<()>) {
     while !stop.refuse.load(Ordering::Relaxed) {
-        glommio::timer::sleep(Duration::from_millis(20)).await;
+        glommio::timer::sleep(Duration::from_millis(SHUTDOWN_POLL_MS)).await;
     }
     app.stopping.set(true);
     while app.stats.counters.inflight_bytes.load(Ordering::Relaxed) > 0 {
-        glommio::timer::sleep(Duration::from_millis(5)).await;
+        glommio::timer::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
     }
     let _ = drained.send(());
     while !stop.flush.load(Ordering::Relaxed) {
-        glommio::timer::sleep(Duration::from_millis(5)).await;
+        glommio::timer::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
     }
     app.flush_all().await;
     app.publish_stats();
@@ -366,14 +387,14 @@ async fn watch_stop(app: Rc<CoreApp>, stop: Arc<ShutdownFlags>, drained: mpsc::S
 
 /// Starts the cluster agent with `--cluster-etcd`, and waits (at most [`CLUSTER_JOIN_WAIT`])
 /// for its first lease.
-fn start_agent(args: &ServeArgs) -> Result<Option<felix_cluster::AgentHandle>, String> {
+fn start_agent(args: &ServeArgs) -> Result<Option<felix_cluster::AgentHandle>, StartError> {
     if args.cluster_etcd.is_empty() {
         return Ok(None);
     }
     let (Some(node), Some(advertise)) = (&args.node_id, &args.advertise) else {
-        return Err("--cluster-etcd needs --node-id and --advertise".into());
+        return Err(StartError::ClusterArgs);
     };
-    let node = felix_cluster::NodeId::new(node).map_err(|e| e.to_string())?;
+    let node = felix_cluster::NodeId::new(node).map_err(StartError::Cluster)?;
     let metrics = args.metrics_addr().ok().flatten().map(|a| a.to_string());
     let member = felix_cluster::Member {
         node,
@@ -387,7 +408,7 @@ fn start_agent(args: &ServeArgs) -> Result<Option<felix_cluster::AgentHandle>, S
         member,
         lease_ttl_s: args.lease_ttl_s,
     })
-    .map_err(|e| e.to_string())?;
+    .map_err(StartError::Cluster)?;
     let deadline = Instant::now() + CLUSTER_JOIN_WAIT;
     while !agent.view().lease_holds(Instant::now()) {
         if Instant::now() >= deadline {
@@ -398,23 +419,23 @@ fn start_agent(args: &ServeArgs) -> Result<Option<felix_cluster::AgentHandle>, S
             );
             break;
         }
-        std::thread::sleep(Duration::from_millis(50));
+        std::thread::sleep(Duration::from_millis(CLUSTER_JOIN_POLL_MS));
     }
     Ok(Some(agent))
 }
 
-fn check_data_dir(dir: &std::path::Path) -> Result<(), String> {
+fn check_data_dir(dir: &std::path::Path) -> Result<(), StartError> {
     std::fs::create_dir_all(dir)
-        .map_err(|e| format!("data directory {} cannot be created: {e}", dir.display()))?;
+        .map_err(|source| StartError::DataDirCreate { path: dir.to_owned(), source })?;
     let probe = dir.join(".felix-write-probe");
     std::fs::write(&probe, b"ok")
         .and_then(|_| std::fs::remove_file(&probe))
-        .map_err(|e| format!("data directory {} is not writable: {e}", dir.display()))
+        .map_err(|source| StartError::DataDirNotWritable { path: dir.to_owned(), source })
 }
 
 /// SO_REUSEPORT would let a second broker silently join the first one's socket group and
 /// split its traffic; a plain bind first tells that the port is taken.
-fn check_port_free(addr: std::net::SocketAddr) -> Result<(), String> {
+fn check_port_free(addr: std::net::SocketAddr) -> Result<(), StartError> {
     if addr.port() == 0 {
         return Ok(());
     }
@@ -425,41 +446,20 @@ fn check_port_free(addr: std::net::SocketAddr) -> Result<(), String> {
         match std::net::UdpSocket::bind(addr) {
             Ok(_) => return Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && Instant::now() < deadline => {
-                std::thread::sleep(Duration::from_millis(100));
+                std::thread::sleep(Duration::from_millis(PORT_RELEASE_POLL_MS));
             }
             Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
-                return Err(format!("port in use: {addr} is already bound (another broker?)"))
+                return Err(StartError::PortBound { addr })
             }
-            Err(e) => return Err(format!("cannot bind {addr}: {e}")),
+            Err(source) => return Err(StartError::Bind { addr, source }),
         }
     }
 }
 
-fn check_io_uring() -> Result<(), String> {
+fn check_io_uring() -> Result<(), StartError> {
     const KNOB: &str = "/proc/sys/kernel/io_uring_disabled";
     match std::fs::read_to_string(KNOB).map(|s| s.trim().to_owned()) {
-        Ok(v) if v == "2" => Err(format!("io_uring is disabled ({KNOB} = 2); set it to 0")),
+        Ok(v) if v == "2" => Err(StartError::IoUringDisabled { knob: KNOB }),
         _ => Ok(()),
     }
-}
-
-fn start_error(e: &crate::net::StartError, args: &ServeArgs) -> String {
-    let text = e.to_string();
-    if text.contains("Address already in use") || text.contains("AddrInUse") {
-        return format!("port in use: cannot bind {} ({text})", args.listen);
-    }
-    if text.contains("ENOMEM")
-        || text.contains("memlock")
-        || text.contains("Cannot allocate memory")
-    {
-        return format!(
-            "cannot start the cores: {text}; the memlock limit (ulimit -l) may be too low for io_uring's registered memory"
-        );
-    }
-    if text.contains("Operation not permitted") || text.contains("ENOSYS") {
-        return format!(
-            "cannot start the cores: {text}; io_uring may be unavailable (check /proc/sys/kernel/io_uring_disabled, or a seccomp profile blocking io_uring_setup)"
-        );
-    }
-    text
 }

@@ -15,9 +15,8 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use felix_proto::{
-    AckMode, Capabilities, ErrorBody, ErrorCode, Frame, FrameDecoder, FrameError, FrameType,
-    HelloOk, Publish, PublishAck, Record, RequestId, ShardId, StreamInfo, StreamList,
-    PROTOCOL_VERSION,
+    AckMode, Capabilities, ErrorCode, Frame, FrameDecoder, FrameError, FrameType, HelloOk, Publish,
+    PublishAck, Record, RequestId, ShardId, StreamInfo, StreamList, PROTOCOL_VERSION,
 };
 use futures_lite::future::poll_once;
 use glommio::channels::local_channel::{self, LocalSender};
@@ -26,7 +25,8 @@ use glommio::sync::Semaphore;
 use super::auth::{Action, Grant};
 use super::cluster::Refused;
 use super::core::{now_ms, CoreApp};
-use super::mesh::{CoreRequest, CoreResponse, WireError};
+use super::error::WireError;
+use super::mesh::{CoreRequest, CoreResponse};
 use super::meta::{self, StreamMeta};
 use super::stats;
 use super::subscribe;
@@ -142,24 +142,20 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
 
 fn reject(session: &Session, e: &FrameError) -> Answer {
     stats::add(&session.app.stats.counters.rejected_frames, 1);
-    let body = ErrorBody {
-        request_id: e.request_id.unwrap_or_default(),
-        code: e.code(),
-        message: e.to_string(),
-    };
-    let frame = match e.frame_type {
-        Some(FrameType::Publish) if e.request_id.is_some() => Frame::PublishError(body),
-        _ => Frame::Error(body),
-    };
-    ready(Some(frame))
+    // A Publish whose request id could be read asked for an ack.
+    let acked_publish = e.frame_type == Some(FrameType::Publish) && e.request_id.is_some();
+    let answer = WireError::new(e.code(), e.to_string())
+        .into_answer(e.request_id.unwrap_or_default(), acked_publish);
+    ready(Some(answer))
 }
 
 fn ready(frame: Option<Frame>) -> Answer {
     Box::pin(async move { frame })
 }
 
+/// The answer refusing request `request_id`, of any type but an acked Publish.
 fn error_frame(request_id: RequestId, e: WireError) -> Option<Frame> {
-    Some(Frame::Error(ErrorBody { request_id, code: e.code, message: e.message }))
+    Some(e.into_answer(request_id, false))
 }
 
 /// The request id an answer to `frame` carries: the one its body starts with, of any type
@@ -221,29 +217,19 @@ impl Session {
                 }
                 other => {
                     stats::add(&app.stats.counters.rejected_frames, 1);
-                    let id = request_id_of(&other);
                     let e = WireError::new(ErrorCode::Unauthenticated, "Hello must come first");
-                    if answers_with_publish_error(&other) {
-                        return ready(Some(Frame::PublishError(ErrorBody {
-                            request_id: id,
-                            code: e.code,
-                            message: e.message,
-                        })));
-                    }
-                    ready(error_frame(id, e))
+                    let answer =
+                        e.into_answer(request_id_of(&other), answers_with_publish_error(&other));
+                    ready(Some(answer))
                 }
             };
         }
         if let Some((action, stream)) = needs(&frame) {
             if let Err(e) = self.authorize(action, stream) {
                 stats::add(&app.stats.counters.rejected_frames, 1);
-                let id = request_id_of(&frame);
-                let body = ErrorBody { request_id: id, code: e.code, message: e.message };
-                return ready(Some(if answers_with_publish_error(&frame) {
-                    Frame::PublishError(body)
-                } else {
-                    Frame::Error(body)
-                }));
+                let answer =
+                    e.into_answer(request_id_of(&frame), answers_with_publish_error(&frame));
+                return ready(Some(answer));
             }
         }
         match frame {
@@ -398,19 +384,9 @@ impl Session {
         let c = &app.stats.counters;
         let request_id = p.ack.map(|a| a.request_id);
         let mode = p.ack.map_or(AckMode::None, |a| a.mode);
+        // An acked Publish is refused with PublishError, an unacked one with Error (id 0).
         let fail = move |e: WireError| -> Answer {
-            ready(Some(match request_id {
-                Some(id) => Frame::PublishError(ErrorBody {
-                    request_id: id,
-                    code: e.code,
-                    message: e.message,
-                }),
-                None => Frame::Error(ErrorBody {
-                    request_id: RequestId(0),
-                    code: e.code,
-                    message: e.message,
-                }),
-            }))
+            ready(Some(e.into_answer(request_id.unwrap_or_default(), request_id.is_some())))
         };
         if app.stopping.get() {
             stats::add(&c.publish_errors, 1);
@@ -507,7 +483,8 @@ impl Session {
             let result = stored.await;
             drop((conn_permit, core_permit));
             let c = &app.stats.counters;
-            c.inflight_bytes.fetch_sub(units, std::sync::atomic::Ordering::Relaxed);
+            let before = c.inflight_bytes.fetch_sub(units, std::sync::atomic::Ordering::Relaxed);
+            debug_assert!(before >= units, "the core's in-flight bytes never go negative");
             let answer = match (request_id, result) {
                 (Some(id), Ok(out)) if mode != AckMode::None => {
                     stats::add(&c.acks, 1);
@@ -521,17 +498,9 @@ impl Session {
                     }))
                 }
                 (_, Ok(_)) => None,
-                (Some(id), Err(e)) => {
+                (_, Err(e)) => {
                     stats::add(&c.publish_errors, 1);
-                    Some(Frame::PublishError(ErrorBody {
-                        request_id: id,
-                        code: e.code,
-                        message: e.message,
-                    }))
-                }
-                (None, Err(e)) => {
-                    stats::add(&c.publish_errors, 1);
-                    error_frame(RequestId(0), e)
+                    Some(e.into_answer(request_id.unwrap_or_default(), request_id.is_some()))
                 }
             };
             let _ = answer_tx.try_send(answer);
@@ -561,9 +530,7 @@ impl Session {
                 }));
             }
         }
-        let e = r.into_wire(stream);
-        let body = ErrorBody { request_id, code: e.code, message: e.message };
-        Some(if publish { Frame::PublishError(body) } else { Frame::Error(body) })
+        Some(r.into_wire(stream).into_answer(request_id, publish))
     }
 
     /// In a cluster: whether every shard a Subscribe names (all of the stream's when it

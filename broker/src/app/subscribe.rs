@@ -14,7 +14,8 @@ use bytes::Bytes;
 use felix_proto::{ErrorCode, Frame, Offset, ShardId, Subscribe, SubscribeOk, SubscriptionId};
 use glommio::channels::local_channel::{self, LocalSender};
 
-use super::mesh::{CoreRequest, CoreResponse, WireError};
+use super::error::WireError;
+use super::mesh::{CoreRequest, CoreResponse};
 use super::session::Session;
 use super::stats;
 
@@ -26,6 +27,8 @@ pub const SUBSCRIPTION_QUEUE_FRAMES: usize = 8;
 pub const READ_BYTES_MAX: usize = 1 << 20;
 /// How long one read waits at the tail before it asks again.
 pub const TAIL_WAIT_MS: u64 = 500;
+/// How long a pump waits before it asks the owner again after a failed read.
+pub const READ_RETRY_MS: u64 = 100;
 
 /// Starts a subscription; returns the SubscribeOk to send.
 pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, WireError> {
@@ -170,7 +173,7 @@ async fn pump(
                 }
             }
             _ => {
-                glommio::timer::sleep(Duration::from_millis(100)).await;
+                glommio::timer::sleep(Duration::from_millis(READ_RETRY_MS)).await;
                 continue;
             }
         };

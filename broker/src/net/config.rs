@@ -24,8 +24,9 @@ pub const MIN_UDP_PAYLOAD: u16 = 1200;
 pub const MAX_UDP_PAYLOAD: u16 = 65_527;
 /// Most cores one server runs (the CID carries the core index in one byte).
 pub const MAX_CORES: usize = 256;
-/// Depth of each directed core-mesh queue carrying misrouted datagrams to their owner.
-pub const MESH_QUEUE_DEPTH: usize = 1024;
+/// Datagrams queued on each directed core-mesh queue carrying misrouted datagrams to their
+/// owner core (the net layer's mesh; the application's is `app::mesh::MESH_MESSAGES_QUEUED_MAX`).
+pub const MESH_DATAGRAMS_QUEUED_MAX: usize = 1024;
 /// Depth of the per-core queue of established connections waiting for the application.
 pub const ACCEPT_QUEUE_DEPTH: usize = 1024;
 /// Per-stream receive window (bytes): the most a peer may send ahead of the application's reads.

@@ -48,6 +48,10 @@ const MAX_TRANSMITS_PER_DRIVE: usize = 32;
 const MAX_RECV_CALLS_PER_WAKE: usize = 8;
 /// Largest GRO buffer: the kernel coalesces at most 64 KiB into one receive.
 const MAX_GRO_BYTES: usize = 64 * 1024;
+/// How long the receive task backs off after the socket reported an error.
+const SOCKET_ERROR_BACKOFF_MS: u64 = 1;
+/// How often shutdown looks whether every connection has drained.
+const SHUTDOWN_DRAIN_POLL_MS: u64 = 5;
 
 /// A datagram received by one core for a connection another core owns.
 #[derive(Debug)]
@@ -626,7 +630,7 @@ pub(crate) async fn recv_loop(core: CoreRef, io: Rc<SocketIo>, ready: glommio::n
         }
         if ready.peek_from(&mut probe).await.is_err() {
             CoreStats::add(&stats.socket_errors, 1);
-            glommio::timer::sleep(Duration::from_millis(1)).await;
+            glommio::timer::sleep(Duration::from_millis(SOCKET_ERROR_BACKOFF_MS)).await;
             continue;
         }
         for _ in 0..MAX_RECV_CALLS_PER_WAKE {
@@ -701,7 +705,7 @@ pub(crate) async fn shutdown(core: &CoreRef, grace: Duration) {
     drop(queued);
     let start = Instant::now();
     while !core.borrow().conns.is_empty() && start.elapsed() < grace {
-        glommio::timer::sleep(Duration::from_millis(5)).await;
+        glommio::timer::sleep(Duration::from_millis(SHUTDOWN_DRAIN_POLL_MS)).await;
     }
 }
 

@@ -111,7 +111,7 @@ impl Server {
         for (from, row) in senders.iter_mut().enumerate() {
             for (to, slot) in row.iter_mut().enumerate() {
                 if from != to {
-                    let (tx, rx) = shared_channel::new_bounded(config::MESH_QUEUE_DEPTH);
+                    let (tx, rx) = shared_channel::new_bounded(config::MESH_DATAGRAMS_QUEUED_MAX);
                     *slot = Some(tx);
                     receivers[to].push(rx);
                 }
@@ -134,7 +134,7 @@ impl Server {
                 .map_err(|e| StartError::Quic(e.to_string()))?;
             c
         };
-        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<(), std::io::Error>>();
         let mut threads = Vec::with_capacity(n);
         for ((i, socket), (tx_row, rx_col)) in
             sockets.into_iter().enumerate().zip(senders.into_iter().zip(receivers))
@@ -184,11 +184,11 @@ impl Server {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
                     handle.stop_and_join();
-                    return Err(StartError::Executor(e));
+                    return Err(StartError::CoreSocket(e));
                 }
                 Err(_) => {
                     handle.stop_and_join();
-                    return Err(StartError::Executor("a core exited during start".into()));
+                    return Err(StartError::CoreExited);
                 }
             }
         }
@@ -235,7 +235,7 @@ struct CoreStart {
     mesh_tx: Vec<Option<SharedSender<ForwardedDatagram>>>,
     mesh_rx: Vec<SharedReceiver<ForwardedDatagram>>,
     stop: Arc<AtomicBool>,
-    ready: mpsc::Sender<Result<(), String>>,
+    ready: mpsc::Sender<Result<(), std::io::Error>>,
 }
 
 async fn run_core<Fut: Future<Output = ()> + 'static>(
@@ -254,9 +254,9 @@ async fn run_core<Fut: Future<Output = ()> + 'static>(
 async fn setup_core<Fut: Future<Output = ()> + 'static>(
     s: CoreStart,
     app: impl FnOnce(CoreContext) -> Fut,
-) -> Result<(), String> {
-    let state = UdpSocketState::new((&s.socket).into()).map_err(|e| e.to_string())?;
-    let ready_sock = socket::glommio_readiness_socket(&s.socket).map_err(|e| e.to_string())?;
+) -> Result<(), std::io::Error> {
+    let state = UdpSocketState::new((&s.socket).into())?;
+    let ready_sock = socket::glommio_readiness_socket(&s.socket)?;
     let allow_mtud = !state.may_fragment();
     let io = Rc::new(SocketIo { socket: s.socket, state });
     let endpoint =
@@ -375,7 +375,13 @@ pub enum StartError {
     /// The requested steering mode could not be attached.
     #[error("steering: {0}")]
     Steering(String),
-    /// An executor could not be created or a core failed to start.
+    /// An executor could not be created.
     #[error("executor: {0}")]
     Executor(String),
+    /// A core could not set up its socket for quinn-udp or for glommio's readiness.
+    #[error("executor: {0}")]
+    CoreSocket(#[source] std::io::Error),
+    /// A core's executor exited before it reported that it started.
+    #[error("executor: a core exited during start")]
+    CoreExited,
 }

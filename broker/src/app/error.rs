@@ -235,4 +235,41 @@ mod tests {
         assert_eq!(e.clone().into_answer(RequestId(7), true), Frame::PublishError(want.clone()));
         assert_eq!(e.into_answer(RequestId(7), false), Frame::Error(want));
     }
+
+    #[test]
+    fn server_errors_get_the_hint_for_their_cause() {
+        let listen: SocketAddr = "127.0.0.1:7400".parse().unwrap();
+        let taken = crate::net::StartError::Bind(std::io::Error::from_raw_os_error(98));
+        let e = StartError::from_server(taken, listen);
+        assert!(matches!(e, StartError::PortTaken { .. }), "{e:?}");
+        assert!(
+            e.to_string().starts_with("port in use: cannot bind 127.0.0.1:7400 (bind: "),
+            "{e}"
+        );
+
+        let memlock = crate::net::StartError::Executor("Cannot allocate memory".into());
+        let e = StartError::from_server(memlock, listen);
+        assert!(matches!(e, StartError::Memlock(_)), "{e:?}");
+        assert!(e.to_string().contains("the memlock limit (ulimit -l)"), "{e}");
+
+        let blocked = crate::net::StartError::Executor("Operation not permitted".into());
+        let e = StartError::from_server(blocked, listen);
+        assert!(matches!(e, StartError::IoUringUnavailable(_)), "{e:?}");
+        assert!(e.to_string().contains("io_uring may be unavailable"), "{e}");
+
+        let other = crate::net::StartError::Steering("no eBPF".into());
+        let e = StartError::from_server(other, listen);
+        assert!(matches!(e, StartError::Server(_)), "{e:?}");
+        assert_eq!(e.to_string(), "steering: no eBPF");
+    }
+
+    #[test]
+    fn core_open_errors_name_the_core_and_the_stream() {
+        let e = CoreOpenError::Stream {
+            core: CoreId(3),
+            name: "t/n/s".into(),
+            source: StorageError::Closed,
+        };
+        assert_eq!(e.to_string(), format!("{}: stream t/n/s: stream log closed", CoreId(3)));
+    }
 }

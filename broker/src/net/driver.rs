@@ -279,6 +279,7 @@ impl CoreState {
     }
 
     fn forward(&mut self, owner: CoreId, d: ForwardedDatagram) {
+        debug_assert_ne!(owner, self.core, "a core forwards only datagrams of other cores");
         CoreStats::add(&self.stats.misrouted, 1);
         let Some(Some(tx)) = self.mesh.get(usize::from(owner.0)) else {
             CoreStats::add(&self.stats.dropped_bad_core, 1);
@@ -332,6 +333,10 @@ impl CoreState {
                         retry_at: None,
                         announced: false,
                     },
+                );
+                debug_assert!(
+                    self.conns.len() <= self.limits.max_conns,
+                    "a core holds at most max_conns connections"
                 );
                 CoreStats::set(&self.stats.connections, self.conns.len() as u64);
                 if let Some(core) = self.self_ref.upgrade() {

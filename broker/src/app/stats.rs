@@ -1,4 +1,4 @@
-//! Per-core broker counters and histograms, and their Prometheus rendering.
+//! Per-core broker counters and histograms, and their OpenMetrics rendering (prometheus-client).
 //!
 //! Each core writes only its own `AppStats` (relaxed atomics with a single writer, so no cache
 //! line is contended on the hot path); the admin thread reads them. Histograms are recorded in
@@ -11,6 +11,9 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+use prometheus_client::encoding::{text, EncodeMetric, MetricEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Registry;
 
 /// How often a core copies its histograms for the admin thread.
 pub const HISTOGRAM_PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
@@ -110,54 +113,103 @@ pub fn publish_histogram(slot: &Mutex<Histogram<u64>>, h: &Histogram<u64>) {
     }
 }
 
-/// Renders every core's statistics as Prometheus text. `net` holds each core's network
+/// The `Content-Type` of [`render`]'s page (OpenMetrics text 1.0.0).
+pub const METRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Quantiles exported for each latency and fan-in summary.
+const SUMMARY_QUANTILES: [f64; 4] = [0.5, 0.9, 0.99, 0.999];
+
+/// One figure of every core, in core order, each sample labelled `core="<n>"`.
+///
+/// Counters are exported as `<name>_total`. The network figures are of unknown kind (counters
+/// and gauges share one snapshot) and keep their bare `felix_net_<name>`: OpenMetrics counters
+/// must end in `_total` and the documented names do not.
+#[derive(Debug)]
+struct PerCore {
+    kind: MetricType,
+    values: Vec<u64>,
+}
+
+impl EncodeMetric for PerCore {
+    fn encode(&self, mut encoder: MetricEncoder<'_>) -> Result<(), std::fmt::Error> {
+        for (core, v) in self.values.iter().enumerate() {
+            let label = [("core", core.to_string())];
+            let mut sample = encoder.encode_family(&label)?;
+            match self.kind {
+                MetricType::Counter => sample.encode_counter::<NoLabelSet, _, u64>(v, None)?,
+                _ => sample.encode_gauge(v)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        self.kind
+    }
+}
+
+/// Renders every core's statistics as OpenMetrics text. `net` holds each core's network
 /// counters as (name, value) pairs.
+///
+/// A registry is built from the snapshots on each scrape. prometheus-client has no summary
+/// type, so the three quantile summaries are written by hand, before the `# EOF` marker.
 pub fn render(cores: &[std::sync::Arc<AppStats>], net: &[Vec<(&'static str, u64)>]) -> String {
-    let mut out = String::new();
+    let mut registry = Registry::default();
     if let Some(first) = net.first() {
         for (i, (name, _)) in first.iter().enumerate() {
-            let _ = writeln!(out, "# TYPE felix_net_{name} counter");
-            for (core, fields) in net.iter().enumerate() {
-                if let Some((_, v)) = fields.get(i) {
-                    let _ = writeln!(out, "felix_net_{name}{{core=\"{core}\"}} {v}");
-                }
-            }
+            let values = net.iter().map(|f| f.get(i).map_or(0, |(_, v)| *v)).collect();
+            registry.register(
+                format!("felix_net_{name}"),
+                "Network figure of the core (QUIC driver)",
+                PerCore { kind: MetricType::Unknown, values },
+            );
         }
     }
-    if let Some(first) = cores.first() {
-        for (i, (name, help, _)) in first.counters.fields().iter().enumerate() {
-            let kind = if *name == "inflight_bytes" || *name == "connections_open" {
-                "gauge"
-            } else {
-                "counter"
-            };
+    let per_core: Vec<_> = cores.iter().map(|s| s.counters.fields()).collect();
+    if let Some(first) = per_core.first() {
+        for (i, (name, help, _)) in first.iter().enumerate() {
             let metric = if name.starts_with("storage_") {
-                format!("felix_{name}_total")
+                format!("felix_{name}")
             } else {
-                format!("felix_broker_{name}_total")
+                format!("felix_broker_{name}")
             };
-            let metric =
-                if kind == "gauge" { metric.trim_end_matches("_total").to_owned() } else { metric };
-            let _ = writeln!(out, "# HELP {metric} {help}");
-            let _ = writeln!(out, "# TYPE {metric} {kind}");
-            for (core, s) in cores.iter().enumerate() {
-                let v = s.counters.fields()[i].2;
-                let _ = writeln!(out, "{metric}{{core=\"{core}\"}} {v}");
-            }
+            let kind = if *name == "inflight_bytes" || *name == "connections_open" {
+                MetricType::Gauge
+            } else {
+                MetricType::Counter
+            };
+            let values = per_core.iter().map(|f| f.get(i).map_or(0, |(_, _, v)| *v)).collect();
+            // The registry ends help texts with a full stop itself.
+            registry.register(metric, help.trim_end_matches('.'), PerCore { kind, values });
         }
     }
-    for (metric, pick) in [
+    let mut out = String::new();
+    let _ = text::encode_registry(&mut out, &registry);
+    render_summaries(&mut out, cores);
+    let _ = text::encode_eof(&mut out);
+    out
+}
+
+/// The quantile summaries of the published histograms, by hand (see [`render`]).
+fn render_summaries(out: &mut String, cores: &[std::sync::Arc<AppStats>]) {
+    for (metric, help, pick) in [
         (
             "felix_publish_ack_latency_us",
+            "Publish-to-ack latency in microseconds.",
             (|s: &AppStats| &s.ack_latency_us) as fn(&AppStats) -> &Mutex<Histogram<u64>>,
         ),
-        ("felix_storage_flush_latency_us", |s: &AppStats| &s.flush_latency_us),
-        ("felix_storage_fan_in", |s: &AppStats| &s.fan_in),
+        (
+            "felix_storage_flush_latency_us",
+            "Storage flush (fdatasync) latency in microseconds.",
+            |s: &AppStats| &s.flush_latency_us,
+        ),
+        ("felix_storage_fan_in", "Storage appends per flush.", |s: &AppStats| &s.fan_in),
     ] {
+        let _ = writeln!(out, "# HELP {metric} {help}");
         let _ = writeln!(out, "# TYPE {metric} summary");
         for (core, s) in cores.iter().enumerate() {
             let Ok(h) = pick(s).lock() else { continue };
-            for q in [0.5, 0.9, 0.99, 0.999] {
+            for q in SUMMARY_QUANTILES {
                 let _ = writeln!(
                     out,
                     "{metric}{{core=\"{core}\",quantile=\"{q}\"}} {}",
@@ -169,5 +221,4 @@ pub fn render(cores: &[std::sync::Arc<AppStats>], net: &[Vec<(&'static str, u64)
             let _ = writeln!(out, "{metric}_sum{{core=\"{core}\"}} {sum:.0}");
         }
     }
-    out
 }

@@ -63,7 +63,7 @@ pub enum StartError {
         source: std::io::Error,
     },
     /// The listen address is bound by another socket (another broker?), and stayed bound for
-    /// `PORT_RELEASE_WAIT`.
+    /// `PORT_RELEASE_WAIT_MS`.
     #[error("port in use: {addr} is already bound (another broker?)")]
     PortBound {
         /// The listen address.

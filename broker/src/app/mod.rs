@@ -44,14 +44,14 @@ use crate::config::ServeArgs;
 use crate::net::{NetConfig, Server, TlsSource};
 
 /// How long shutdown waits for in-flight appends to finish and logs to flush.
-pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DRAIN_TIMEOUT_MS: u64 = 10_000;
 /// How long start-up waits for a just-released port before calling it taken.
-pub const PORT_RELEASE_WAIT: Duration = Duration::from_secs(3);
+pub const PORT_RELEASE_WAIT_MS: u64 = 3_000;
 /// How long start-up waits for the cluster agent's first lease before serving anyway (requests
 /// for this broker's shards get ShardUnavailable until it has one).
-pub const CLUSTER_JOIN_WAIT: Duration = Duration::from_secs(10);
+pub const CLUSTER_JOIN_WAIT_MS: u64 = 10_000;
 /// How often retention runs.
-pub const RETENTION_INTERVAL: Duration = Duration::from_secs(10);
+pub const RETENTION_INTERVAL_MS: u64 = 10_000;
 /// How long start-up waits for every core to open its storage and recover its logs (a large
 /// data directory takes a while) before it gives up.
 pub const CORE_START_TIMEOUT_MS: u64 = 600_000;
@@ -255,7 +255,7 @@ impl Broker {
     /// cores. Returns false if a core did not drain or flush in time.
     pub fn shutdown(self) -> bool {
         self.ready.store(false, Ordering::Relaxed);
-        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        let deadline = Instant::now() + Duration::from_millis(DRAIN_TIMEOUT_MS);
         let mut clean = true;
         // Phase 1: every core refuses new publishes and waits for its in-flight appends.
         self.stop.refuse.store(true, Ordering::Relaxed);
@@ -280,7 +280,8 @@ impl Broker {
         for _ in 0..self.cores {
             let left = deadline.saturating_duration_since(Instant::now());
             if self.drained.recv_timeout(left).is_err() {
-                eprintln!("felix: shutdown: a core did not {phase} within {DRAIN_TIMEOUT:?}");
+                let timeout = Duration::from_millis(DRAIN_TIMEOUT_MS);
+                eprintln!("felix: shutdown: a core did not {phase} within {timeout:?}");
                 return false;
             }
         }
@@ -355,7 +356,7 @@ async fn open_core(
         .detach();
     }
     store
-        .start_retention(RETENTION_INTERVAL)
+        .start_retention(Duration::from_millis(RETENTION_INTERVAL_MS))
         .map_err(|source| CoreOpenError::Retention { core, source })?;
     let publisher = app.clone();
     glommio::spawn_local(async move {
@@ -385,7 +386,7 @@ async fn watch_stop(app: Rc<CoreApp>, stop: Arc<ShutdownFlags>, drained: mpsc::S
     let _ = drained.send(());
 }
 
-/// Starts the cluster agent with `--cluster-etcd`, and waits (at most [`CLUSTER_JOIN_WAIT`])
+/// Starts the cluster agent with `--cluster-etcd`, and waits (at most [`CLUSTER_JOIN_WAIT_MS`])
 /// for its first lease.
 fn start_agent(args: &ServeArgs) -> Result<Option<felix_cluster::AgentHandle>, StartError> {
     if args.cluster_etcd.is_empty() {
@@ -409,11 +410,12 @@ fn start_agent(args: &ServeArgs) -> Result<Option<felix_cluster::AgentHandle>, S
         lease_ttl_s: args.lease_ttl_s,
     })
     .map_err(StartError::Cluster)?;
-    let deadline = Instant::now() + CLUSTER_JOIN_WAIT;
+    let wait = Duration::from_millis(CLUSTER_JOIN_WAIT_MS);
+    let deadline = Instant::now() + wait;
     while !agent.view().lease_holds(Instant::now()) {
         if Instant::now() >= deadline {
             eprintln!(
-                "felix: warning: no cluster lease from etcd {:?} after {CLUSTER_JOIN_WAIT:?}; \
+                "felix: warning: no cluster lease from etcd {:?} after {wait:?}; \
                  serving, but this broker's shards are unavailable until it has one",
                 args.cluster_etcd
             );
@@ -441,7 +443,7 @@ fn check_port_free(addr: std::net::SocketAddr) -> Result<(), StartError> {
     }
     // A broker killed a moment ago can hold the port until the kernel finishes tearing down
     // its io_uring instances: retry briefly before calling the port taken.
-    let deadline = Instant::now() + PORT_RELEASE_WAIT;
+    let deadline = Instant::now() + Duration::from_millis(PORT_RELEASE_WAIT_MS);
     loop {
         match std::net::UdpSocket::bind(addr) {
             Ok(_) => return Ok(()),

@@ -41,7 +41,7 @@ use super::conn::Connection;
 use super::stats::CoreStats;
 
 /// How long a send that found the socket buffer full waits before it is retried.
-pub const SEND_RETRY: Duration = Duration::from_micros(200);
+pub const SEND_RETRY_US: u64 = 200;
 /// Most transmits one connection sends per driver run before it yields to other tasks.
 const MAX_TRANSMITS_PER_DRIVE: usize = 32;
 /// Most `recvmmsg` calls per readiness wake-up before the receive task yields.
@@ -412,7 +412,7 @@ impl CoreState {
                 };
                 if send_udp(io, stats, &tx).is_err() {
                     cs.blocked = Some(b);
-                    cs.retry_at = Some(now + SEND_RETRY);
+                    cs.retry_at = Some(now + Duration::from_micros(SEND_RETRY_US));
                 }
             }
         }
@@ -438,7 +438,7 @@ impl CoreState {
                     segment_size: t.segment_size,
                     src_ip: t.src_ip,
                 });
-                cs.retry_at = Some(now + SEND_RETRY);
+                cs.retry_at = Some(now + Duration::from_micros(SEND_RETRY_US));
                 break;
             }
             sent += 1;

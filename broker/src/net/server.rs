@@ -33,11 +33,11 @@ use crate::sys::socket;
 /// and the machine's memlock limit is small.
 pub const IO_MEMORY_BYTES: usize = 256 << 10;
 /// How often a core checks whether shutdown was requested.
-pub const STOP_POLL: Duration = Duration::from_millis(20);
+pub const STOP_POLL_MS: u64 = 20;
 /// How long shutdown waits for connections to close before the executors exit.
-pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+pub const SHUTDOWN_GRACE_MS: u64 = 2_000;
 /// How often a core publishes its thread CPU time.
-const CPU_SAMPLE: Duration = Duration::from_millis(500);
+const CPU_SAMPLE_MS: u64 = 500;
 
 /// Starts the per-core endpoints.
 pub struct Server;
@@ -288,16 +288,16 @@ async fn setup_core<Fut: Future<Output = ()> + 'static>(
         glommio::spawn_local(app(CoreContext { core: core.clone(), core_id: s.core_id })).detach();
     let _ = s.ready.send(Ok(()));
 
-    let mut since_sample = Duration::ZERO;
+    let mut since_sample_ms = 0;
     while !s.stop.load(Ordering::Relaxed) {
-        glommio::timer::sleep(STOP_POLL).await;
-        since_sample += STOP_POLL;
-        if since_sample >= CPU_SAMPLE {
-            since_sample = Duration::ZERO;
+        glommio::timer::sleep(Duration::from_millis(STOP_POLL_MS)).await;
+        since_sample_ms += STOP_POLL_MS;
+        if since_sample_ms >= CPU_SAMPLE_MS {
+            since_sample_ms = 0;
             CoreStats::set(&s.stats.cpu_time_us, socket::thread_cpu_time_us());
         }
     }
-    driver::shutdown(&core, SHUTDOWN_GRACE).await;
+    driver::shutdown(&core, Duration::from_millis(SHUTDOWN_GRACE_MS)).await;
     app_task.cancel();
     recv.cancel();
     CoreStats::set(&s.stats.cpu_time_us, socket::thread_cpu_time_us());

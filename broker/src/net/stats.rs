@@ -75,7 +75,7 @@ core_stats! {
     dropped_bad_core,
     /// Established connections dropped because the application's accept queue was full.
     dropped_accept_full,
-    /// Sends that found the socket buffer full (retried after `SEND_RETRY`).
+    /// Sends that found the socket buffer full (retried after `SEND_RETRY_US`).
     send_would_block,
     /// Socket errors other than WouldBlock (receive or send).
     socket_errors,

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use felix_proto::{ErrorCode, Frame, Offset, ShardId, Subscribe, SubscribeOk, SubscriptionId};
-use glommio::channels::local_channel::{self, LocalSender};
+use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
 use super::error::WireError;
 use super::mesh::{CoreRequest, CoreResponse};
@@ -91,7 +91,7 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
         return Err(WireError::new(ErrorCode::Internal, "subscription stream closed"));
     }
     stats::add(&app.stats.counters.subscriptions, 1);
-    let (tx, rx) = local_channel::new_bounded::<Bytes>(SUBSCRIPTION_QUEUE_FRAMES);
+    let (tx, rx) = queue();
     let slow = app.settings.slow_consumer;
     let writer_app = app.clone();
     let cancelled = Rc::new(std::cell::Cell::new(false));
@@ -212,6 +212,40 @@ impl Drop for SubscriptionSlot {
         let held = self.0.active_subscriptions.get();
         debug_assert!(held > 0, "a subscription slot is released once");
         self.0.active_subscriptions.set(held.saturating_sub(1));
+    }
+}
+
+/// A subscription's queue of encoded frames, from its pumps to its writer, bounded by
+/// [`SUBSCRIPTION_QUEUE_FRAMES`].
+pub fn queue() -> (LocalSender<Bytes>, QueueReceiver) {
+    let (tx, rx) = local_channel::new_bounded(SUBSCRIPTION_QUEUE_FRAMES);
+    (tx, QueueReceiver(rx))
+}
+
+/// The writer's end of a subscription's [`queue`]. Dropping it empties the queue first, so
+/// every pump blocked in `send` fails and ends: glommio wakes the senders blocked on a full
+/// channel when its receiver goes, but a woken sender that finds the channel still full waits
+/// again, for ever, and its pump would hold its session and batches for the life of the core.
+pub struct QueueReceiver(LocalReceiver<Bytes>);
+
+impl QueueReceiver {
+    /// The next frame; `None` once every sender is gone.
+    pub async fn recv(&self) -> Option<Bytes> {
+        self.0.recv().await
+    }
+}
+
+impl Drop for QueueReceiver {
+    fn drop(&mut self) {
+        // Takes what is queued without waiting: a pending receive is dropped unregistered.
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        loop {
+            let next = std::pin::pin!(self.0.recv());
+            let taken = std::future::Future::poll(next, &mut cx);
+            if !matches!(taken, std::task::Poll::Ready(Some(_))) {
+                break;
+            }
+        }
     }
 }
 

@@ -8,8 +8,14 @@ a fresh connection to the `auth` broker after a valid Hello, 0x38 on a fresh con
 resets the stream instead of finishing. Fresh connections are few: a handshake costs as much as
 a few inputs on a shared connection.
 Run from anywhere: python3 broker/fuzz/make-seeds.py
+
+`--leak-repro FILE` writes instead the input that showed a subscription leak (README, "Found"):
+on a fresh connection, 400 Publishes of one 4,000-byte record to a/b/leak, then a Subscribe from
+earliest; the connection closes while the subscription's queue is full.
 """
 import pathlib
+import struct
+import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
 VECTORS = HERE.parent.parent / "proto" / "tests" / "vectors"
@@ -35,7 +41,23 @@ def renamed(frame: bytes, name: bytes) -> bytes:
     return frame[:6] + len(body).to_bytes(4, "big") + body
 
 
+def leak_repro() -> bytes:
+    """Mode 0x30 (fresh connection, Hello first), publishes, then Subscribe from earliest."""
+    def frame(ty: int, body: bytes) -> bytes:
+        return b"FX\x01" + bytes([ty]) + struct.pack(">HI", 0, len(body)) + body
+
+    name = struct.pack(">H", 8) + b"a/b/leak"
+    out = b"\x30"
+    for i in range(400):
+        out += frame(0x10, name + struct.pack(">II", 1, 4000) + bytes([i % 256]) * 4000)
+    # request id 1, every shard, start earliest, no group
+    return out + frame(0x20, struct.pack(">Q", 1) + name + b"\x00\x00\x00")
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--leak-repro":
+        pathlib.Path(sys.argv[2]).write_bytes(leak_repro())
+        return
     vectors = {p.stem: bytes.fromhex("".join(c for c in p.read_text() if c in "0123456789abcdefABCDEF"))
                for p in sorted(VECTORS.glob("*.hex"))}
     OUT.mkdir(parents=True, exist_ok=True)

@@ -17,11 +17,11 @@
 //! bytes 1..: the stream's bytes
 //! ```
 //!
-//! Fresh connections are one input in four at most because a handshake costs about four
-//! inputs on a shared connection.
+//! Only two of the eight connection values open a fresh connection: a handshake costs more
+//! than a whole input on a shared connection.
 //!
-//! Every answer must decode as a frame a broker sends, an error must not show the data
-//! directory's path, a Hello prepended by the target must be answered by HelloOk first, the
+//! Every answer must decode as a frame a broker sends, an error must be neither `Internal` nor
+//! show the data directory's path, a Hello prepended by the target must be answered by HelloOk first, the
 //! broker must finish the stream within `STREAM_WAIT`, and afterwards it must answer a Ping on
 //! the shared connection's control stream. Subscription streams the broker opens are read and
 //! checked the same way. A connection the broker closes is replaced; a broker that crashes,

@@ -11,7 +11,7 @@
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -40,8 +40,7 @@ pub const ADMIN_CONNECTIONS_MAX: usize = 64;
 /// How long the accept loop waits after a failed accept.
 const ADMIN_ACCEPT_BACKOFF_MS: u64 = 100;
 
-/// Network counters per core, refreshed by the main thread.
-pub type NetSnapshot = Arc<Mutex<Vec<Vec<(&'static str, u64)>>>>;
+pub use crate::net::stats::NetSnapshot;
 
 /// What a request is answered from.
 struct Pages {

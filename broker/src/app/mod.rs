@@ -73,7 +73,7 @@ pub struct Broker {
     /// Per-core statistics.
     pub stats: Arc<Vec<Arc<AppStats>>>,
     /// Net counters refreshed by [`Broker::refresh`].
-    pub net: crate::admin::NetSnapshot,
+    pub net: crate::net::NetSnapshot,
     /// Whether the broker is serving (for `/health`).
     pub ready: Arc<AtomicBool>,
     /// The cluster agent (`--cluster-etcd`), stopped last at shutdown.

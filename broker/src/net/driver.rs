@@ -369,8 +369,9 @@ impl CoreState {
         send_udp(&self.io, &self.stats, &tx)
     }
 
-    /// One run of a connection's driver. Returns `true` once the connection is drained and
-    /// forgotten.
+    /// One run of a connection's driver: handles its timer, queues its transmits and hands
+    /// its events to the application. Returns `Gone` once the connection is drained and
+    /// forgotten, else when its timer is due and whether it has more work right away.
     fn drive(&mut self, ch: ConnectionHandle, now: Instant, cx: &mut Context<'_>) -> DriveOutcome {
         let Self {
             endpoint,
@@ -547,9 +548,17 @@ impl CoreState {
     }
 }
 
+/// What one run of [`CoreState::drive`] left for the connection's driver task.
 enum DriveOutcome {
+    /// The connection is drained and forgotten: the task ends.
     Gone,
-    Pending { deadline: Option<Instant>, keep_going: bool },
+    /// The connection lives on.
+    Pending {
+        /// When its timer is due (`None`: no timer).
+        deadline: Option<Instant>,
+        /// Whether it has more to do at once (the task yields and runs again).
+        keep_going: bool,
+    },
 }
 
 fn send_udp(io: &SocketIo, stats: &CoreStats, tx: &quinn_udp::Transmit<'_>) -> io::Result<()> {

@@ -13,4 +13,4 @@ pub mod tls;
 pub use config::{NetConfig, TlsSource};
 pub use conn::{Connection, ReadError, RecvStream, SendStream, WriteError};
 pub use server::{CoreContext, Server, ServerHandle, StartError};
-pub use stats::CoreStatsSnapshot;
+pub use stats::{CoreStatsSnapshot, NetSnapshot};

@@ -6,8 +6,13 @@
 //! load + store on the hot path. Nothing else is shared between cores.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::steering::EffectiveSteering;
+
+/// Every core's network counters (name, value), copied by the main thread for the admin
+/// thread's `/metrics` (`Broker::refresh`); never touched by a data core.
+pub type NetSnapshot = Arc<Mutex<Vec<Vec<(&'static str, u64)>>>>;
 
 macro_rules! core_stats {
     ($( $(#[$doc:meta])* $name:ident ),* $(,)?) => {

@@ -34,7 +34,7 @@ use crate::error::StorageError;
 use crate::format::{align_up, batch_slot, encode_batch, BATCH_ALIGN_BYTES, SEGMENT_HEADER_BYTES};
 use crate::index::IndexEntry;
 use crate::io::{self, LogFile, Stopwatch, WriteBuf};
-use crate::log::{Inner, Pending, State};
+use crate::state::{Inner, Pending, State};
 use crate::sync::{completion, Completer, Completion, Signal};
 
 pub(crate) async fn writer_loop(weak: Weak<Inner>, signal: Signal) {
@@ -236,7 +236,7 @@ async fn complete_write(inner: Rc<Inner>, w: Write) {
 
 /// A write completed in order: index its batches, wake tail readers, ack `Written`
 /// appends and queue `Durable` ones for the flusher.
-fn publish(inner: &Inner, st: &mut crate::log::State, batches: Vec<Pending>, start: u64, len: u64) {
+fn publish(inner: &Inner, st: &mut State, batches: Vec<Pending>, start: u64, len: u64) {
     let end = start + len;
     let mut pos = start;
     let mut any_durable = false;

@@ -9,10 +9,12 @@
 //! stream, so shard count never multiplies fdatasyncs; a per-shard in-memory index maps
 //! offsets to log positions and is rebuilt on recovery.
 //!
-//! Code map: [`format`] and [`index`] are pure; `log` (appends, reads), `commit` (writer
-//! and group commit),
-//! `recovery` and `retention` hold the logic; `io` is the only module that touches glommio,
-//! files and clocks; `sys` holds the syscalls glommio does not offer (`statvfs`).
+//! Code map: [`format`] and [`index`] are pure; `state` is a log's shared state; `log`
+//! (appends, reads), `commit` (writer and group commit), `recovery` and `retention` hold
+//! the logic; `io` is the only module that touches glommio, files and clocks; `sys` wraps
+//! the syscalls glommio does not offer (`statvfs`). The crate has no `unsafe`.
+
+#![forbid(unsafe_code)]
 
 mod commit;
 mod config;
@@ -24,6 +26,7 @@ mod log;
 mod recovery;
 mod retention;
 mod scan;
+mod state;
 mod stats;
 mod store;
 mod sync;

@@ -13,7 +13,7 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::rc::Rc;
 
 use bytes::Bytes;
@@ -24,11 +24,12 @@ use crate::error::{Result, StorageError};
 use crate::format::{
     batch_encoded_len, decode_records, verify_batch, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX,
 };
-use crate::index::{IndexEntry, Lookup, ShardIndex};
+use crate::index::{IndexEntry, Lookup};
 use crate::io::{self, LogFile};
 use crate::scan::{scan_segment, ScanEnd};
+use crate::state::{Inner, Pending, ShardState, State};
 use crate::stats::StorageStats;
-use crate::sync::{completion, Completer, Completion, Signal};
+use crate::sync::{completion, Signal};
 
 /// Two batches of one shard closer than this are read with one I/O.
 pub const READ_GAP_BYTES_MAX: u64 = 64 << 10;
@@ -64,105 +65,6 @@ pub struct RetentionOutcome {
     pub segments_deleted: u64,
     /// Bytes deleted.
     pub bytes_deleted: u64,
-}
-
-/// One segment file of the log.
-pub(crate) struct Segment {
-    /// Log position of byte 0 of the file.
-    pub(crate) base_position: u64,
-    pub(crate) file: Rc<LogFile>,
-    /// File position after the last completed write (aligned).
-    pub(crate) end: u64,
-    /// Newest batch timestamp (or creation time if empty).
-    pub(crate) last_timestamp_ms: u64,
-    /// Next offset of every shard when the segment was created.
-    pub(crate) start_offsets: Vec<(ShardId, Offset)>,
-}
-
-/// A shard of the log.
-pub(crate) struct ShardState {
-    /// The broker gave this shard to this core (others were only found on disk).
-    pub(crate) owned: bool,
-    /// Next offset to hand out (>= the index's next offset while batches are queued).
-    pub(crate) next_offset: u64,
-    pub(crate) index: ShardIndex,
-    tail_waiters: Vec<(u64, Completer<()>)>,
-}
-
-impl ShardState {
-    pub(crate) fn new(owned: bool, index: ShardIndex) -> Self {
-        Self { owned, next_offset: index.next_offset(), index, tail_waiters: Vec::new() }
-    }
-
-    /// Wake the tail readers waiting for an offset that is now written.
-    pub(crate) fn wake_tail_waiters(&mut self) {
-        let next = self.index.next_offset();
-        let (ready, wait): (Vec<_>, Vec<_>) =
-            self.tail_waiters.drain(..).partition(|(o, _)| *o < next);
-        self.tail_waiters = wait;
-        for (_, w) in ready {
-            w.complete(());
-        }
-    }
-
-    /// Drop every tail waiter (they get `Closed`).
-    pub(crate) fn drop_tail_waiters(&mut self) {
-        self.tail_waiters.clear();
-    }
-}
-
-/// A batch accepted by `append` and not yet written.
-pub(crate) struct Pending {
-    pub(crate) shard: ShardId,
-    pub(crate) base_offset: u64,
-    pub(crate) records: Vec<Record>,
-    pub(crate) timestamp_ms: u64,
-    pub(crate) len: usize,
-    pub(crate) ack: AckMode,
-    pub(crate) done: Option<Completer<Result<()>>>,
-}
-
-pub(crate) struct State {
-    pub(crate) shards: BTreeMap<ShardId, ShardState>,
-    /// Oldest first; the last one is active.
-    pub(crate) segments: Vec<Segment>,
-    pub(crate) queue: VecDeque<Pending>,
-    pub(crate) queued_bytes: usize,
-    /// File position in the active segment after the last issued write.
-    pub(crate) issued_end: u64,
-    /// File position in the active segment up to which blocks were reserved (or the
-    /// reservation tried): the writer grows it in `SEGMENT_GROW_BYTES` steps ahead of writes.
-    pub(crate) reserved_end: u64,
-    /// Writes issued and not yet published, and their bytes.
-    pub(crate) inflight: usize,
-    pub(crate) inflight_bytes: u64,
-    /// Resolves when the most recently issued write has published.
-    pub(crate) last_write: Option<Completion<()>>,
-    /// A write failed: (file position to truncate back to, the error).
-    pub(crate) write_failed: Option<(u64, StorageError)>,
-    /// Log position after the last published write.
-    pub(crate) written_pos: u64,
-    pub(crate) durable_pos: u64,
-    pub(crate) durable_waiters: VecDeque<(u64, Completer<Result<()>>)>,
-    pub(crate) poisoned: Option<String>,
-    pub(crate) stats: StorageStats,
-}
-
-pub(crate) struct Inner {
-    pub(crate) name: String,
-    pub(crate) dir: PathBuf,
-    pub(crate) config: StorageConfig,
-    pub(crate) retention: RetentionConfig,
-    pub(crate) state: RefCell<State>,
-    pub(crate) writer: Signal,
-    pub(crate) flusher: Signal,
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        self.writer.close();
-        self.flusher.close();
-    }
 }
 
 /// A handle to one stream log; clones share the log.
@@ -500,7 +402,7 @@ impl StreamLog {
                 return Ok(());
             }
             let (tx, rx) = completion();
-            s.tail_waiters.push((offset.0, tx));
+            s.add_tail_waiter(offset.0, tx);
             rx
         };
         rx.await.ok_or(StorageError::Closed)

@@ -14,8 +14,8 @@ use crate::error::{Result, StorageError};
 use crate::format::{align_up, SegmentHeader, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX};
 use crate::index::{IndexEntry, ShardIndex};
 use crate::io::{self, LogFile};
-use crate::log::{Inner, Segment, ShardState};
 use crate::scan::{scan_segment, valid_batch_beyond_window, ScanEnd};
+use crate::state::{Inner, Segment, ShardState};
 
 /// Suffix of segment files; the stem is the segment's base log position, 20 digits.
 pub const SEGMENT_SUFFIX: &str = ".log";
@@ -116,6 +116,10 @@ pub(crate) async fn roll(inner: &Rc<Inner>) -> Result<()> {
 }
 
 /// Recover the log in `dir` (creating it if needed) for a core owning `owned`.
+///
+/// Segments are opened oldest first ([`Recovery::open_segment`]); the first damage ends the
+/// walk (a torn tail is cut, a repair drops everything after it, anything else is an error);
+/// then [`Recovery::finish`] makes sure an active segment exists and is durable.
 pub(crate) async fn recover(
     dir: &Path,
     config: &StorageConfig,
@@ -125,58 +129,148 @@ pub(crate) async fn recover(
     let mut bases: Vec<u64> =
         io::list_dir(dir)?.iter().filter_map(|n| parse_segment_name(n)).collect();
     bases.sort_unstable();
-    let mut report = RecoveryReport::default();
-    let mut indexes: BTreeMap<ShardId, ShardIndex> = BTreeMap::new();
-    let mut segments: Vec<Segment> = Vec::new();
-    let mut flushes = 0;
-    let limit = config.batch_bytes_max.max(crate::config::BATCH_BYTES_LIMIT);
-    let mut i = 0;
-    while i < bases.len() {
-        let base = bases[i];
-        let is_last = i + 1 == bases.len();
-        let path = segment_path(dir, base);
+    let mut rec = Recovery {
+        dir,
+        config,
+        limit: config.batch_bytes_max.max(crate::config::BATCH_BYTES_LIMIT),
+        report: RecoveryReport::default(),
+        indexes: BTreeMap::new(),
+        segments: Vec::new(),
+        flushes: 0,
+    };
+    for (i, base) in bases.iter().enumerate() {
+        match rec.open_segment(*base, &bases[i + 1..]).await? {
+            Walk::Next => {}
+            Walk::Stop => break,
+        }
+    }
+    rec.finish(owned).await
+}
+
+/// The walk over a log's segments, oldest first.
+struct Recovery<'a> {
+    dir: &'a Path,
+    config: &'a StorageConfig,
+    /// Largest batch accepted while scanning.
+    limit: usize,
+    report: RecoveryReport,
+    indexes: BTreeMap<ShardId, ShardIndex>,
+    segments: Vec<Segment>,
+    /// fdatasyncs (and directory fsyncs counted as flushes) done so far.
+    flushes: u64,
+}
+
+/// Whether the walk goes on to the next segment.
+enum Walk {
+    Next,
+    Stop,
+}
+
+/// What scanning one segment's batches found.
+struct Scanned {
+    last_timestamp_ms: u64,
+    /// File position after the last valid batch's slot.
+    valid_end: u64,
+    batches: u64,
+    /// The first invalid file position and why, if the segment does not end cleanly.
+    damage: Option<(u64, String)>,
+}
+
+impl Recovery<'_> {
+    /// Open the segment at `base`, index its batches, and deal with any damage. `later`
+    /// are the bases of the segments after it.
+    async fn open_segment(&mut self, base: u64, later: &[u64]) -> Result<Walk> {
+        let is_last = later.is_empty();
+        let path = segment_path(self.dir, base);
         let file = LogFile::open(&path).await?;
         let size = file.size().await?;
-        let corrupt = |position: u64, reason: String| StorageError::Corrupt {
-            path: path.clone(),
-            position,
-            reason,
+        let Some(header) = self.read_header(&file, &path, base, is_last, size).await? else {
+            return Ok(Walk::Stop);
         };
+        self.check_start_offsets(&path, &header)?;
+        let scanned = self.index_batches(&file, base, size, header.created_ms).await?;
+        self.report.batches += scanned.batches;
+        let mut valid_end = scanned.valid_end;
+        let mut walk = Walk::Next;
+        if let Some((pos, reason)) = scanned.damage {
+            walk = self.handle_damage(&file, &path, size, pos, reason, later).await?;
+            valid_end = valid_end.min(pos);
+        }
+        self.segments.push(Segment {
+            base_position: base,
+            file: Rc::new(file),
+            end: align_up(valid_end),
+            last_timestamp_ms: scanned.last_timestamp_ms,
+            start_offsets: header.next_offsets,
+        });
+        self.report.segments += 1;
+        Ok(walk)
+    }
+
+    /// Read and check the header block. `None`: the last segment was only half created
+    /// (a crash while creating it) and has been removed.
+    async fn read_header(
+        &mut self,
+        file: &LogFile,
+        path: &Path,
+        base: u64,
+        is_last: bool,
+        size: u64,
+    ) -> Result<Option<SegmentHeader>> {
         let block = file.read_at(0, SEGMENT_HEADER_BYTES as usize).await?;
-        let header = match SegmentHeader::decode(&block) {
-            Ok(h) if h.base_position == base => h,
-            Ok(_) => return Err(corrupt(0, "segment header names another position".into())),
+        match SegmentHeader::decode(&block) {
+            Ok(h) if h.base_position == base => Ok(Some(h)),
+            Ok(_) => Err(corrupt(path, 0, "segment header names another position".into())),
             Err(_) if is_last && size <= SEGMENT_HEADER_BYTES => {
                 // Crash while creating the segment: nothing was ever written to it.
                 tracing::warn!(path = %path.display(), size, "removing half-created segment");
                 file.remove().await?;
-                io::sync_dir(dir).await?;
-                report.torn_bytes_dropped += size;
-                report.torn_at = Some((path.clone(), 0));
-                break;
+                io::sync_dir(self.dir).await?;
+                self.report.torn_bytes_dropped += size;
+                self.report.torn_at = Some((path.to_owned(), 0));
+                Ok(None)
             }
-            Err(e) => return Err(corrupt(0, e.to_string())),
-        };
-        if segments.is_empty() {
+            Err(e) => Err(corrupt(path, 0, e.to_string())),
+        }
+    }
+
+    /// The first segment's header starts the indexes; every later one must start each
+    /// shard where the previous segment ended it.
+    fn check_start_offsets(&mut self, path: &Path, header: &SegmentHeader) -> Result<()> {
+        if self.segments.is_empty() {
             for (shard, next) in &header.next_offsets {
-                indexes.insert(*shard, ShardIndex::new(next.0));
+                self.indexes.insert(*shard, ShardIndex::new(next.0));
             }
-        } else {
-            for (shard, next) in &header.next_offsets {
-                let have = indexes.get(shard).map_or(0, |ix| ix.next_offset());
-                if have != next.0 {
-                    return Err(corrupt(
-                        0,
-                        format!("{shard} starts at {next}, previous segment ends at {have}"),
-                    ));
-                }
+            return Ok(());
+        }
+        for (shard, next) in &header.next_offsets {
+            let have = self.indexes.get(shard).map_or(0, |ix| ix.next_offset());
+            if have != next.0 {
+                return Err(corrupt(
+                    path,
+                    0,
+                    format!("{shard} starts at {next}, previous segment ends at {have}"),
+                ));
             }
         }
-        let mut last_ts = header.created_ms;
+        Ok(())
+    }
+
+    /// Verify the segment's batches in order and index them, up to the first invalid one or
+    /// the first that does not continue its shard.
+    async fn index_batches(
+        &mut self,
+        file: &LogFile,
+        base: u64,
+        size: u64,
+        created_ms: u64,
+    ) -> Result<Scanned> {
+        let indexes = &mut self.indexes;
+        let mut last_ts = created_ms;
         let mut valid_end = SEGMENT_HEADER_BYTES;
         let mut batches = 0u64;
         let mut gap = None;
-        let end = scan_segment(&file, SEGMENT_HEADER_BYTES, size, limit, |pos, h, _| {
+        let end = scan_segment(file, SEGMENT_HEADER_BYTES, size, self.limit, |pos, h, _| {
             let ix = indexes.entry(h.shard).or_insert_with(|| ShardIndex::new(0));
             if h.base_offset.0 != ix.next_offset() {
                 gap = Some((
@@ -202,88 +296,107 @@ pub(crate) async fn recover(
             ControlFlow::Continue(())
         })
         .await?;
-        report.batches += batches;
         let damage = match (end, gap) {
             (_, Some((pos, why))) => Some((pos, why)),
             (ScanEnd::Invalid(pos, e), None) => Some((pos, e.to_string())),
             (ScanEnd::Clean(_), None) => None,
         };
-        let mut stop = false;
-        if let Some((pos, reason)) = damage {
-            let beyond = valid_batch_beyond_window(&file, pos, size, limit).await?;
-            if is_last && beyond.is_none() {
-                tracing::warn!(path = %path.display(), pos, dropped = size - pos, %reason, "truncating torn tail");
-                file.truncate(pos).await?;
-                file.fdatasync().await?;
-                flushes += 1;
-                report.torn_bytes_dropped += size - pos;
-                report.torn_at = Some((path.clone(), pos));
-            } else if config.repair {
-                let mut dropped = size - pos;
-                file.truncate(pos).await?;
-                file.fdatasync().await?;
-                flushes += 1;
-                for later in &bases[i + 1..] {
-                    let p = segment_path(dir, *later);
-                    let f = LogFile::open(&p).await?;
-                    dropped += f.size().await?;
-                    f.remove().await?;
-                }
-                io::sync_dir(dir).await?;
-                tracing::warn!(path = %path.display(), pos, dropped, %reason, "repaired corrupt log");
-                report.repaired = Some(RepairReport {
-                    path: path.clone(),
-                    position: pos,
-                    bytes_dropped: dropped,
-                    reason,
-                });
-                stop = true;
-            } else {
-                return Err(corrupt(pos, reason));
+        Ok(Scanned { last_timestamp_ms: last_ts, valid_end, batches, damage })
+    }
+
+    /// Damage at file position `pos`: cut it if it is a torn tail (the last segment, no
+    /// valid batch beyond the in-flight window), else repair if the operator asked for it
+    /// (truncate here, delete the `later` segments, stop), else refuse to open.
+    async fn handle_damage(
+        &mut self,
+        file: &LogFile,
+        path: &Path,
+        size: u64,
+        pos: u64,
+        reason: String,
+        later: &[u64],
+    ) -> Result<Walk> {
+        let beyond = valid_batch_beyond_window(file, pos, size, self.limit).await?;
+        if later.is_empty() && beyond.is_none() {
+            tracing::warn!(path = %path.display(), pos, dropped = size - pos, %reason, "truncating torn tail");
+            file.truncate(pos).await?;
+            file.fdatasync().await?;
+            self.flushes += 1;
+            self.report.torn_bytes_dropped += size - pos;
+            self.report.torn_at = Some((path.to_owned(), pos));
+            Ok(Walk::Next)
+        } else if self.config.repair {
+            let mut dropped = size - pos;
+            file.truncate(pos).await?;
+            file.fdatasync().await?;
+            self.flushes += 1;
+            for later in later {
+                let p = segment_path(self.dir, *later);
+                let f = LogFile::open(&p).await?;
+                dropped += f.size().await?;
+                f.remove().await?;
             }
-            valid_end = valid_end.min(pos);
-        }
-        segments.push(Segment {
-            base_position: base,
-            file: Rc::new(file),
-            end: align_up(valid_end),
-            last_timestamp_ms: last_ts,
-            start_offsets: header.next_offsets,
-        });
-        report.segments += 1;
-        i += 1;
-        if stop {
-            break;
+            io::sync_dir(self.dir).await?;
+            tracing::warn!(path = %path.display(), pos, dropped, %reason, "repaired corrupt log");
+            self.report.repaired = Some(RepairReport {
+                path: path.to_owned(),
+                position: pos,
+                bytes_dropped: dropped,
+                reason,
+            });
+            Ok(Walk::Stop)
+        } else {
+            Err(corrupt(path, pos, reason))
         }
     }
-    for shard in owned {
-        indexes.entry(*shard).or_insert_with(|| ShardIndex::new(0));
+
+    /// Add the owned shards that nothing was found for, check the shard limit, and make sure
+    /// an active segment exists and what recovery saw is durable.
+    async fn finish(mut self, owned: &[ShardId]) -> Result<Recovered> {
+        for shard in owned {
+            self.indexes.entry(*shard).or_insert_with(|| ShardIndex::new(0));
+        }
+        if self.indexes.len() > SHARDS_PER_LOG_MAX {
+            return Err(StorageError::TooManyShards {
+                count: self.indexes.len(),
+                limit: SHARDS_PER_LOG_MAX,
+            });
+        }
+        let mut segments_created = 0;
+        if self.segments.is_empty() {
+            let header = SegmentHeader {
+                base_position: 0,
+                created_ms: 0,
+                next_offsets: self
+                    .indexes
+                    .iter()
+                    .map(|(id, ix)| (*id, Offset(ix.next_offset())))
+                    .collect(),
+            };
+            self.segments.push(create_segment(self.dir, &header).await?);
+            self.flushes += 2;
+            segments_created += 1;
+        } else {
+            // What recovery saw may be only in the page cache (after a process crash): make it
+            // durable before anyone is told it is.
+            self.segments.last().expect("not empty").file.fdatasync().await?;
+            self.flushes += 1;
+        }
+        let shards = self
+            .indexes
+            .into_iter()
+            .map(|(id, ix)| (id, ShardState::new(owned.contains(&id), ix)))
+            .collect();
+        Ok(Recovered {
+            segments: self.segments,
+            shards,
+            report: self.report,
+            flushes: self.flushes,
+            segments_created,
+        })
     }
-    if indexes.len() > SHARDS_PER_LOG_MAX {
-        return Err(StorageError::TooManyShards {
-            count: indexes.len(),
-            limit: SHARDS_PER_LOG_MAX,
-        });
-    }
-    let mut segments_created = 0;
-    if segments.is_empty() {
-        let header = SegmentHeader {
-            base_position: 0,
-            created_ms: 0,
-            next_offsets: indexes.iter().map(|(id, ix)| (*id, Offset(ix.next_offset()))).collect(),
-        };
-        segments.push(create_segment(dir, &header).await?);
-        flushes += 2;
-        segments_created += 1;
-    } else {
-        // What recovery saw may be only in the page cache (after a process crash): make it
-        // durable before anyone is told it is.
-        segments.last().expect("not empty").file.fdatasync().await?;
-        flushes += 1;
-    }
-    let shards = indexes
-        .into_iter()
-        .map(|(id, ix)| (id, ShardState::new(owned.contains(&id), ix)))
-        .collect();
-    Ok(Recovered { segments, shards, report, flushes, segments_created })
+}
+
+fn corrupt(path: &Path, position: u64, reason: String) -> StorageError {
+    StorageError::Corrupt { path: path.to_owned(), position, reason }
 }

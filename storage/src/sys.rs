@@ -1,11 +1,10 @@
-//! Raw syscalls and `unsafe` of this crate live here, each with a `// SAFETY:` comment.
+//! The syscalls glommio does not offer, each behind a safe wrapper.
 //!
 //! Every file operation goes through glommio (io_uring) and directory listing uses
-//! `std::fs`; the one syscall made here is `statvfs(2)`, which neither offers.
+//! `std::fs`; the one syscall made here is `statvfs(2)`, which neither offers. It goes
+//! through rustix's safe wrapper, so this crate has no `unsafe` of its own.
 
-use std::ffi::CString;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 /// Size and free space of a file system, in bytes.
@@ -22,30 +21,21 @@ pub struct FsSpace {
 ///
 /// A blocking syscall that reads the super block's counters (no I/O on local file systems,
 /// microseconds); call it from a periodic task or a control path, never per record.
-// The field types of `statvfs` differ between platforms (u32 or u64): the casts are needed
-// on some.
-#[allow(clippy::unnecessary_cast)]
 pub fn fs_space(path: &Path) -> io::Result<FsSpace> {
-    let c_path = CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains a NUL byte"))?;
-    // SAFETY: `statvfs` is plain old data (integers only): the all-zero bit pattern is a
-    // valid value, and the kernel overwrites it.
-    let mut out: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: `c_path` is a NUL-terminated string that lives across the call, and `out` is a
-    // valid, exclusively borrowed `statvfs` the kernel writes into; nothing is retained.
-    let rc = unsafe { libc::statvfs(c_path.as_ptr(), &mut out) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let unit = (out.f_frsize as u64).max(1);
+    // A path with a NUL byte cannot be passed to the kernel: rustix answers EINVAL, which
+    // reads as `InvalidInput`.
+    let out = rustix::fs::statvfs(path)?;
+    let unit = out.f_frsize.max(1);
     Ok(FsSpace {
-        total_bytes: (out.f_blocks as u64).saturating_mul(unit),
-        available_bytes: (out.f_bavail as u64).saturating_mul(unit),
+        total_bytes: out.f_blocks.saturating_mul(unit),
+        available_bytes: out.f_bavail.saturating_mul(unit),
     })
 }
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::ffi::OsStrExt;
+
     use super::*;
 
     #[test]
@@ -56,5 +46,7 @@ mod tests {
         assert!(s.available_bytes <= s.total_bytes);
         let missing = dir.join("felix-no-such-directory").join("x");
         assert_eq!(fs_space(&missing).unwrap_err().kind(), io::ErrorKind::NotFound);
+        let nul = Path::new(std::ffi::OsStr::from_bytes(b"/tmp/a\0b"));
+        assert_eq!(fs_space(nul).unwrap_err().kind(), io::ErrorKind::InvalidInput);
     }
 }

@@ -1,0 +1,127 @@
+//! The shared state of one stream log: its segments, shards, write queue and counters,
+//! behind the `Inner` that `StreamLog` handles, the writer and the flusher share.
+//!
+//! Plain data and the few operations on it that every module needs; `log` (appends,
+//! reads), `commit` (writer and group commit) and `recovery` (which builds it) all depend on
+//! this module and on no other of the three, except that `log` opens through `recovery`
+//! and starts `commit`'s tasks, and `commit` rolls segments through `recovery`.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::rc::Rc;
+
+use felix_proto::{AckMode, Offset, Record, ShardId};
+
+use crate::config::{RetentionConfig, StorageConfig};
+use crate::error::{Result, StorageError};
+use crate::index::ShardIndex;
+use crate::io::LogFile;
+use crate::stats::StorageStats;
+use crate::sync::{Completer, Completion, Signal};
+
+/// One segment file of the log.
+pub(crate) struct Segment {
+    /// Log position of byte 0 of the file.
+    pub(crate) base_position: u64,
+    pub(crate) file: Rc<LogFile>,
+    /// File position after the last completed write (aligned).
+    pub(crate) end: u64,
+    /// Newest batch timestamp (or creation time if empty).
+    pub(crate) last_timestamp_ms: u64,
+    /// Next offset of every shard when the segment was created.
+    pub(crate) start_offsets: Vec<(ShardId, Offset)>,
+}
+
+/// A shard of the log.
+pub(crate) struct ShardState {
+    /// The broker gave this shard to this core (others were only found on disk).
+    pub(crate) owned: bool,
+    /// Next offset to hand out (>= the index's next offset while batches are queued).
+    pub(crate) next_offset: u64,
+    pub(crate) index: ShardIndex,
+    tail_waiters: Vec<(u64, Completer<()>)>,
+}
+
+impl ShardState {
+    pub(crate) fn new(owned: bool, index: ShardIndex) -> Self {
+        Self { owned, next_offset: index.next_offset(), index, tail_waiters: Vec::new() }
+    }
+
+    /// Wake the tail readers waiting for an offset that is now written.
+    pub(crate) fn wake_tail_waiters(&mut self) {
+        let next = self.index.next_offset();
+        let (ready, wait): (Vec<_>, Vec<_>) =
+            self.tail_waiters.drain(..).partition(|(o, _)| *o < next);
+        self.tail_waiters = wait;
+        for (_, w) in ready {
+            w.complete(());
+        }
+    }
+
+    /// Wake `waiter` once the record at `offset` is written.
+    pub(crate) fn add_tail_waiter(&mut self, offset: u64, waiter: Completer<()>) {
+        self.tail_waiters.push((offset, waiter));
+    }
+
+    /// Drop every tail waiter (they get `Closed`).
+    pub(crate) fn drop_tail_waiters(&mut self) {
+        self.tail_waiters.clear();
+    }
+}
+
+/// A batch accepted by `append` and not yet written.
+pub(crate) struct Pending {
+    pub(crate) shard: ShardId,
+    pub(crate) base_offset: u64,
+    pub(crate) records: Vec<Record>,
+    pub(crate) timestamp_ms: u64,
+    pub(crate) len: usize,
+    pub(crate) ack: AckMode,
+    pub(crate) done: Option<Completer<Result<()>>>,
+}
+
+/// The mutable state of one stream log, borrowed briefly and never across an await.
+pub(crate) struct State {
+    pub(crate) shards: BTreeMap<ShardId, ShardState>,
+    /// Oldest first; the last one is active.
+    pub(crate) segments: Vec<Segment>,
+    pub(crate) queue: VecDeque<Pending>,
+    pub(crate) queued_bytes: usize,
+    /// File position in the active segment after the last issued write.
+    pub(crate) issued_end: u64,
+    /// File position in the active segment up to which blocks were reserved (or the
+    /// reservation tried): the writer grows it in `SEGMENT_GROW_BYTES` steps ahead of writes.
+    pub(crate) reserved_end: u64,
+    /// Writes issued and not yet published, and their bytes.
+    pub(crate) inflight: usize,
+    pub(crate) inflight_bytes: u64,
+    /// Resolves when the most recently issued write has published.
+    pub(crate) last_write: Option<Completion<()>>,
+    /// A write failed: (file position to truncate back to, the error).
+    pub(crate) write_failed: Option<(u64, StorageError)>,
+    /// Log position after the last published write.
+    pub(crate) written_pos: u64,
+    pub(crate) durable_pos: u64,
+    pub(crate) durable_waiters: VecDeque<(u64, Completer<Result<()>>)>,
+    pub(crate) poisoned: Option<String>,
+    pub(crate) stats: StorageStats,
+}
+
+/// What every handle and background task of one log shares.
+pub(crate) struct Inner {
+    pub(crate) name: String,
+    pub(crate) dir: PathBuf,
+    pub(crate) config: StorageConfig,
+    pub(crate) retention: RetentionConfig,
+    pub(crate) state: RefCell<State>,
+    pub(crate) writer: Signal,
+    pub(crate) flusher: Signal,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.writer.close();
+        self.flusher.close();
+    }
+}

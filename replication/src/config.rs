@@ -1,0 +1,72 @@
+//! Limits and timings of a replica, named once with their units.
+
+/// Replicas of one shard at most (the replication factor's upper bound).
+pub const REPLICAS_MAX: usize = 5;
+/// Records in one batch at most.
+pub const BATCH_RECORDS_MAX: u32 = 10_000;
+/// Payload bytes of one batch at most.
+pub const BATCH_PAYLOAD_BYTES_MAX: usize = 1024 * 1024;
+/// Fixed per-batch cost counted in fetch replies and in-flight budgets.
+pub const BATCH_HEADER_BYTES: u64 = 48;
+/// Appends waiting for their acknowledgement on a leader at most; more are refused with
+/// `Busy`.
+pub const ACK_WAITERS_MAX: usize = 4096;
+/// Recent batches remembered per producer for duplicate detection (a retry older than this
+/// window gets `SequenceTooOld`).
+pub const PRODUCER_SEQ_WINDOW: usize = 8;
+
+/// Timings and limits of one replica. `Default` gives the broker's values.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaConfig {
+    /// In-sync replicas (leader included) a durable append needs; appends are refused with
+    /// `NotEnoughReplicas` below it. Default: a majority of the replication factor.
+    pub min_insync: usize,
+    /// A follower that has not durably reached the leader's log end of this long ago is removed
+    /// from the in-sync set.
+    pub isr_lag_max_ms: u64,
+    /// A leader answers a fetch with nothing new after this long at most (long poll).
+    pub fetch_park_max_ms: u64,
+    /// A follower resends a fetch or epoch query unanswered for this long.
+    pub fetch_retry_ms: u64,
+    /// A leader resends an in-sync-set proposal the controller has not answered for this long.
+    pub propose_retry_ms: u64,
+    /// Bytes of batches one fetch reply carries at most (at least one batch is sent).
+    pub fetch_bytes_max: u64,
+    /// A follower stops fetching while this many bytes it received are not yet written.
+    pub follower_unwritten_bytes_max: u64,
+}
+
+impl ReplicaConfig {
+    /// The defaults for a replication factor of `replicas`: `min_insync` is a majority.
+    pub fn for_replicas(replicas: usize) -> ReplicaConfig {
+        ReplicaConfig {
+            min_insync: replicas / 2 + 1,
+            isr_lag_max_ms: 2_000,
+            fetch_park_max_ms: 250,
+            fetch_retry_ms: 500,
+            propose_retry_ms: 500,
+            fetch_bytes_max: 1024 * 1024,
+            follower_unwritten_bytes_max: 8 * 1024 * 1024,
+        }
+    }
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        ReplicaConfig::for_replicas(3)
+    }
+}
+
+/// Deliberate protocol bugs, for proving that the simulator's checker catches them. Every flag
+/// is off in `Default`; nothing but the checker's own tests sets one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InjectedBugs {
+    /// The leader commits (and acks durable appends) on its own fdatasync, without waiting for
+    /// the in-sync followers.
+    pub commit_without_quorum: bool,
+    /// A follower of a new leader keeps its divergent suffix instead of truncating by epoch.
+    pub skip_truncation: bool,
+    /// The leader appends a retried idempotent batch again instead of answering with the
+    /// original offsets.
+    pub skip_dedup: bool,
+}

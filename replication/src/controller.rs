@@ -1,0 +1,147 @@
+//! The controller's record of a replica group and the only two ways it changes.
+//!
+//! In the broker the record is one etcd key per shard, written in a transaction conditional on
+//! its mod revision (`version` here); the simulator keeps it in its etcd model. Both apply the
+//! same pure rules below, so the compare-and-swap semantics are tested once.
+
+use std::collections::BTreeSet;
+
+use crate::error::CasError;
+use crate::types::{Epoch, LeaseId, NodeId};
+
+/// A shard's replica group as the controller (etcd) records it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupState {
+    /// Incremented by every successful change (etcd's mod revision of the key).
+    pub version: u64,
+    /// The leader epoch.
+    pub epoch: Epoch,
+    /// The leader of `epoch`, if one was elected.
+    pub leader: Option<NodeId>,
+    /// The controller lease the leader held when elected. Leadership belongs to that lease: a
+    /// restarted broker (a new lease) never resumes an epoch it led before, because it may have
+    /// lost batches of that epoch that followers still hold.
+    pub leader_lease: Option<LeaseId>,
+    /// The in-sync replicas: every one durably holds every committed batch.
+    pub isr: BTreeSet<NodeId>,
+    /// Every replica of the shard (placement), the leader and the ISR among them.
+    pub replicas: Vec<NodeId>,
+}
+
+/// A leader's request to change its in-sync set (shrink a laggard, add a caught-up follower).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IsrProposal {
+    /// The group version the proposal was computed from.
+    pub expected_version: u64,
+    /// The proposer, which must lead `epoch`.
+    pub leader: NodeId,
+    /// The proposer's epoch.
+    pub epoch: Epoch,
+    /// The new in-sync set; it must contain the leader.
+    pub isr: BTreeSet<NodeId>,
+}
+
+impl GroupState {
+    /// A new group: no leader yet, every replica in sync (all logs are empty).
+    pub fn new(replicas: Vec<NodeId>) -> GroupState {
+        GroupState {
+            version: 1,
+            epoch: Epoch::NONE,
+            leader: None,
+            leader_lease: None,
+            isr: replicas.iter().copied().collect(),
+            replicas,
+        }
+    }
+
+    /// Applies a leader's in-sync-set proposal if it is based on the current version and the
+    /// proposer still leads; otherwise leaves the group unchanged.
+    pub fn apply_isr(&mut self, proposal: &IsrProposal) -> Result<(), CasError> {
+        if proposal.expected_version != self.version {
+            return Err(CasError::StaleVersion {
+                expected: proposal.expected_version,
+                current: self.version,
+            });
+        }
+        if self.leader != Some(proposal.leader) || self.epoch != proposal.epoch {
+            return Err(CasError::NotLeader { proposer: proposal.leader, epoch: self.epoch });
+        }
+        let valid = proposal.isr.contains(&proposal.leader)
+            && proposal.isr.iter().all(|n| self.replicas.contains(n));
+        if !valid {
+            return Err(CasError::InvalidIsr);
+        }
+        self.isr = proposal.isr.clone();
+        self.version += 1;
+        Ok(())
+    }
+
+    /// Elects `candidate` for the next epoch, because the leader is gone (its lease expired) or
+    /// there is none. `candidate` must be in the in-sync set and `live`; the new in-sync set is
+    /// the old one's live members. Safety: every in-sync replica durably holds every committed
+    /// batch, so the new leader does too (docs/replication.md, "Safety").
+    pub fn elect(
+        &mut self,
+        candidate: NodeId,
+        lease: LeaseId,
+        live: &BTreeSet<NodeId>,
+    ) -> Result<(), CasError> {
+        if !self.isr.contains(&candidate) || !live.contains(&candidate) {
+            return Err(CasError::NoCandidate);
+        }
+        self.isr = self.isr.intersection(live).copied().collect();
+        self.epoch = Epoch(self.epoch.0 + 1);
+        self.leader = Some(candidate);
+        self.leader_lease = Some(lease);
+        self.version += 1;
+        Ok(())
+    }
+
+    /// The in-sync replicas that could be elected now, given the `live` ones.
+    pub fn candidates(&self, live: &BTreeSet<NodeId>) -> Vec<NodeId> {
+        self.isr.intersection(live).copied().collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(ids: &[u32]) -> BTreeSet<NodeId> {
+        ids.iter().map(|&i| NodeId(i)).collect()
+    }
+
+    #[test]
+    fn cas_needs_current_version_and_leadership() {
+        let mut group = GroupState::new(vec![NodeId(1), NodeId(2), NodeId(3)]);
+        group.elect(NodeId(1), LeaseId(1), &set(&[1, 2, 3])).unwrap();
+        assert_eq!((group.epoch, group.version), (Epoch(1), 2));
+        let shrink = IsrProposal {
+            expected_version: 2,
+            leader: NodeId(1),
+            epoch: Epoch(1),
+            isr: set(&[1, 2]),
+        };
+        group.apply_isr(&shrink).unwrap();
+        assert!(matches!(group.apply_isr(&shrink), Err(CasError::StaleVersion { .. })));
+        let by_follower =
+            IsrProposal { expected_version: 3, leader: NodeId(2), epoch: Epoch(1), isr: set(&[2]) };
+        assert!(matches!(group.apply_isr(&by_follower), Err(CasError::NotLeader { .. })));
+        let without_leader =
+            IsrProposal { expected_version: 3, leader: NodeId(1), epoch: Epoch(1), isr: set(&[2]) };
+        assert_eq!(group.apply_isr(&without_leader), Err(CasError::InvalidIsr));
+    }
+
+    #[test]
+    fn election_only_from_live_isr() {
+        let mut group = GroupState::new(vec![NodeId(1), NodeId(2), NodeId(3)]);
+        group.elect(NodeId(1), LeaseId(1), &set(&[1, 2, 3])).unwrap();
+        group.isr = set(&[1, 2]);
+        assert_eq!(group.elect(NodeId(3), LeaseId(3), &set(&[2, 3])), Err(CasError::NoCandidate));
+        group.elect(NodeId(2), LeaseId(2), &set(&[2, 3])).unwrap();
+        assert_eq!(
+            (group.leader, group.epoch, group.isr.clone()),
+            (Some(NodeId(2)), Epoch(2), set(&[2]))
+        );
+    }
+}

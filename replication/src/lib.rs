@@ -1,0 +1,43 @@
+//! Replication of one shard over a group of 1..=5 brokers, as a sans-IO state machine, plus a
+//! deterministic simulator that checks it.
+//!
+//! [`Replica`] is one shard's replica on one broker. It performs no I/O and reads no clock (like
+//! quinn-proto): messages from other replicas, controller (etcd) records, lease confirmations,
+//! disk completions, client appends and ticks go in, each with `now`; messages, ordered disk
+//! operations, acks and compare-and-swap proposals come out of [`Replica::poll`]. The driver
+//! that wires it to QUIC, etcd and `felix-storage` is not part of this crate.
+//!
+//! The protocol (docs/replication.md): the controller's record of a group ([`GroupState`]) is
+//! changed only by compare-and-swap, by an election (a new epoch, leader taken from the live
+//! in-sync replicas) or by the leader's in-sync-set proposals. Followers truncate by leader
+//! epoch, then pull with long polls. A batch is committed (visible, and acked when `Durable`)
+//! once fdatasync'd on every in-sync replica; a leader acks only while its lease holds.
+//!
+//! [`sim`] (feature `sim`, on by default) runs 3-5 replicas, a model of etcd and producers on a
+//! seeded PRNG with message faults, partitions, crashes that lose unsynced bytes and restarts,
+//! and checks the invariants after every step.
+
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod config;
+pub mod controller;
+pub mod disk;
+pub mod error;
+pub mod log;
+pub mod message;
+mod replica;
+#[cfg(feature = "sim")]
+pub mod sim;
+pub mod types;
+
+pub use config::{InjectedBugs, ReplicaConfig};
+pub use controller::{GroupState, IsrProposal};
+pub use disk::{DiskOp, DiskOpId};
+pub use error::{AppendError, CasError, LogError};
+pub use log::ReplicaLog;
+pub use message::{Message, Output};
+pub use replica::{AppendRequest, Replica, RoleView};
+pub use types::{
+    AckMode, Batch, Epoch, LeaseId, NodeId, Offset, ProducerId, ProducerSeq, RequestId, Seq, Time,
+};

@@ -1,0 +1,223 @@
+//! A replica's view of its shard log: the batches in offset order, the leader-epoch boundaries
+//! derived from them, and the idempotent-producer table rebuilt from them.
+//!
+//! This is the state machine's in-memory copy; the driver mirrors every change to storage
+//! through [`crate::DiskOp`]s. Offsets are dense from 0 (no retention yet).
+
+use std::collections::{HashMap, VecDeque};
+
+use crate::config::PRODUCER_SEQ_WINDOW;
+use crate::error::LogError;
+use crate::types::{Batch, Epoch, Offset, ProducerId, ProducerSeq, Seq};
+
+/// The batches of one shard on one replica.
+#[derive(Clone, Debug, Default)]
+pub struct ReplicaLog {
+    batches: Vec<Batch>,
+    generation: u64,
+    producers: HashMap<ProducerId, VecDeque<(Seq, Offset, u32)>>,
+}
+
+/// What the idempotence table says about an incoming producer batch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeqCheck {
+    /// Not seen: append it.
+    New,
+    /// A retry of a batch in the log at `base` with `records` records.
+    Duplicate {
+        /// Offset of the original's first record.
+        base: Offset,
+        /// The original's record count.
+        records: u32,
+    },
+    /// Older than the remembered window: cannot tell, refuse.
+    TooOld,
+    /// A gap after the producer's last sequence.
+    OutOfOrder,
+}
+
+impl ReplicaLog {
+    /// A log holding `batches` (as recovered from disk). Fails if they are not dense from 0 or
+    /// their epochs decrease.
+    pub fn from_batches(batches: Vec<Batch>) -> Result<ReplicaLog, LogError> {
+        let mut log = ReplicaLog::default();
+        for batch in batches {
+            log.append(batch)?;
+        }
+        Ok(log)
+    }
+
+    /// Offset one past the last record.
+    pub fn end(&self) -> Offset {
+        self.batches.last().map_or(Offset(0), Batch::end)
+    }
+
+    /// The epoch of the last batch (`Epoch::NONE` if empty).
+    pub fn last_epoch(&self) -> Epoch {
+        self.batches.last().map_or(Epoch::NONE, |b| b.epoch)
+    }
+
+    /// Incremented by every truncation that removed something: while it is unchanged, the log
+    /// only grew, so a reader may cache what it verified of a prefix.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Every batch, in offset order.
+    pub fn batches(&self) -> &[Batch] {
+        &self.batches
+    }
+
+    /// Appends `batch`, which must start at [`end`](Self::end) and not lower the epoch.
+    pub fn append(&mut self, batch: Batch) -> Result<(), LogError> {
+        if batch.base != self.end() {
+            return Err(LogError::NotContiguous { expected: self.end(), got: batch.base });
+        }
+        if batch.records == 0 {
+            return Err(LogError::EmptyBatch { base: batch.base });
+        }
+        if batch.epoch < self.last_epoch() {
+            return Err(LogError::EpochDecreased { last: self.last_epoch(), got: batch.epoch });
+        }
+        if let Some(tag) = batch.producer {
+            let recent = self.producers.entry(tag.producer).or_default();
+            recent.push_back((tag.seq, batch.base, batch.records));
+            if recent.len() > PRODUCER_SEQ_WINDOW {
+                recent.pop_front();
+            }
+        }
+        self.batches.push(batch);
+        Ok(())
+    }
+
+    /// Removes every batch at or after `to` (which must be a batch boundary or past the end)
+    /// and rebuilds the producer table from what is left.
+    pub fn truncate(&mut self, to: Offset) {
+        let keep = self.batches.partition_point(|b| b.base < to);
+        if keep == self.batches.len() {
+            return;
+        }
+        debug_assert!(self.batches[keep].base == to, "truncation inside a batch");
+        self.batches.truncate(keep);
+        self.generation += 1;
+        let kept = std::mem::take(&mut self.batches);
+        self.producers.clear();
+        for batch in kept {
+            // Cannot fail: these batches were accepted in this order before.
+            let _ = self.append(batch);
+        }
+    }
+
+    /// The offset where epoch `epoch` ends in this log: the base of the first batch of a later
+    /// epoch, or the log end.
+    pub fn end_of_epoch(&self, epoch: Epoch) -> Offset {
+        let first_later = self.batches.partition_point(|b| b.epoch <= epoch);
+        self.batches.get(first_later).map_or(self.end(), |b| b.base)
+    }
+
+    /// The largest epoch `<= epoch` that has batches here, if any.
+    pub fn largest_epoch_at_most(&self, epoch: Epoch) -> Option<Epoch> {
+        let first_later = self.batches.partition_point(|b| b.epoch <= epoch);
+        first_later.checked_sub(1).map(|i| self.batches[i].epoch)
+    }
+
+    /// Batches from offset `from` (a batch boundary) on, at least one and at most `bytes_max`
+    /// bytes otherwise.
+    pub fn read_from(&self, from: Offset, bytes_max: u64) -> Vec<Batch> {
+        let start = self.batches.partition_point(|b| b.base < from);
+        let mut bytes = 0;
+        let mut out = Vec::new();
+        for batch in &self.batches[start..] {
+            bytes += batch.size_bytes();
+            if !out.is_empty() && bytes > bytes_max {
+                break;
+            }
+            out.push(batch.clone());
+        }
+        out
+    }
+
+    /// Whether `offset` is a batch boundary of this log (or its end).
+    pub fn is_boundary(&self, offset: Offset) -> bool {
+        offset == self.end() || self.batches.binary_search_by_key(&offset, |b| b.base).is_ok()
+    }
+
+    /// What the idempotence table says about `tag`.
+    pub fn check_seq(&self, tag: ProducerSeq) -> SeqCheck {
+        let Some(recent) = self.producers.get(&tag.producer) else {
+            // An unknown producer may start anywhere (its earlier batches may have gone).
+            return SeqCheck::New;
+        };
+        if let Some(&(_, base, records)) = recent.iter().find(|(seq, _, _)| *seq == tag.seq) {
+            return SeqCheck::Duplicate { base, records };
+        }
+        let (last, _, _) = *recent.back().expect("a producer entry is never empty");
+        if tag.seq.0 == last.0.wrapping_add(1) {
+            SeqCheck::New
+        } else if tag.seq < last {
+            SeqCheck::TooOld
+        } else {
+            SeqCheck::OutOfOrder
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn batch(epoch: u64, base: u64, records: u32, tag: Option<(u64, u32)>) -> Batch {
+        Batch {
+            epoch: Epoch(epoch),
+            base: Offset(base),
+            records,
+            producer: tag.map(|(p, s)| ProducerSeq { producer: ProducerId(p), seq: Seq(s) }),
+            payload: Bytes::from_static(b"x"),
+        }
+    }
+
+    #[test]
+    fn epochs_and_truncation() {
+        let mut log = ReplicaLog::from_batches(vec![
+            batch(1, 0, 2, None),
+            batch(1, 2, 3, None),
+            batch(3, 5, 1, None),
+        ])
+        .unwrap();
+        assert_eq!(log.end(), Offset(6));
+        assert_eq!(log.end_of_epoch(Epoch(1)), Offset(5));
+        assert_eq!(log.end_of_epoch(Epoch(2)), Offset(5));
+        assert_eq!(log.end_of_epoch(Epoch(3)), Offset(6));
+        assert_eq!(log.largest_epoch_at_most(Epoch(2)), Some(Epoch(1)));
+        assert_eq!(log.largest_epoch_at_most(Epoch(0)), None);
+        log.truncate(Offset(2));
+        assert_eq!(log.end(), Offset(2));
+        assert_eq!(log.last_epoch(), Epoch(1));
+        assert!(log.append(batch(1, 3, 1, None)).is_err());
+        assert!(log.append(batch(0, 2, 1, None)).is_err());
+    }
+
+    #[test]
+    fn producer_table_follows_truncation() {
+        let mut log = ReplicaLog::default();
+        log.append(batch(1, 0, 2, Some((7, 0)))).unwrap();
+        log.append(batch(1, 2, 1, Some((7, 1)))).unwrap();
+        let tag = |s| ProducerSeq { producer: ProducerId(7), seq: Seq(s) };
+        assert_eq!(log.check_seq(tag(1)), SeqCheck::Duplicate { base: Offset(2), records: 1 });
+        assert_eq!(log.check_seq(tag(2)), SeqCheck::New);
+        assert_eq!(log.check_seq(tag(4)), SeqCheck::OutOfOrder);
+        log.truncate(Offset(2));
+        assert_eq!(log.check_seq(tag(1)), SeqCheck::New);
+        assert_eq!(log.check_seq(tag(0)), SeqCheck::Duplicate { base: Offset(0), records: 2 });
+    }
+
+    #[test]
+    fn read_is_bounded_but_never_empty() {
+        let log =
+            ReplicaLog::from_batches(vec![batch(1, 0, 1, None), batch(1, 1, 1, None)]).unwrap();
+        assert_eq!(log.read_from(Offset(0), 1).len(), 1);
+        assert_eq!(log.read_from(Offset(0), 1 << 20).len(), 2);
+        assert!(log.read_from(Offset(2), 1 << 20).is_empty());
+    }
+}

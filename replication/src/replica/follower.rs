@@ -1,0 +1,151 @@
+//! The follower's side: truncation by leader epoch, then fetching with flow control.
+
+use super::{Replica, Role};
+use crate::message::{Message, Output};
+use crate::types::{Batch, Epoch, NodeId, Offset, Time};
+
+/// What a follower keeps while following one leader epoch.
+pub(super) struct FollowerState {
+    pub(super) leader: NodeId,
+    pub(super) epoch: Epoch,
+    phase: Phase,
+    /// A query or fetch is outstanding since this time.
+    awaiting_since: Option<Time>,
+    /// The durable end reported in the last fetch.
+    told_durable: Offset,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// Finding where this log diverges from the leader's: waiting for the answer about `asked`.
+    Truncating { asked: Epoch },
+    /// The log is a prefix of the leader's: fetching what follows.
+    Fetching,
+}
+
+impl Replica {
+    pub(super) fn become_follower(&mut self, now: Time, leader: NodeId, epoch: Epoch) {
+        let phase = if self.bugs.skip_truncation || self.log.end() == Offset(0) {
+            Phase::Fetching
+        } else {
+            Phase::Truncating { asked: self.log.last_epoch() }
+        };
+        let state =
+            FollowerState { leader, epoch, phase, awaiting_since: None, told_durable: Offset(0) };
+        self.step_down(Role::Follower(state));
+        self.send_request(now);
+    }
+
+    /// Sends the current phase's request: an epoch query or a fetch.
+    fn send_request(&mut self, now: Time) {
+        let (durable, end, last_epoch) =
+            (self.disk.durable_end(), self.log.end(), self.log.last_epoch());
+        let Role::Follower(state) = &mut self.role else { return };
+        state.awaiting_since = Some(now);
+        let (leader, epoch) = (state.leader, state.epoch);
+        let message = match &mut state.phase {
+            Phase::Truncating { asked } => {
+                *asked = last_epoch;
+                Message::EpochQuery { epoch, last_epoch }
+            }
+            Phase::Fetching => {
+                state.told_durable = durable;
+                Message::Fetch { epoch, from: end, durable_end: durable }
+            }
+        };
+        self.send(leader, message);
+    }
+
+    pub(super) fn on_epoch_answer(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        epoch: Epoch,
+        asked: Epoch,
+        answer_epoch: Option<Epoch>,
+        end: Offset,
+    ) {
+        let Role::Follower(state) = &mut self.role else { return };
+        let expected = Phase::Truncating { asked };
+        if from != state.leader || epoch != state.epoch || state.phase != expected {
+            return;
+        }
+        let to = answer_epoch.map_or(Offset(0), |a| end.min(self.log.end_of_epoch(a)));
+        if to < self.log.end() {
+            self.truncate(to);
+        }
+        // Converged when the logs agree on the last epoch (log matching: same epoch and offset,
+        // same batch and same prefix), else ask again about the now earlier last epoch.
+        let done = self.log.end() == Offset(0) || Some(self.log.last_epoch()) == answer_epoch;
+        if let Role::Follower(state) = &mut self.role {
+            if done {
+                state.phase = Phase::Fetching;
+            }
+        }
+        self.send_request(now);
+    }
+
+    /// Drops the log's suffix from `to` on, in memory and on disk.
+    fn truncate(&mut self, to: Offset) {
+        self.log.truncate(to);
+        self.committed = self.committed.min(to);
+        let op = self.disk.truncate(to);
+        self.outbox.push_back(Output::Disk(op));
+    }
+
+    pub(super) fn on_fetch_reply(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        epoch: Epoch,
+        offset: Offset,
+        batches: Vec<Batch>,
+        committed: Offset,
+    ) {
+        let Role::Follower(state) = &mut self.role else { return };
+        let fetching = state.phase == Phase::Fetching;
+        if from != state.leader || epoch != state.epoch || !fetching || offset != self.log.end() {
+            return; // another epoch's, a duplicate, or overtaken by a newer reply
+        }
+        state.awaiting_since = None;
+        let mut appended = Vec::new();
+        for batch in batches {
+            if batch.epoch > epoch || self.log.append(batch.clone()).is_err() {
+                break; // not from this leader's log: refetch from our end
+            }
+            appended.push(batch);
+        }
+        if !appended.is_empty() {
+            let op = self.disk.write(appended);
+            self.outbox.push_back(Output::Disk(op));
+            self.sync_if_needed();
+        }
+        self.committed = self.committed.max(committed.min(self.log.end()));
+        self.maybe_fetch(now);
+    }
+
+    /// Fetches again if nothing is outstanding and the unwritten bytes allow it, or to report a
+    /// durable end the leader has not heard of.
+    pub(super) fn maybe_fetch(&mut self, now: Time) {
+        let (durable, unwritten) = (self.disk.durable_end(), self.disk.unwritten_bytes());
+        let room = unwritten < self.config.follower_unwritten_bytes_max;
+        let Role::Follower(state) = &self.role else { return };
+        if state.phase != Phase::Fetching {
+            return;
+        }
+        let idle = state.awaiting_since.is_none() && room;
+        if idle || durable > state.told_durable {
+            self.send_request(now);
+        }
+    }
+
+    pub(super) fn follower_tick(&mut self, now: Time) {
+        let retry_ms = self.config.fetch_retry_ms;
+        let Role::Follower(state) = &self.role else { return };
+        match state.awaiting_since {
+            Some(since) if now.since_ms(since) >= retry_ms => self.send_request(now),
+            Some(_) => {}
+            None => self.maybe_fetch(now),
+        }
+    }
+}

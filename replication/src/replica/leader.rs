@@ -1,0 +1,371 @@
+//! The leader's side: appends, fetch answers, the commit point, the in-sync set, acks.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use super::{validate, AppendRequest, Replica, Role};
+use crate::config::ACK_WAITERS_MAX;
+use crate::controller::IsrProposal;
+use crate::error::AppendError;
+use crate::log::SeqCheck;
+use crate::message::{Message, Output};
+use crate::types::{AckMode, Batch, Epoch, NodeId, Offset, RequestId, Time};
+
+/// What a leader keeps for its epoch.
+pub(super) struct LeaderState {
+    pub(super) epoch: Epoch,
+    /// The log end when it became leader: every batch committed before this epoch lies below.
+    epoch_start: Offset,
+    followers: BTreeMap<NodeId, Progress>,
+    /// The in-sync-set change sent to the controller and not yet answered, with when it was
+    /// last sent. While it is pending, commits need both the old and the proposed set.
+    proposal: Option<(IsrProposal, Time)>,
+    pub(super) waiters: Vec<Waiter>,
+}
+
+/// What the leader knows of one follower.
+struct Progress {
+    /// Its log end, from its last fetch.
+    log_end: Offset,
+    /// Its fdatasync'd end, from its last fetch.
+    durable_end: Offset,
+    /// The last time its durable end had reached the leader's log end of that time.
+    caught_up_at: Time,
+    /// The leader's log end at `mark_at`: reaching it durably makes the follower caught up as
+    /// of `mark_at`.
+    mark_end: Offset,
+    mark_at: Time,
+    /// A fetch waiting for news (long poll): since when.
+    parked_since: Option<Time>,
+    /// The committed offset last sent to it.
+    told_committed: Offset,
+}
+
+/// An append waiting for its acknowledgement.
+pub(super) struct Waiter {
+    pub(super) request: RequestId,
+    base: Offset,
+    records: u32,
+    mode: AckMode,
+}
+
+impl Waiter {
+    fn end(&self) -> Offset {
+        Offset(self.base.0 + u64::from(self.records))
+    }
+}
+
+impl Replica {
+    pub(super) fn become_leader(&mut self, now: Time) {
+        let group = self.group.as_ref().expect("leadership comes from a group record");
+        let end = self.log.end();
+        let followers = group
+            .replicas
+            .iter()
+            .filter(|&&n| n != self.id)
+            .map(|&n| (n, Progress::new(now, end)))
+            .collect();
+        let state = LeaderState {
+            epoch: group.epoch,
+            epoch_start: end,
+            followers,
+            proposal: None,
+            waiters: Vec::new(),
+        };
+        self.step_down(Role::Leader(state));
+        self.committed = self.committed.min(end);
+    }
+
+    /// The group record changed while this replica still leads the same epoch.
+    pub(super) fn leader_group_changed(&mut self, now: Time) {
+        let version = self.group.as_ref().map_or(0, |g| g.version);
+        let Role::Leader(state) = &mut self.role else { return };
+        if state.proposal.as_ref().is_some_and(|(p, _)| p.expected_version < version) {
+            state.proposal = None;
+        }
+        self.advance_commit(now);
+        self.process_waiters(now);
+    }
+
+    pub(super) fn try_append(
+        &mut self,
+        now: Time,
+        append: &AppendRequest,
+    ) -> Result<(), AppendError> {
+        validate(append)?;
+        let Role::Leader(state) = &self.role else {
+            return Err(AppendError::NotLeader {
+                leader: self.group.as_ref().and_then(|g| g.leader),
+            });
+        };
+        if !self.lease_holds(now) {
+            return Err(AppendError::LeaseExpired);
+        }
+        let insync = self.quorum().len();
+        if append.mode == AckMode::Durable && insync < self.config.min_insync {
+            return Err(AppendError::NotEnoughReplicas {
+                insync,
+                min_insync: self.config.min_insync,
+            });
+        }
+        if state.waiters.len() >= ACK_WAITERS_MAX {
+            return Err(AppendError::Busy);
+        }
+        let epoch = state.epoch;
+        let (base, records) = match append.producer.map(|tag| self.log.check_seq(tag)) {
+            Some(SeqCheck::Duplicate { base, records }) if !self.bugs.skip_dedup => (base, records),
+            Some(SeqCheck::TooOld) => return Err(AppendError::SequenceTooOld),
+            Some(SeqCheck::OutOfOrder) => return Err(AppendError::OutOfOrderSequence),
+            _ => self.append_batch(epoch, append),
+        };
+        let waiter = Waiter { request: append.request, base, records, mode: append.mode };
+        if let Role::Leader(state) = &mut self.role {
+            state.waiters.push(waiter);
+        }
+        self.wake_parked();
+        self.process_waiters(now);
+        Ok(())
+    }
+
+    /// Appends a new batch of `epoch` to the log and the disk; returns its offsets.
+    fn append_batch(&mut self, epoch: Epoch, append: &AppendRequest) -> (Offset, u32) {
+        let batch = Batch {
+            epoch,
+            base: self.log.end(),
+            records: append.records,
+            producer: append.producer,
+            payload: append.payload.clone(),
+        };
+        let base = batch.base;
+        let op = self.disk.write(vec![batch.clone()]);
+        // Cannot fail: the batch starts at the log end, has records and the leader's epoch is
+        // the newest the log has seen.
+        let appended = self.log.append(batch);
+        debug_assert!(appended.is_ok(), "leader append: {appended:?}");
+        self.outbox.push_back(Output::Disk(op));
+        self.sync_if_needed();
+        (base, append.records)
+    }
+
+    pub(super) fn on_epoch_query(&mut self, from: NodeId, epoch: Epoch, asked: Epoch) {
+        let Role::Leader(state) = &self.role else { return };
+        if epoch != state.epoch {
+            return;
+        }
+        let (answer_epoch, end) = if asked >= state.epoch {
+            (Some(state.epoch), self.log.end())
+        } else {
+            let answer = self.log.largest_epoch_at_most(asked);
+            (answer, answer.map_or(Offset(0), |e| self.log.end_of_epoch(e)))
+        };
+        self.send(from, Message::EpochAnswer { epoch, asked, answer_epoch, end });
+    }
+
+    pub(super) fn on_fetch(
+        &mut self,
+        now: Time,
+        from: NodeId,
+        epoch: Epoch,
+        offset: Offset,
+        durable: Offset,
+    ) {
+        let log_end = self.log.end();
+        if offset > log_end || !self.log.is_boundary(offset) {
+            return; // not a prefix of this log: a follower that skipped truncation, or stale
+        }
+        let Role::Leader(state) = &mut self.role else { return };
+        let Some(progress) = state.followers.get_mut(&from) else { return };
+        if epoch != state.epoch {
+            return;
+        }
+        progress.log_end = offset;
+        progress.durable_end = durable.min(offset);
+        if progress.durable_end >= progress.mark_end {
+            progress.caught_up_at = progress.mark_at;
+            progress.mark_end = log_end;
+            progress.mark_at = now;
+        }
+        progress.parked_since = Some(now);
+        self.maybe_expand_isr(now, from);
+        self.advance_commit(now);
+        self.wake_parked();
+    }
+
+    /// Answers every parked fetch that has news: batches after its offset, or a newer commit.
+    pub(super) fn wake_parked(&mut self) {
+        let Role::Leader(state) = &mut self.role else { return };
+        let (epoch, committed, end) = (state.epoch, self.committed, self.log.end());
+        let mut replies = Vec::new();
+        for (&node, progress) in &mut state.followers {
+            let news = progress.log_end < end || progress.told_committed < committed;
+            if progress.parked_since.is_some() && news {
+                progress.parked_since = None;
+                progress.told_committed = committed;
+                let batches = self.log.read_from(progress.log_end, self.config.fetch_bytes_max);
+                replies.push((node, progress.log_end, batches));
+            }
+        }
+        for (node, from, batches) in replies {
+            self.send(node, Message::FetchReply { epoch, from, batches, committed });
+        }
+    }
+
+    /// The in-sync replicas a commit needs now: the confirmed set, plus the proposed one while a
+    /// proposal is pending (a shrink takes effect only once confirmed, an expansion at once).
+    pub(super) fn quorum(&self) -> BTreeSet<NodeId> {
+        let mut quorum = self.group.as_ref().map(|g| g.isr.clone()).unwrap_or_default();
+        if let Role::Leader(LeaderState { proposal: Some((p, _)), .. }) = &self.role {
+            quorum.extend(p.isr.iter().copied());
+        }
+        quorum.insert(self.id);
+        quorum
+    }
+
+    /// Moves the committed offset to the smallest durable end of the quorum.
+    pub(super) fn advance_commit(&mut self, now: Time) {
+        let quorum = self.quorum();
+        let Role::Leader(state) = &self.role else { return };
+        let own = self.disk.durable_end();
+        let durable_of = |n: &NodeId| match state.followers.get(n) {
+            _ if *n == self.id => own,
+            Some(p) => p.durable_end,
+            None => Offset(0),
+        };
+        let mut candidate = quorum.iter().map(durable_of).min().unwrap_or(own);
+        if self.bugs.commit_without_quorum {
+            candidate = own;
+        }
+        if candidate > self.committed {
+            self.committed = candidate;
+            self.wake_parked();
+            self.process_waiters(now);
+        }
+    }
+
+    /// Acknowledges every waiter whose mode is met, while the lease holds.
+    pub(super) fn process_waiters(&mut self, now: Time) {
+        let lease_holds = self.lease_holds(now);
+        let insync_ok = self.quorum().len() >= self.config.min_insync;
+        let (committed, written) = (self.committed, self.disk.written_end());
+        let Role::Leader(state) = &mut self.role else { return };
+        if !lease_holds {
+            return;
+        }
+        let epoch = state.epoch;
+        let done = |w: &Waiter| match w.mode {
+            AckMode::Durable => insync_ok && w.end() <= committed,
+            AckMode::Written => w.end() <= written,
+            AckMode::None => true,
+        };
+        let mut i = 0;
+        while i < state.waiters.len() {
+            if done(&state.waiters[i]) {
+                let w = state.waiters.swap_remove(i);
+                let ack =
+                    Output::Ack { request: w.request, epoch, base: w.base, records: w.records };
+                self.outbox.push_back(ack);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    pub(super) fn leader_tick(&mut self, now: Time) {
+        let park_max_ms = self.config.fetch_park_max_ms;
+        let Role::Leader(state) = &mut self.role else { return };
+        let (epoch, committed, end) = (state.epoch, self.committed, self.log.end());
+        let mut expired = Vec::new();
+        for (&node, progress) in &mut state.followers {
+            if progress.parked_since.is_some_and(|t| now.since_ms(t) >= park_max_ms) {
+                progress.parked_since = None;
+                progress.told_committed = committed;
+                expired.push((node, progress.log_end));
+            }
+        }
+        for (node, from) in expired {
+            let batches = if from < end {
+                self.log.read_from(from, self.config.fetch_bytes_max)
+            } else {
+                Vec::new()
+            };
+            self.send(node, Message::FetchReply { epoch, from, batches, committed });
+        }
+        self.maybe_shrink_isr(now);
+        self.process_waiters(now);
+    }
+
+    /// Proposes removing in-sync followers that lag by more than `isr_lag_max_ms`.
+    fn maybe_shrink_isr(&mut self, now: Time) {
+        let lag_max_ms = self.config.isr_lag_max_ms;
+        let Some(group) = &self.group else { return };
+        let Role::Leader(state) = &self.role else { return };
+        let laggards: Vec<NodeId> = state
+            .followers
+            .iter()
+            .filter(|(n, p)| group.isr.contains(n) && now.since_ms(p.caught_up_at) > lag_max_ms)
+            .map(|(&n, _)| n)
+            .collect();
+        if !laggards.is_empty() {
+            let isr = group.isr.iter().filter(|n| !laggards.contains(n)).copied().collect();
+            self.propose(now, isr);
+        } else {
+            self.retry_proposal(now);
+        }
+    }
+
+    /// Proposes adding `follower` once it durably holds everything committed and everything
+    /// this epoch started with.
+    fn maybe_expand_isr(&mut self, now: Time, follower: NodeId) {
+        let Some(group) = &self.group else { return };
+        let Role::Leader(state) = &self.role else { return };
+        let Some(progress) = state.followers.get(&follower) else { return };
+        let floor = self.committed.max(state.epoch_start);
+        if !group.isr.contains(&follower) && progress.durable_end >= floor {
+            let mut isr = group.isr.clone();
+            isr.insert(follower);
+            self.propose(now, isr);
+        }
+    }
+
+    /// Sends an in-sync-set proposal unless one is pending.
+    fn propose(&mut self, now: Time, isr: BTreeSet<NodeId>) {
+        let Some(group) = &self.group else { return };
+        let Role::Leader(state) = &mut self.role else { return };
+        if state.proposal.is_some() {
+            return;
+        }
+        let proposal = IsrProposal {
+            expected_version: group.version,
+            leader: self.id,
+            epoch: state.epoch,
+            isr,
+        };
+        state.proposal = Some((proposal.clone(), now));
+        self.outbox.push_back(Output::Propose(proposal));
+    }
+
+    fn retry_proposal(&mut self, now: Time) {
+        let retry_ms = self.config.propose_retry_ms;
+        let Role::Leader(LeaderState { proposal: Some((p, sent)), .. }) = &mut self.role else {
+            return;
+        };
+        if now.since_ms(*sent) >= retry_ms {
+            *sent = now;
+            let again = p.clone();
+            self.outbox.push_back(Output::Propose(again));
+        }
+    }
+}
+
+impl Progress {
+    fn new(now: Time, leader_end: Offset) -> Progress {
+        Progress {
+            log_end: Offset(0),
+            durable_end: Offset(0),
+            caught_up_at: now,
+            mark_end: leader_end,
+            mark_at: now,
+            parked_since: None,
+            told_committed: Offset(0),
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! [`Replica`]: one shard's replica on one broker, as a sans-IO state machine.
+
+mod follower;
+mod leader;
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+use crate::config::{InjectedBugs, ReplicaConfig, BATCH_PAYLOAD_BYTES_MAX, BATCH_RECORDS_MAX};
+use crate::controller::GroupState;
+use crate::disk::{DiskOpId, DiskTracker};
+use crate::error::AppendError;
+use crate::log::ReplicaLog;
+use crate::message::{Message, Output};
+use crate::types::{AckMode, Epoch, LeaseId, NodeId, Offset, ProducerSeq, RequestId, Time};
+
+use follower::FollowerState;
+use leader::LeaderState;
+
+/// A client's append, as the broker hands it to the shard's replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendRequest {
+    /// Correlates the answer ([`Output::Ack`] or [`Output::Reject`]).
+    pub request: RequestId,
+    /// The idempotence tag, if the producer is idempotent.
+    pub producer: Option<ProducerSeq>,
+    /// Record count (1..=`BATCH_RECORDS_MAX`).
+    pub records: u32,
+    /// The encoded records (at most `BATCH_PAYLOAD_BYTES_MAX` bytes).
+    pub payload: Bytes,
+    /// When to acknowledge.
+    pub mode: AckMode,
+}
+
+/// What a replica is doing now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RoleView {
+    /// No usable leader known (none elected, or the group names this node under an old lease).
+    Idle,
+    /// Following `leader` in `epoch`.
+    Follower {
+        /// The leader.
+        leader: NodeId,
+        /// Its epoch.
+        epoch: Epoch,
+    },
+    /// Leading `epoch`.
+    Leader {
+        /// The epoch.
+        epoch: Epoch,
+    },
+}
+
+enum Role {
+    Idle,
+    Follower(FollowerState),
+    Leader(LeaderState),
+}
+
+/// One shard's replica on one broker: leader or follower, decided by the controller.
+///
+/// Sans-IO, like quinn-proto's `Connection`: it performs no I/O and reads no clock. The driver
+/// feeds it inputs, each with `now`:
+/// - [`handle_controller`](Self::handle_controller): the group's record from etcd (a watch),
+///   including the result of this replica's own proposals;
+/// - [`handle_lease`](Self::handle_lease): this broker's lease and until when it is confirmed;
+/// - [`handle_message`](Self::handle_message): a message from another replica;
+/// - [`handle_append`](Self::handle_append): a client's batch;
+/// - [`handle_disk_done`](Self::handle_disk_done): disk operations up to an id completed;
+/// - [`handle_tick`](Self::handle_tick): time passed (call every few ms; timers are coarse);
+///
+/// and after each call drains [`poll`](Self::poll) until it returns `None`: messages to send,
+/// disk operations to execute in order, acks and rejections for clients, controller proposals.
+pub struct Replica {
+    id: NodeId,
+    config: ReplicaConfig,
+    bugs: InjectedBugs,
+    log: ReplicaLog,
+    disk: DiskTracker,
+    group: Option<GroupState>,
+    lease: Option<LeaseId>,
+    lease_valid_until: Time,
+    committed: Offset,
+    role: Role,
+    outbox: VecDeque<Output>,
+}
+
+impl Replica {
+    /// A replica whose log was recovered from disk as `log` (all of it durable). It knows no
+    /// group and no lease yet: it neither leads nor follows until told.
+    pub fn new(id: NodeId, config: ReplicaConfig, log: ReplicaLog) -> Replica {
+        let end = log.end();
+        Replica {
+            id,
+            config,
+            bugs: InjectedBugs::default(),
+            log,
+            disk: DiskTracker::recovered(end),
+            group: None,
+            lease: None,
+            lease_valid_until: Time(0),
+            committed: Offset(0),
+            role: Role::Idle,
+            outbox: VecDeque::new(),
+        }
+    }
+
+    /// Turns on deliberate bugs (only the simulator's checker tests do this).
+    pub fn inject_bugs(&mut self, bugs: InjectedBugs) {
+        self.bugs = bugs;
+    }
+
+    /// The next thing for the driver to do, if any.
+    pub fn poll(&mut self) -> Option<Output> {
+        self.outbox.pop_front()
+    }
+
+    /// A new record of the group from the controller. Older versions than the one known are
+    /// ignored, so notifications may arrive late, twice or out of order. After a restart the
+    /// first one must have been read after the restart (a fresh read, then the watch).
+    pub fn handle_controller(&mut self, now: Time, group: GroupState) {
+        if self.group.as_ref().is_some_and(|g| g.version >= group.version) {
+            return;
+        }
+        self.group = Some(group);
+        self.follow_group(now);
+    }
+
+    /// This broker's controller lease is `lease`, confirmed until `valid_until`. A leader acks
+    /// nothing at or after `valid_until` (the controller may have replaced it by then).
+    pub fn handle_lease(&mut self, now: Time, lease: LeaseId, valid_until: Time) {
+        let changed = self.lease != Some(lease);
+        self.lease = Some(lease);
+        self.lease_valid_until = valid_until;
+        if changed {
+            self.follow_group(now);
+        }
+        self.process_waiters(now);
+    }
+
+    /// A message from replica `from`.
+    pub fn handle_message(&mut self, now: Time, from: NodeId, message: Message) {
+        match message {
+            Message::EpochQuery { epoch, last_epoch } => {
+                self.on_epoch_query(from, epoch, last_epoch)
+            }
+            Message::Fetch { epoch, from: offset, durable_end } => {
+                self.on_fetch(now, from, epoch, offset, durable_end)
+            }
+            Message::EpochAnswer { epoch, asked, answer_epoch, end } => {
+                self.on_epoch_answer(now, from, epoch, asked, answer_epoch, end)
+            }
+            Message::FetchReply { epoch, from: offset, batches, committed } => {
+                self.on_fetch_reply(now, from, epoch, offset, batches, committed)
+            }
+        }
+    }
+
+    /// A client's append. The answer comes out of [`poll`](Self::poll).
+    pub fn handle_append(&mut self, now: Time, append: AppendRequest) {
+        if let Err(error) = self.try_append(now, &append) {
+            self.outbox.push_back(Output::Reject { request: append.request, error });
+        }
+    }
+
+    /// Every disk operation up to `id` completed.
+    pub fn handle_disk_done(&mut self, now: Time, id: DiskOpId) {
+        self.disk.complete(id);
+        match self.role {
+            Role::Leader(_) => {
+                self.advance_commit(now);
+                self.process_waiters(now);
+            }
+            Role::Follower(_) => self.maybe_fetch(now),
+            Role::Idle => {}
+        }
+        self.sync_if_needed();
+    }
+
+    /// Time passed: retries, long-poll expiries, lag checks.
+    pub fn handle_tick(&mut self, now: Time) {
+        match self.role {
+            Role::Leader(_) => self.leader_tick(now),
+            Role::Follower(_) => self.follower_tick(now),
+            Role::Idle => {}
+        }
+    }
+
+    /// This replica's node id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// Its log (in memory; the disk may lag, see [`durable_end`](Self::durable_end)).
+    pub fn log(&self) -> &ReplicaLog {
+        &self.log
+    }
+
+    /// The committed offset (high watermark): batches below it are durable on every in-sync
+    /// replica and are the only ones subscribers may read.
+    pub fn committed(&self) -> Offset {
+        self.committed
+    }
+
+    /// Its log is fdatasync'd up to here.
+    pub fn durable_end(&self) -> Offset {
+        self.disk.durable_end()
+    }
+
+    /// The group record it last saw.
+    pub fn group(&self) -> Option<&GroupState> {
+        self.group.as_ref()
+    }
+
+    /// Leader, follower or idle.
+    pub fn role(&self) -> RoleView {
+        match &self.role {
+            Role::Idle => RoleView::Idle,
+            Role::Follower(f) => RoleView::Follower { leader: f.leader, epoch: f.epoch },
+            Role::Leader(l) => RoleView::Leader { epoch: l.epoch },
+        }
+    }
+
+    /// Becomes what the group record says: leader (only under the lease it was elected with),
+    /// follower of the named leader, or idle.
+    fn follow_group(&mut self, now: Time) {
+        let Some(group) = &self.group else { return };
+        let (epoch, leader) = (group.epoch, group.leader);
+        let leads =
+            leader == Some(self.id) && self.lease.is_some() && group.leader_lease == self.lease;
+        match (&self.role, leader) {
+            (Role::Leader(l), _) if leads && l.epoch == epoch => self.leader_group_changed(now),
+            _ if leads => self.become_leader(now),
+            (Role::Follower(f), Some(l)) if f.leader == l && f.epoch == epoch => {}
+            (_, Some(l)) if l != self.id => self.become_follower(now, l, epoch),
+            _ => self.step_down(Role::Idle),
+        }
+    }
+
+    /// Leaves the current role for `next`, failing every append still waiting for its ack.
+    fn step_down(&mut self, next: Role) {
+        if let Role::Leader(state) = std::mem::replace(&mut self.role, next) {
+            let leader = self.group.as_ref().and_then(|g| g.leader).filter(|&l| l != self.id);
+            for waiter in state.waiters {
+                let error = AppendError::NotLeader { leader };
+                self.outbox.push_back(Output::Reject { request: waiter.request, error });
+            }
+        }
+    }
+
+    /// Emits a sync if written data is not yet covered by one.
+    fn sync_if_needed(&mut self) {
+        if let Some(op) = self.disk.sync_if_needed() {
+            self.outbox.push_back(Output::Disk(op));
+        }
+    }
+
+    fn lease_holds(&self, now: Time) -> bool {
+        now < self.lease_valid_until
+    }
+
+    fn send(&mut self, to: NodeId, message: Message) {
+        self.outbox.push_back(Output::Send { to, message });
+    }
+}
+
+/// Checks an append's shape (not its producer sequence).
+fn validate(append: &AppendRequest) -> Result<(), AppendError> {
+    if append.records == 0 || append.records > BATCH_RECORDS_MAX {
+        return Err(AppendError::InvalidBatch("record count out of range"));
+    }
+    if append.payload.len() > BATCH_PAYLOAD_BYTES_MAX {
+        return Err(AppendError::InvalidBatch("payload too large"));
+    }
+    Ok(())
+}

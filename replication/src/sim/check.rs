@@ -1,0 +1,179 @@
+//! The invariants, checked after every step of the simulation.
+//!
+//! The checker keeps `truth`: the committed history, the longest committed prefix any replica
+//! has shown. It never trusts the protocol's own reasoning: every comparison is batch by batch
+//! (epoch, offsets, producer tag, payload), made incremental only by the logs' generation
+//! counters (a log whose generation is unchanged only grew since it was last compared).
+//!
+//! Checked:
+//! 1. committed prefixes agree: every replica's log up to its committed offset equals `truth`
+//!    (or extends it, and then becomes it); `truth` only grows;
+//! 2. offsets are dense in `truth` and the committed offset is a batch boundary;
+//! 3. no duplicate: a producer tag appears at most once in `truth`, and every ack of a tag
+//!    names the same offsets;
+//! 4. an acked durable batch is committed at the acking leader and is in `truth` as acked;
+//! 5. no acked (committed) batch is lost: every in-sync replica's durable image (what a crash
+//!    leaves) holds all of `truth`;
+//! 6. at most one node acks per epoch.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::log::ReplicaLog;
+use crate::types::{Batch, Epoch, NodeId, Offset, ProducerSeq};
+
+/// What has been verified of one log or image: its generation and the prefix length that
+/// equals `truth`.
+#[derive(Clone, Copy, Default)]
+struct Verified {
+    generation: u64,
+    batches: usize,
+}
+
+/// The invariant checker of one simulation.
+pub struct Checker {
+    truth: Vec<Batch>,
+    truth_tags: HashSet<ProducerSeq>,
+    acked: HashMap<ProducerSeq, (Offset, u32)>,
+    ack_epochs: HashMap<Epoch, NodeId>,
+    logs: Vec<Verified>,
+    images: Vec<Verified>,
+}
+
+impl Checker {
+    /// A checker for `nodes` replicas.
+    pub fn new(nodes: usize) -> Checker {
+        Checker {
+            truth: Vec::new(),
+            truth_tags: HashSet::new(),
+            acked: HashMap::new(),
+            ack_epochs: HashMap::new(),
+            logs: vec![Verified::default(); nodes],
+            images: vec![Verified::default(); nodes],
+        }
+    }
+
+    /// Batches known committed.
+    pub fn committed_batches(&self) -> usize {
+        self.truth.len()
+    }
+
+    /// Durable acks seen (distinct producer batches).
+    pub fn acked_batches(&self) -> usize {
+        self.acked.len()
+    }
+
+    /// Invariants 1-3 for `node`'s log up to its committed offset `committed`.
+    pub fn check_committed(
+        &mut self,
+        node: NodeId,
+        log: &ReplicaLog,
+        committed: Offset,
+    ) -> Result<(), String> {
+        if committed > log.end() || !log.is_boundary(committed) {
+            return Err(format!(
+                "{node}: committed {committed} is not a batch boundary of its log (end {})",
+                log.end()
+            ));
+        }
+        let batches = log.batches();
+        let k = batches.partition_point(|b| b.end() <= committed);
+        let seen = &mut self.logs[node.0 as usize];
+        if seen.generation != log.generation() {
+            *seen = Verified { generation: log.generation(), batches: 0 };
+        }
+        for (i, batch) in batches.iter().enumerate().take(k).skip(seen.batches) {
+            match self.truth.get(i) {
+                Some(t) if t == batch => {}
+                Some(t) => {
+                    return Err(format!(
+                        "{node}: committed batch {i} is {batch:?}, the committed history has {t:?}"
+                    ))
+                }
+                None => extend(&mut self.truth, &mut self.truth_tags, batch, node)?,
+            }
+        }
+        seen.batches = seen.batches.max(k);
+        Ok(())
+    }
+
+    /// Invariants 3, 4 and 6 for an ack of `tag` at `base..base + records` by `node` in `epoch`
+    /// (call after [`check_committed`](Self::check_committed) for `node`).
+    pub fn check_ack(
+        &mut self,
+        node: NodeId,
+        epoch: Epoch,
+        tag: ProducerSeq,
+        base: Offset,
+        records: u32,
+    ) -> Result<(), String> {
+        if let Some(&other) = self.ack_epochs.get(&epoch) {
+            if other != node {
+                return Err(format!("{node} and {other} both acked in {epoch}"));
+            }
+        }
+        self.ack_epochs.insert(epoch, node);
+        if let Some(&(b, r)) = self.acked.get(&tag) {
+            if (b, r) != (base, records) {
+                return Err(format!("{tag:?} acked at {b}+{r} and again at {base}+{records}"));
+            }
+        }
+        self.acked.insert(tag, (base, records));
+        let i = self.truth.partition_point(|b| b.base < base);
+        match self.truth.get(i) {
+            Some(b) if b.base == base && b.records == records && b.producer == Some(tag) => Ok(()),
+            found => Err(format!(
+                "{node} acked {tag:?} at {base}+{records}, committed history has {found:?}"
+            )),
+        }
+    }
+
+    /// Invariant 5 for an in-sync replica's durable image.
+    pub fn check_image(
+        &mut self,
+        node: NodeId,
+        image: &[Batch],
+        generation: u64,
+    ) -> Result<(), String> {
+        let seen = &mut self.images[node.0 as usize];
+        if seen.generation != generation {
+            *seen = Verified { generation, batches: 0 };
+        }
+        if image.len() < self.truth.len() {
+            return Err(format!(
+                "{node} is in sync but its durable log has {} batches, {} are committed (acked data lost)",
+                image.len(),
+                self.truth.len()
+            ));
+        }
+        for i in seen.batches..self.truth.len() {
+            if image[i] != self.truth[i] {
+                return Err(format!(
+                    "{node} durable batch {i} is {:?}, committed {:?}",
+                    image[i], self.truth[i]
+                ));
+            }
+        }
+        seen.batches = seen.batches.max(self.truth.len());
+        Ok(())
+    }
+}
+
+/// Appends `batch` to the committed history: dense offsets, no repeated producer tag.
+fn extend(
+    truth: &mut Vec<Batch>,
+    tags: &mut HashSet<ProducerSeq>,
+    batch: &Batch,
+    node: NodeId,
+) -> Result<(), String> {
+    let end = truth.last().map_or(Offset(0), Batch::end);
+    if batch.base != end || batch.records == 0 {
+        return Err(format!("{node}: committed batch at {} leaves a gap after {end}", batch.base));
+    }
+    if let Some(tag) = batch.producer {
+        if !tags.insert(tag) {
+            return Err(format!("{node}: {tag:?} committed twice (a retried batch stored again)"));
+        }
+    }
+    truth.push(batch.clone());
+    Ok(())
+}

@@ -1,0 +1,547 @@
+//! The simulated cluster: replicas with their disks and leases, the etcd model, producers, and
+//! the network between them, all driven by one event queue and one seeded PRNG.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use rand::Rng;
+use rand_chacha::ChaCha8Rng;
+
+use super::check::Checker;
+use super::disk::SimDisk;
+use super::etcd::Etcd;
+use super::net::{Addr, Event, Faults, Packet, Scheduled};
+use super::producer::Producer;
+use super::{SeedReport, SimOptions};
+use crate::config::ReplicaConfig;
+use crate::controller::GroupState;
+use crate::log::ReplicaLog;
+use crate::message::Output;
+use crate::replica::{Replica, RoleView};
+use crate::types::{LeaseId, NodeId, ProducerId, RequestId, Seq, Time};
+
+/// Controller lease TTL in the simulation, ms.
+pub const LEASE_TTL_MS: u64 = 200;
+/// A node renews its lease this often, ms.
+pub const KEEPALIVE_EVERY_MS: u64 = 50;
+/// Node timer period, ms.
+pub const NODE_TICK_MS: u64 = 10;
+/// etcd's timer period (lease expiry, elections), ms.
+pub const ETCD_TICK_MS: u64 = 10;
+/// etcd re-sends the group record to every node this often (a watch resync), ms.
+pub const GROUP_RESYNC_MS: u64 = 100;
+/// Producer timer period, ms.
+pub const PRODUCER_TICK_MS: u64 = 5;
+/// A fault is considered this often while faults are on, ms.
+pub const FAULT_EVERY_MS: u64 = 60;
+/// Events per seed at most (a livelock guard).
+pub const EVENTS_MAX: u64 = 2_000_000;
+
+/// One simulated broker's replica of the shard.
+struct SimNode {
+    id: NodeId,
+    replica: Option<Replica>,
+    incarnation: u32,
+    disk: SimDisk,
+    lease: Option<LeaseId>,
+    lease_sent_at: Time,
+    next_keepalive: Time,
+    paused_until: Time,
+}
+
+/// The whole simulated cluster.
+pub(super) struct World {
+    seed: u64,
+    rng: ChaCha8Rng,
+    now: Time,
+    opts: SimOptions,
+    config: ReplicaConfig,
+    queue: BinaryHeap<Reverse<Scheduled>>,
+    next_seq: u64,
+    nodes: Vec<SimNode>,
+    etcd: Etcd,
+    producers: Vec<Producer>,
+    requests: HashMap<RequestId, (usize, Seq)>,
+    next_request: u64,
+    checker: Checker,
+    faults: Faults,
+    pub(super) events: u64,
+    crashes: u32,
+}
+
+impl World {
+    pub(super) fn new(
+        seed: u64,
+        rng: ChaCha8Rng,
+        opts: SimOptions,
+        replicas: usize,
+        producers: usize,
+    ) -> World {
+        let ids: Vec<NodeId> = (0..replicas as u32).map(NodeId).collect();
+        let mut world = World {
+            seed,
+            config: sim_config(replicas),
+            faults: Faults::default(),
+            queue: BinaryHeap::new(),
+            next_seq: 0,
+            nodes: Vec::new(),
+            etcd: Etcd::new(ids.clone(), LEASE_TTL_MS),
+            producers: Vec::new(),
+            requests: HashMap::new(),
+            next_request: 0,
+            checker: Checker::new(replicas),
+            events: 0,
+            crashes: 0,
+            now: Time(0),
+            rng,
+            opts,
+        };
+        world.faults = Faults::random(&mut world.rng);
+        for &id in &ids {
+            world.nodes.push(SimNode {
+                id,
+                replica: None,
+                incarnation: 0,
+                disk: SimDisk::default(),
+                lease: None,
+                lease_sent_at: Time(0),
+                next_keepalive: Time(0),
+                paused_until: Time(0),
+            });
+            world.start_node(id.0 as usize, Vec::new()).expect("an empty log is valid");
+        }
+        for p in 0..producers {
+            let total = world.rng.gen_range(5..=world.opts.batches_per_producer_max);
+            let target = super::pick(&mut world.rng, &ids).expect("at least one replica");
+            world.producers.push(Producer::new(ProducerId(p as u64 + 1), total, target));
+            world.schedule(Time(0), Event::ProducerTick(p));
+        }
+        world.schedule(Time(0), Event::EtcdTick);
+        world.schedule(Time(FAULT_EVERY_MS), Event::Fault);
+        world
+    }
+
+    /// Runs the seed to its end: faults for `fault_phase_ms`, then heal and wait for every
+    /// producer to finish.
+    pub(super) fn run(mut self) -> Result<SeedReport, (u64, String)> {
+        self.run_events().map_err(|what| (self.events, what))
+    }
+
+    fn run_events(&mut self) -> Result<SeedReport, String> {
+        let deadline = Time(self.opts.fault_phase_ms + self.opts.heal_deadline_ms);
+        let mut healed = false;
+        while let Some(Reverse(next)) = self.queue.pop() {
+            self.now = next.at;
+            self.events += 1;
+            if !healed && self.now.0 >= self.opts.fault_phase_ms {
+                healed = true;
+                self.heal()?;
+            }
+            if healed && self.producers.iter().all(Producer::done) {
+                return Ok(self.report());
+            }
+            if self.now >= deadline || self.events >= EVENTS_MAX {
+                return Err(self.stuck());
+            }
+            self.step(next.event)?;
+        }
+        Err("the event queue ran dry".into())
+    }
+
+    fn report(&self) -> SeedReport {
+        SeedReport {
+            seed: self.seed,
+            replicas: self.nodes.len(),
+            events: self.events,
+            sim_ms: self.now.0,
+            acked_batches: self.checker.acked_batches() as u64,
+            committed_batches: self.checker.committed_batches() as u64,
+            epochs: self.etcd.group.epoch.0,
+            crashes: self.crashes,
+        }
+    }
+
+    fn stuck(&self) -> String {
+        let done: Vec<u32> = self.producers.iter().map(Producer::acked).collect();
+        let roles: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| match &n.replica {
+                Some(r) => format!(
+                    "{}:{:?} end {} committed {}",
+                    n.id,
+                    r.role(),
+                    r.log().end(),
+                    r.committed()
+                ),
+                None => format!("{}: down", n.id),
+            })
+            .collect();
+        format!("liveness: producers not done after healing (acked per producer {done:?}; group {:?}; {roles:?})", self.etcd.group)
+    }
+
+    fn step(&mut self, event: Event) -> Result<(), String> {
+        if self.opts.trace {
+            eprintln!("t={} {:?}", self.now.0, event);
+        }
+        match event {
+            Event::Deliver { from, to, incarnation, packet } => {
+                self.deliver(from, to, incarnation, packet)
+            }
+            Event::DiskDone { node, incarnation } => self.disk_done(node, incarnation),
+            Event::NodeTick { node, incarnation } => self.node_tick(node, incarnation),
+            Event::EtcdTick => {
+                if self.etcd.tick(self.now, &mut self.rng) {
+                    self.broadcast_group();
+                    self.check_isr_images()?;
+                }
+                if self.now.0 % GROUP_RESYNC_MS == 0 {
+                    self.broadcast_group();
+                }
+                self.schedule(self.now.plus_ms(ETCD_TICK_MS), Event::EtcdTick);
+                Ok(())
+            }
+            Event::ProducerTick(p) => self.producer_tick(p),
+            Event::Fault => self.fault(),
+        }
+    }
+
+    fn deliver(
+        &mut self,
+        from: Addr,
+        to: Addr,
+        incarnation: u32,
+        packet: Packet,
+    ) -> Result<(), String> {
+        if self.faults.blocked(from, to) {
+            return Ok(());
+        }
+        match to {
+            Addr::Etcd => {
+                self.etcd_receive(from, packet);
+                Ok(())
+            }
+            Addr::Producer(p) => {
+                self.producer_receive(p, packet);
+                Ok(())
+            }
+            Addr::Node(id) => {
+                let n = id.0 as usize;
+                if self.nodes[n].replica.is_none() || self.nodes[n].incarnation != incarnation {
+                    return Ok(()); // sent to a process that has died since
+                }
+                if self.nodes[n].paused_until > self.now {
+                    let at = self.nodes[n].paused_until;
+                    self.schedule(at, Event::Deliver { from, to, incarnation, packet });
+                    return Ok(());
+                }
+                self.node_receive(n, from, packet)
+            }
+        }
+    }
+
+    fn node_receive(&mut self, n: usize, from: Addr, packet: Packet) -> Result<(), String> {
+        let now = self.now;
+        let node = &mut self.nodes[n];
+        let replica = node.replica.as_mut().expect("checked by the caller");
+        match (from, packet) {
+            (Addr::Node(peer), Packet::Replica(message)) => {
+                replica.handle_message(now, peer, message)
+            }
+            (_, Packet::Group(group)) => replica.handle_controller(now, group),
+            (_, Packet::Lease { lease, sent_at }) => {
+                if sent_at < node.lease_sent_at {
+                    return Ok(());
+                }
+                node.lease = Some(lease);
+                node.lease_sent_at = sent_at;
+                replica.handle_lease(now, lease, sent_at.plus_ms(LEASE_TTL_MS));
+            }
+            (Addr::Producer(_), Packet::Append(append)) => replica.handle_append(now, append),
+            _ => return Ok(()),
+        }
+        self.drain(n)
+    }
+
+    /// Carries out everything node `n` asked for, then checks it.
+    fn drain(&mut self, n: usize) -> Result<(), String> {
+        let id = self.nodes[n].id;
+        let mut outputs = Vec::new();
+        if let Some(replica) = self.nodes[n].replica.as_mut() {
+            while let Some(output) = replica.poll() {
+                outputs.push(output);
+            }
+        }
+        let mut acks = Vec::new();
+        for output in outputs {
+            match output {
+                Output::Send { to, message } => {
+                    self.send(Addr::Node(id), Addr::Node(to), Packet::Replica(message))
+                }
+                Output::Disk(op) => {
+                    let at = self.nodes[n].disk.submit(self.now, op, &mut self.rng);
+                    let incarnation = self.nodes[n].incarnation;
+                    self.schedule(at, Event::DiskDone { node: n, incarnation });
+                }
+                Output::Propose(proposal) => {
+                    self.send(Addr::Node(id), Addr::Etcd, Packet::Propose(proposal))
+                }
+                answer @ (Output::Ack { .. } | Output::Reject { .. }) => {
+                    if let Output::Ack { request, epoch, base, records } = answer {
+                        acks.push((request, epoch, base, records));
+                    }
+                    let request = match &answer {
+                        Output::Ack { request, .. } | Output::Reject { request, .. } => *request,
+                        _ => unreachable!("matched above"),
+                    };
+                    if let Some(&(p, _)) = self.requests.get(&request) {
+                        self.send(Addr::Node(id), Addr::Producer(p), Packet::Answer(answer));
+                    }
+                }
+            }
+        }
+        self.check_node(n)?;
+        let truth_before = self.checker.committed_batches();
+        for (request, epoch, base, records) in acks {
+            let Some(&(p, seq)) = self.requests.get(&request) else { continue };
+            let tag = crate::types::ProducerSeq { producer: self.producers[p].id, seq };
+            let replica = self.nodes[n].replica.as_ref().expect("it just acked");
+            if replica.role() != (RoleView::Leader { epoch }) {
+                return Err(format!("{id} acked in {epoch} while {:?}", replica.role()));
+            }
+            self.checker.check_ack(id, epoch, tag, base, records)?;
+        }
+        if self.checker.committed_batches() != truth_before {
+            self.check_isr_images()?;
+        }
+        Ok(())
+    }
+
+    /// Invariants 1-3 for node `n`, and 5 if it is in sync.
+    fn check_node(&mut self, n: usize) -> Result<(), String> {
+        let before = self.checker.committed_batches();
+        let node = &self.nodes[n];
+        if let Some(replica) = &node.replica {
+            self.checker.check_committed(node.id, replica.log(), replica.committed())?;
+        }
+        if self.checker.committed_batches() != before {
+            return self.check_isr_images();
+        }
+        if self.etcd.group.isr.contains(&node.id) {
+            self.checker.check_image(node.id, node.disk.durable(), node.disk.generation())?;
+        }
+        Ok(())
+    }
+
+    fn check_isr_images(&mut self) -> Result<(), String> {
+        for &id in &self.etcd.group.isr {
+            let disk = &self.nodes[id.0 as usize].disk;
+            self.checker.check_image(id, disk.durable(), disk.generation())?;
+        }
+        Ok(())
+    }
+
+    fn disk_done(&mut self, n: usize, incarnation: u32) -> Result<(), String> {
+        let node = &mut self.nodes[n];
+        if node.replica.is_none() || node.incarnation != incarnation {
+            return Ok(());
+        }
+        if node.paused_until > self.now {
+            let at = node.paused_until;
+            self.schedule(at, Event::DiskDone { node: n, incarnation });
+            return Ok(());
+        }
+        let Some(id) = node.disk.complete_next()? else { return Ok(()) };
+        node.replica.as_mut().expect("checked above").handle_disk_done(self.now, id);
+        self.drain(n)
+    }
+
+    fn node_tick(&mut self, n: usize, incarnation: u32) -> Result<(), String> {
+        let now = self.now;
+        let node = &mut self.nodes[n];
+        if node.replica.is_none() || node.incarnation != incarnation {
+            return Ok(());
+        }
+        self.schedule(now.plus_ms(NODE_TICK_MS), Event::NodeTick { node: n, incarnation });
+        let node = &mut self.nodes[n];
+        if node.paused_until > now {
+            return Ok(());
+        }
+        node.replica.as_mut().expect("checked above").handle_tick(now);
+        if now >= node.next_keepalive {
+            node.next_keepalive = now.plus_ms(KEEPALIVE_EVERY_MS);
+            let (id, lease) = (node.id, node.lease);
+            self.send(Addr::Node(id), Addr::Etcd, Packet::KeepAlive { lease, sent_at: now });
+        }
+        self.drain(n)
+    }
+
+    fn etcd_receive(&mut self, from: Addr, packet: Packet) {
+        let Addr::Node(node) = from else { return };
+        match packet {
+            Packet::KeepAlive { lease, sent_at } => {
+                let lease = self.etcd.keep_alive(self.now, node, lease);
+                self.send(Addr::Etcd, from, Packet::Lease { lease, sent_at });
+            }
+            Packet::Propose(proposal) => {
+                if self.etcd.propose(&proposal) {
+                    self.broadcast_group();
+                } else {
+                    self.send(Addr::Etcd, from, Packet::Group(self.etcd.group.clone()));
+                }
+            }
+            Packet::ReadGroup => {
+                self.send(Addr::Etcd, from, Packet::Group(self.etcd.group.clone()))
+            }
+            _ => {}
+        }
+    }
+
+    fn broadcast_group(&mut self) {
+        let group: GroupState = self.etcd.group.clone();
+        for n in 0..self.nodes.len() {
+            let to = Addr::Node(self.nodes[n].id);
+            self.send(Addr::Etcd, to, Packet::Group(group.clone()));
+        }
+    }
+
+    fn producer_tick(&mut self, p: usize) -> Result<(), String> {
+        self.schedule(self.now.plus_ms(PRODUCER_TICK_MS), Event::ProducerTick(p));
+        let ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
+        let producer = &mut self.producers[p];
+        if producer.retry_due(self.now)
+            && producer.in_flight_seq().is_some()
+            && self.rng.gen_bool(0.5)
+        {
+            producer.retarget(&ids, &mut self.rng);
+        }
+        let request = RequestId(self.next_request);
+        if let Some((target, append)) = producer.tick(self.now, request, &mut self.rng) {
+            let seq = append.producer.expect("simulated producers are idempotent").seq;
+            self.next_request += 1;
+            self.requests.insert(request, (p, seq));
+            self.send(Addr::Producer(p), Addr::Node(target), Packet::Append(append));
+        }
+        Ok(())
+    }
+
+    fn producer_receive(&mut self, p: usize, packet: Packet) {
+        let Packet::Answer(answer) = packet else { return };
+        let ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
+        match answer {
+            Output::Ack { request, .. } => {
+                if let Some(&(_, seq)) = self.requests.get(&request) {
+                    self.producers[p].on_ack(seq);
+                }
+            }
+            Output::Reject { request, error } => {
+                if let Some(&(_, seq)) = self.requests.get(&request) {
+                    self.producers[p].on_reject(self.now, seq, &error, &ids, &mut self.rng);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Restarts node `n` from `image` (its durable log): a new process with no lease.
+    fn start_node(&mut self, n: usize, image: Vec<crate::types::Batch>) -> Result<(), String> {
+        let log = ReplicaLog::from_batches(image).map_err(|e| format!("recovery of n{n}: {e}"))?;
+        let node = &mut self.nodes[n];
+        let mut replica = Replica::new(node.id, self.config.clone(), log);
+        replica.inject_bugs(self.opts.bugs);
+        node.replica = Some(replica);
+        node.lease = None;
+        node.lease_sent_at = Time(0);
+        node.next_keepalive = self.now;
+        let (id, incarnation) = (node.id, node.incarnation);
+        self.send(Addr::Node(id), Addr::Etcd, Packet::ReadGroup);
+        self.schedule(self.now, Event::NodeTick { node: n, incarnation });
+        Ok(())
+    }
+
+    fn crash(&mut self, n: usize) -> Result<(), String> {
+        let node = &mut self.nodes[n];
+        if node.replica.take().is_none() {
+            return Ok(());
+        }
+        node.incarnation += 1;
+        node.paused_until = Time(0);
+        node.disk.crash(&mut self.rng)?;
+        self.crashes += 1;
+        if self.etcd.group.isr.contains(&node.id) {
+            self.checker.check_image(node.id, node.disk.durable(), node.disk.generation())?;
+        }
+        Ok(())
+    }
+
+    fn restart(&mut self, n: usize) -> Result<(), String> {
+        if self.nodes[n].replica.is_some() {
+            return Ok(());
+        }
+        let image = self.nodes[n].disk.durable().to_vec();
+        self.start_node(n, image)
+    }
+
+    /// One random fault (or none), while faults are on.
+    fn fault(&mut self) -> Result<(), String> {
+        if self.now.0 >= self.opts.fault_phase_ms {
+            return Ok(());
+        }
+        self.schedule(self.now.plus_ms(FAULT_EVERY_MS), Event::Fault);
+        let n = self.rng.gen_range(0..self.nodes.len() as u32) as usize;
+        match self.rng.gen_range(0..100u32) {
+            0..=9 => self.crash(n)?,
+            10..=29 => self.restart(n)?,
+            30..=37 => self.faults.partition(&mut self.rng, self.nodes.len()),
+            38..=49 => self.faults.heal_partition(),
+            50..=55 => self.faults.cut_from_etcd(self.nodes[n].id),
+            56..=65 => self.faults.restore_etcd(),
+            66..=71 => {
+                let pause_ms = self.rng.gen_range(LEASE_TTL_MS / 2..=LEASE_TTL_MS * 2);
+                self.nodes[n].paused_until = self.now.plus_ms(pause_ms);
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
+    /// Ends the fault phase: every node up, no partition, no drops or duplicates.
+    fn heal(&mut self) -> Result<(), String> {
+        self.faults.heal_all();
+        for n in 0..self.nodes.len() {
+            self.nodes[n].paused_until = Time(0);
+            self.restart(n)?;
+        }
+        Ok(())
+    }
+
+    /// Sends `packet`, subject to drops, duplication, delay and partitions.
+    fn send(&mut self, from: Addr, to: Addr, packet: Packet) {
+        let incarnation = match to {
+            Addr::Node(id) => self.nodes[id.0 as usize].incarnation,
+            _ => 0,
+        };
+        for delay_ms in self.faults.delays(&mut self.rng) {
+            let event = Event::Deliver { from, to, incarnation, packet: packet.clone() };
+            self.schedule(self.now.plus_ms(delay_ms), event);
+        }
+    }
+
+    fn schedule(&mut self, at: Time, event: Event) {
+        self.next_seq += 1;
+        self.queue.push(Reverse(Scheduled { at, seq: self.next_seq, event }));
+    }
+}
+
+/// Replica timings scaled to the simulation's short lease.
+fn sim_config(replicas: usize) -> ReplicaConfig {
+    ReplicaConfig {
+        isr_lag_max_ms: 150,
+        fetch_park_max_ms: 40,
+        fetch_retry_ms: 80,
+        propose_retry_ms: 80,
+        fetch_bytes_max: 256,
+        follower_unwritten_bytes_max: 1024,
+        ..ReplicaConfig::for_replicas(replicas)
+    }
+}

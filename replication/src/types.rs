@@ -1,0 +1,120 @@
+//! Ids, times and the replicated batch: the vocabulary every other module uses.
+
+use std::fmt;
+
+use bytes::Bytes;
+pub use felix_proto::Offset;
+
+/// A broker taking part in a shard's replica group (the cluster's node id, mapped to a number
+/// by the driver).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct NodeId(pub u32);
+
+/// A leader epoch. Every leadership change (a controller compare-and-swap) increments it; one
+/// node at most leads a given epoch. `Epoch::NONE` (0) precedes the first election.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Epoch(pub u64);
+
+impl Epoch {
+    /// No epoch: before the first election, or "no batch" in an epoch query.
+    pub const NONE: Epoch = Epoch(0);
+}
+
+/// A controller (etcd) lease: one per broker process incarnation. A restarted process gets a
+/// new one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct LeaseId(pub u64);
+
+/// An idempotent producer (assigned by the broker or chosen by the client).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ProducerId(pub u64);
+
+/// A producer's per-shard batch sequence number: its first batch to a shard is 0, each next
+/// batch is one more; a retry reuses the number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Seq(pub u32);
+
+/// The driver's correlation id of a client append; answers carry it back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct RequestId(pub u64);
+
+/// A point in time, in milliseconds from an origin the driver chooses (the state machine never
+/// reads a clock; every handler takes `now`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Time(pub u64);
+
+impl Time {
+    /// `self + ms`, saturating.
+    pub fn plus_ms(self, ms: u64) -> Time {
+        Time(self.0.saturating_add(ms))
+    }
+
+    /// Milliseconds from `earlier` to `self` (0 if `earlier` is later).
+    pub fn since_ms(self, earlier: Time) -> u64 {
+        self.0.saturating_sub(earlier.0)
+    }
+}
+
+/// What an append's acknowledgement promises.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AckMode {
+    /// fdatasync'd on every member of the in-sync set (at least `min_insync` replicas, the
+    /// leader included): the batch is committed and survives the loss of any replica but one
+    /// of them.
+    Durable,
+    /// Written by the leader (not synced, not replicated): lost if the leader fails over first.
+    Written,
+    /// Acknowledged once the leader assigned offsets; nothing is promised.
+    None,
+}
+
+/// The idempotence tag of a batch: who sent it, and its per-shard sequence number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProducerSeq {
+    /// The producer.
+    pub producer: ProducerId,
+    /// Its sequence number for this shard.
+    pub seq: Seq,
+}
+
+/// One replicated batch: the unit the leader appends, ships and the followers store.
+///
+/// The producer tag is part of the batch, so every replica rebuilds the idempotence table from
+/// its own log and a new leader drops retries of batches its predecessor accepted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// The epoch of the leader that appended it.
+    pub epoch: Epoch,
+    /// Offset of its first record.
+    pub base: Offset,
+    /// Record count, at least 1.
+    pub records: u32,
+    /// Idempotence tag, if the producer is idempotent.
+    pub producer: Option<ProducerSeq>,
+    /// The encoded records (opaque here).
+    pub payload: Bytes,
+}
+
+impl Batch {
+    /// Offset one past its last record.
+    pub fn end(&self) -> Offset {
+        Offset(self.base.0 + u64::from(self.records))
+    }
+
+    /// Bytes it costs in a fetch reply (payload plus a fixed header estimate).
+    pub fn size_bytes(&self) -> u64 {
+        self.payload.len() as u64 + crate::config::BATCH_HEADER_BYTES
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "n{}", self.0)
+    }
+}
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "e{}", self.0)
+    }
+}

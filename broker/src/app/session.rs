@@ -170,205 +170,36 @@ fn answers_with_publish_error(frame: &Frame) -> bool {
 }
 
 impl Session {
+    /// Answer one frame: Hello first, then each request after its grant is checked.
     async fn dispatch(self: &Rc<Self>, frame: Frame) -> Answer {
-        let app = &self.app;
         if !self.hello.get() {
-            return match frame {
-                Frame::Hello(h) if h.version != PROTOCOL_VERSION => {
-                    stats::add(&app.stats.counters.rejected_frames, 1);
-                    let e = WireError::new(
-                        ErrorCode::UnsupportedVersion,
-                        format!("protocol version {} is not supported; this broker speaks {PROTOCOL_VERSION}", h.version),
-                    );
-                    ready(error_frame(RequestId(0), e))
-                }
-                Frame::Hello(h) => {
-                    if let Some(auth) = &app.settings.auth {
-                        let verified = match &h.token {
-                            None => Err(WireError::new(
-                                ErrorCode::Unauthenticated,
-                                "this broker requires a token",
-                            )),
-                            Some(t) => auth.verify(t),
-                        };
-                        match verified {
-                            Ok(grant) => {
-                                // At `exp` the connection is closed with TokenExpired (14).
-                                let conn = self.conn.clone();
-                                let expiry = super::auth::close_at_expiry(conn, grant.exp);
-                                glommio::spawn_local(expiry).detach();
-                                *self.grant.borrow_mut() = Some(grant);
-                            }
-                            Err(e) => {
-                                stats::add(&app.stats.counters.rejected_frames, 1);
-                                return ready(error_frame(RequestId(0), e));
-                            }
-                        }
-                    }
-                    self.hello.set(true);
-                    self.client_capabilities.set(h.capabilities);
-                    ready(Some(Frame::HelloOk(HelloOk {
-                        version: PROTOCOL_VERSION,
-                        capabilities: broker_capabilities(app),
-                        limits: app.settings.limits,
-                        core: app.core,
-                        core_count: app.settings.cores as u16,
-                    })))
-                }
-                other => {
-                    stats::add(&app.stats.counters.rejected_frames, 1);
-                    let e = WireError::new(ErrorCode::Unauthenticated, "Hello must come first");
-                    let answer =
-                        e.into_answer(request_id_of(&other), answers_with_publish_error(&other));
-                    ready(Some(answer))
-                }
-            };
+            return self.handle_first_frame(frame);
         }
-        if let Some((action, stream)) = needs(&frame) {
-            if let Err(e) = self.authorize(action, stream) {
-                stats::add(&app.stats.counters.rejected_frames, 1);
-                let answer =
-                    e.into_answer(request_id_of(&frame), answers_with_publish_error(&frame));
-                return ready(Some(answer));
-            }
+        if let Some(refusal) = self.check_grant(&frame) {
+            return refusal;
         }
         match frame {
             Frame::Publish(p) => self.publish(p).await,
-            Frame::Subscribe(s) => {
-                if let Err(r) = self.check_subscribe(&s) {
-                    return ready(self.refused(s.request_id, &s.stream, r, false));
-                }
-                let session = self.clone();
-                let id = s.request_id;
-                // Resolving start positions may take mesh round trips; answer in order.
-                Box::pin(async move {
-                    match subscribe::start(session, s).await {
-                        Ok(ok) => Some(Frame::SubscribeOk(ok)),
-                        Err(e) => error_frame(id, e),
-                    }
-                })
-            }
-            Frame::CreateStream(c) => {
-                let name = match felix_proto::StreamName::parse(&c.stream) {
-                    Ok(n) => n,
-                    Err(e) => {
-                        return ready(error_frame(
-                            c.request_id,
-                            WireError::new(ErrorCode::InvalidStreamName, e.to_string()),
-                        ))
-                    }
-                };
-                let m = StreamMeta { name, shards: c.shards, retention: c.retention };
-                match app.create_stream(m).await {
-                    Ok(m) => ready(Some(stream_info(c.request_id, &m))),
-                    Err(e) => ready(error_frame(c.request_id, e)),
-                }
-            }
-            Frame::DescribeStream(d) => match app.stream(&d.stream, false).await {
+            Frame::Subscribe(s) => self.handle_subscribe(s),
+            Frame::CreateStream(c) => self.handle_create_stream(c).await,
+            Frame::DescribeStream(d) => match self.app.stream(&d.stream, false).await {
                 Ok(entry) => ready(Some(stream_info(d.request_id, &entry.meta))),
                 Err(e) => ready(error_frame(d.request_id, e)),
             },
-            Frame::ListStreams(l) if app.cluster.is_some() => {
-                let names = app.cluster.as_ref().map(|c| c.stream_names()).unwrap_or_default();
-                let streams = names
-                    .into_iter()
-                    .filter(|n| n.starts_with(&l.prefix))
-                    .filter(|n| {
-                        felix_proto::StreamName::parse(n)
-                            .is_ok_and(|name| self.authorize_name(Action::Read, &name).is_ok())
-                    })
-                    .take(felix_proto::limits::MAX_LISTED_STREAMS)
-                    .collect();
-                ready(Some(Frame::StreamList(StreamList { request_id: l.request_id, streams })))
-            }
-            Frame::ListStreams(l) => match meta::load_all(&app.settings.data_dir) {
-                Ok(all) => {
-                    let streams = all
-                        .into_iter()
-                        .filter(|m| self.authorize_name(Action::Read, &m.name).is_ok())
-                        .map(|m| m.name.as_str().to_owned())
-                        .filter(|n| n.starts_with(&l.prefix))
-                        .take(felix_proto::limits::MAX_LISTED_STREAMS)
-                        .collect();
-                    ready(Some(Frame::StreamList(StreamList { request_id: l.request_id, streams })))
-                }
-                Err(e) => ready(error_frame(l.request_id, super::core::meta_error(&e))),
-            },
-            Frame::CommitOffset(c)
-                if c.group.is_empty() || c.group.chars().any(char::is_control) =>
-            {
-                let e = WireError::new(
-                    ErrorCode::InvalidArgument,
-                    "group names are non-empty, without control characters",
-                );
-                ready(error_frame(c.request_id, e))
-            }
-            Frame::CommitOffset(c) => {
-                if let Some(Err(r)) =
-                    app.cluster.as_ref().map(|l| l.check(&c.stream, c.shard, true))
-                {
-                    return ready(self.refused(c.request_id, &c.stream, r, false));
-                }
-                let app = app.clone();
-                Box::pin(async move {
-                    let req = CoreRequest::Commit {
-                        stream: c.stream.clone(),
-                        group: c.group,
-                        shard: c.shard,
-                        offset: c.offset,
-                    };
-                    match app.stream(&c.stream, false).await {
-                        Ok(e) if c.shard.0 < e.meta.shards => {}
-                        Ok(_) => {
-                            return error_frame(
-                                c.request_id,
-                                WireError::new(ErrorCode::InvalidShard, format!("no {}", c.shard)),
-                            )
-                        }
-                        Err(e) => return error_frame(c.request_id, e),
-                    }
-                    match app.on_owner(c.shard, req).await {
-                        Ok(CoreResponse::Committed(Ok(()))) => Some(Frame::CommitOk(c.request_id)),
-                        Ok(CoreResponse::Committed(Err(e))) | Err(e) => {
-                            error_frame(c.request_id, e)
-                        }
-                        Ok(_) => error_frame(
-                            c.request_id,
-                            WireError::new(ErrorCode::Internal, "unexpected reply"),
-                        ),
-                    }
-                })
-            }
-            Frame::Metadata(m) => {
-                let cluster = app
-                    .cluster
-                    .as_ref()
-                    .filter(|_| self.client_capabilities.get().contains(Capabilities::CLUSTER));
-                ready(match cluster {
-                    Some(link) => match link.metadata(m.request_id, &m.stream) {
-                        Ok(ok) => Some(Frame::MetadataOk(ok)),
-                        Err(e) => error_frame(m.request_id, e),
-                    },
-                    None => error_frame(
-                        m.request_id,
-                        WireError::new(
-                            ErrorCode::InvalidArgument,
-                            "Metadata needs capability CLUSTER on both sides (a broker in a cluster)",
-                        ),
-                    ),
-                })
-            }
+            Frame::ListStreams(l) => self.handle_list_streams(l),
+            Frame::CommitOffset(c) => self.handle_commit_offset(c),
+            Frame::Metadata(m) => self.handle_metadata(m),
             Frame::Ping(n) => ready(Some(Frame::Pong(n))),
             Frame::Pong(_) => ready(None),
             Frame::Hello(_) => {
-                stats::add(&app.stats.counters.rejected_frames, 1);
+                stats::add(&self.app.stats.counters.rejected_frames, 1);
                 ready(error_frame(
                     RequestId(0),
                     WireError::new(ErrorCode::InvalidArgument, "Hello was already received"),
                 ))
             }
             other => {
-                stats::add(&app.stats.counters.rejected_frames, 1);
+                stats::add(&self.app.stats.counters.rejected_frames, 1);
                 let e = WireError::new(
                     ErrorCode::InvalidArgument,
                     format!("{:?} is not sent by clients", other.frame_type()),
@@ -376,6 +207,198 @@ impl Session {
                 ready(error_frame(request_id_of(&other), e))
             }
         }
+    }
+
+    /// Before Hello: only a Hello of this protocol version is answered with HelloOk.
+    fn handle_first_frame(self: &Rc<Self>, frame: Frame) -> Answer {
+        let app = &self.app;
+        match frame {
+            Frame::Hello(h) if h.version != PROTOCOL_VERSION => {
+                stats::add(&app.stats.counters.rejected_frames, 1);
+                let e = WireError::new(
+                    ErrorCode::UnsupportedVersion,
+                    format!("protocol version {} is not supported; this broker speaks {PROTOCOL_VERSION}", h.version),
+                );
+                ready(error_frame(RequestId(0), e))
+            }
+            Frame::Hello(h) => self.handle_hello(h),
+            other => {
+                stats::add(&app.stats.counters.rejected_frames, 1);
+                let e = WireError::new(ErrorCode::Unauthenticated, "Hello must come first");
+                let answer =
+                    e.into_answer(request_id_of(&other), answers_with_publish_error(&other));
+                ready(Some(answer))
+            }
+        }
+    }
+
+    /// Hello of this protocol version: verify the token when the broker requires one, then
+    /// answer HelloOk.
+    fn handle_hello(self: &Rc<Self>, h: felix_proto::Hello) -> Answer {
+        let app = &self.app;
+        if let Some(auth) = &app.settings.auth {
+            let verified = match &h.token {
+                None => {
+                    Err(WireError::new(ErrorCode::Unauthenticated, "this broker requires a token"))
+                }
+                Some(t) => auth.verify(t),
+            };
+            match verified {
+                Ok(grant) => {
+                    // At `exp` the connection is closed with TokenExpired (14).
+                    let conn = self.conn.clone();
+                    let expiry = super::auth::close_at_expiry(conn, grant.exp);
+                    glommio::spawn_local(expiry).detach();
+                    *self.grant.borrow_mut() = Some(grant);
+                }
+                Err(e) => {
+                    stats::add(&app.stats.counters.rejected_frames, 1);
+                    return ready(error_frame(RequestId(0), e));
+                }
+            }
+        }
+        self.hello.set(true);
+        self.client_capabilities.set(h.capabilities);
+        ready(Some(Frame::HelloOk(HelloOk {
+            version: PROTOCOL_VERSION,
+            capabilities: broker_capabilities(app),
+            limits: app.settings.limits,
+            core: app.core,
+            core_count: app.settings.cores as u16,
+        })))
+    }
+
+    /// The refusal of `frame` when the connection's grant does not allow it, else `None`.
+    fn check_grant(&self, frame: &Frame) -> Option<Answer> {
+        let (action, stream) = needs(frame)?;
+        let e = self.authorize(action, stream).err()?;
+        stats::add(&self.app.stats.counters.rejected_frames, 1);
+        let answer = e.into_answer(request_id_of(frame), answers_with_publish_error(frame));
+        Some(ready(Some(answer)))
+    }
+
+    fn handle_subscribe(self: &Rc<Self>, s: felix_proto::Subscribe) -> Answer {
+        if let Err(r) = self.check_subscribe(&s) {
+            return ready(self.refused(s.request_id, &s.stream, r, false));
+        }
+        let session = self.clone();
+        let id = s.request_id;
+        // Resolving start positions may take mesh round trips; answer in order.
+        Box::pin(async move {
+            match subscribe::start(session, s).await {
+                Ok(ok) => Some(Frame::SubscribeOk(ok)),
+                Err(e) => error_frame(id, e),
+            }
+        })
+    }
+
+    async fn handle_create_stream(&self, c: felix_proto::CreateStream) -> Answer {
+        let name = match felix_proto::StreamName::parse(&c.stream) {
+            Ok(n) => n,
+            Err(e) => {
+                return ready(error_frame(
+                    c.request_id,
+                    WireError::new(ErrorCode::InvalidStreamName, e.to_string()),
+                ))
+            }
+        };
+        let m = StreamMeta { name, shards: c.shards, retention: c.retention };
+        match self.app.create_stream(m).await {
+            Ok(m) => ready(Some(stream_info(c.request_id, &m))),
+            Err(e) => ready(error_frame(c.request_id, e)),
+        }
+    }
+
+    /// The streams whose names start with the prefix and that the grant may read: from the
+    /// cluster view in a cluster, else from the layout files in the data directory.
+    fn handle_list_streams(&self, l: felix_proto::ListStreams) -> Answer {
+        let app = &self.app;
+        let streams = match &app.cluster {
+            Some(link) => link
+                .stream_names()
+                .into_iter()
+                .filter(|n| n.starts_with(&l.prefix))
+                .filter(|n| {
+                    felix_proto::StreamName::parse(n)
+                        .is_ok_and(|name| self.authorize_name(Action::Read, &name).is_ok())
+                })
+                .take(felix_proto::limits::MAX_LISTED_STREAMS)
+                .collect(),
+            None => match meta::load_all(&app.settings.data_dir) {
+                Ok(all) => all
+                    .into_iter()
+                    .filter(|m| self.authorize_name(Action::Read, &m.name).is_ok())
+                    .map(|m| m.name.as_str().to_owned())
+                    .filter(|n| n.starts_with(&l.prefix))
+                    .take(felix_proto::limits::MAX_LISTED_STREAMS)
+                    .collect(),
+                Err(e) => return ready(error_frame(l.request_id, super::core::meta_error(&e))),
+            },
+        };
+        ready(Some(Frame::StreamList(StreamList { request_id: l.request_id, streams })))
+    }
+
+    /// Store a consumer group's position on the shard's owner core (once the stream and
+    /// shard are known to exist).
+    fn handle_commit_offset(self: &Rc<Self>, c: felix_proto::CommitOffset) -> Answer {
+        if c.group.is_empty() || c.group.chars().any(char::is_control) {
+            let e = WireError::new(
+                ErrorCode::InvalidArgument,
+                "group names are non-empty, without control characters",
+            );
+            return ready(error_frame(c.request_id, e));
+        }
+        if let Some(Err(r)) = self.app.cluster.as_ref().map(|l| l.check(&c.stream, c.shard, true)) {
+            return ready(self.refused(c.request_id, &c.stream, r, false));
+        }
+        let app = self.app.clone();
+        Box::pin(async move {
+            let req = CoreRequest::Commit {
+                stream: c.stream.clone(),
+                group: c.group,
+                shard: c.shard,
+                offset: c.offset,
+            };
+            match app.stream(&c.stream, false).await {
+                Ok(e) if c.shard.0 < e.meta.shards => {}
+                Ok(_) => {
+                    return error_frame(
+                        c.request_id,
+                        WireError::new(ErrorCode::InvalidShard, format!("no {}", c.shard)),
+                    )
+                }
+                Err(e) => return error_frame(c.request_id, e),
+            }
+            match app.on_owner(c.shard, req).await {
+                Ok(CoreResponse::Committed(Ok(()))) => Some(Frame::CommitOk(c.request_id)),
+                Ok(CoreResponse::Committed(Err(e))) | Err(e) => error_frame(c.request_id, e),
+                Ok(_) => error_frame(
+                    c.request_id,
+                    WireError::new(ErrorCode::Internal, "unexpected reply"),
+                ),
+            }
+        })
+    }
+
+    fn handle_metadata(&self, m: felix_proto::Metadata) -> Answer {
+        let cluster = self
+            .app
+            .cluster
+            .as_ref()
+            .filter(|_| self.client_capabilities.get().contains(Capabilities::CLUSTER));
+        ready(match cluster {
+            Some(link) => match link.metadata(m.request_id, &m.stream) {
+                Ok(ok) => Some(Frame::MetadataOk(ok)),
+                Err(e) => error_frame(m.request_id, e),
+            },
+            None => error_frame(
+                m.request_id,
+                WireError::new(
+                    ErrorCode::InvalidArgument,
+                    "Metadata needs capability CLUSTER on both sides (a broker in a cluster)",
+                ),
+            ),
+        })
     }
 
     async fn publish(self: &Rc<Self>, p: Publish) -> Answer {

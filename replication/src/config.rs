@@ -70,3 +70,20 @@ pub struct InjectedBugs {
     /// original offsets.
     pub skip_dedup: bool,
 }
+
+impl InjectedBugs {
+    /// Parses a comma-separated list of flag names (`commit_without_quorum`, `skip_truncation`,
+    /// `skip_dedup`); the empty string is no bug.
+    pub fn parse(names: &str) -> Result<InjectedBugs, String> {
+        let mut bugs = InjectedBugs::default();
+        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "commit_without_quorum" => bugs.commit_without_quorum = true,
+                "skip_truncation" => bugs.skip_truncation = true,
+                "skip_dedup" => bugs.skip_dedup = true,
+                other => return Err(format!("unknown injected bug {other:?}")),
+            }
+        }
+        Ok(bugs)
+    }
+}

@@ -87,7 +87,9 @@ impl Replica {
 
     /// Drops the log's suffix from `to` on, in memory and on disk.
     fn truncate(&mut self, to: Offset) {
+        let before = self.log.batches().len();
         self.log.truncate(to);
+        self.stats.batches_truncated += (before - self.log.batches().len()) as u64;
         self.committed = self.committed.min(to);
         let op = self.disk.truncate(to);
         self.outbox.push_back(Output::Disk(op));

@@ -73,6 +73,7 @@ impl Replica {
         };
         self.step_down(Role::Leader(state));
         self.committed = self.committed.min(end);
+        self.stats.leaderships += 1;
     }
 
     /// The group record changed while this replica still leads the same epoch.
@@ -98,6 +99,7 @@ impl Replica {
             });
         };
         if !self.lease_holds(now) {
+            self.stats.lease_refusals += 1;
             return Err(AppendError::LeaseExpired);
         }
         let insync = self.quorum().len();
@@ -112,7 +114,10 @@ impl Replica {
         }
         let epoch = state.epoch;
         let (base, records) = match append.producer.map(|tag| self.log.check_seq(tag)) {
-            Some(SeqCheck::Duplicate { base, records }) if !self.bugs.skip_dedup => (base, records),
+            Some(SeqCheck::Duplicate { base, records }) if !self.bugs.skip_dedup => {
+                self.stats.duplicates += 1;
+                (base, records)
+            }
             Some(SeqCheck::TooOld) => return Err(AppendError::SequenceTooOld),
             Some(SeqCheck::OutOfOrder) => return Err(AppendError::OutOfOrderSequence),
             _ => self.append_batch(epoch, append),
@@ -193,20 +198,29 @@ impl Replica {
     /// Answers every parked fetch that has news: batches after its offset, or a newer commit.
     pub(super) fn wake_parked(&mut self) {
         let Role::Leader(state) = &mut self.role else { return };
-        let (epoch, committed, end) = (state.epoch, self.committed, self.log.end());
-        let mut replies = Vec::new();
+        let (committed, end) = (self.committed, self.log.end());
+        let mut due = Vec::new();
         for (&node, progress) in &mut state.followers {
             let news = progress.log_end < end || progress.told_committed < committed;
             if progress.parked_since.is_some() && news {
                 progress.parked_since = None;
                 progress.told_committed = committed;
-                let batches = self.log.read_from(progress.log_end, self.config.fetch_bytes_max);
-                replies.push((node, progress.log_end, batches));
+                due.push((node, progress.log_end));
             }
         }
-        for (node, from, batches) in replies {
-            self.send(node, Message::FetchReply { epoch, from, batches, committed });
+        for (node, from) in due {
+            self.send_fetch_reply(node, from);
         }
+    }
+
+    /// Sends `node` the batches after `from` (bounded by `fetch_bytes_max`) and the commit.
+    fn send_fetch_reply(&mut self, node: NodeId, from: Offset) {
+        let Role::Leader(state) = &self.role else { return };
+        let epoch = state.epoch;
+        let batches = self.log.read_from(from, self.config.fetch_bytes_max);
+        self.stats.fetch_bytes_sent += batches.iter().map(Batch::size_bytes).sum::<u64>();
+        let committed = self.committed;
+        self.send(node, Message::FetchReply { epoch, from, batches, committed });
     }
 
     /// The in-sync replicas a commit needs now: the confirmed set, plus the proposed one while a
@@ -256,23 +270,23 @@ impl Replica {
             AckMode::Written => w.end() <= written,
             AckMode::None => true,
         };
-        let mut i = 0;
-        while i < state.waiters.len() {
-            if done(&state.waiters[i]) {
-                let w = state.waiters.swap_remove(i);
-                let ack =
-                    Output::Ack { request: w.request, epoch, base: w.base, records: w.records };
-                self.outbox.push_back(ack);
-            } else {
-                i += 1;
-            }
+        if !state.waiters.iter().any(done) {
+            return;
+        }
+        // Keeps the order of arrival among the acks and among those left waiting.
+        let (ready, waiting): (Vec<Waiter>, Vec<Waiter>) =
+            std::mem::take(&mut state.waiters).into_iter().partition(done);
+        state.waiters = waiting;
+        for w in ready {
+            let ack = Output::Ack { request: w.request, epoch, base: w.base, records: w.records };
+            self.outbox.push_back(ack);
         }
     }
 
     pub(super) fn leader_tick(&mut self, now: Time) {
         let park_max_ms = self.config.fetch_park_max_ms;
         let Role::Leader(state) = &mut self.role else { return };
-        let (epoch, committed, end) = (state.epoch, self.committed, self.log.end());
+        let committed = self.committed;
         let mut expired = Vec::new();
         for (&node, progress) in &mut state.followers {
             if progress.parked_since.is_some_and(|t| now.since_ms(t) >= park_max_ms) {
@@ -282,12 +296,7 @@ impl Replica {
             }
         }
         for (node, from) in expired {
-            let batches = if from < end {
-                self.log.read_from(from, self.config.fetch_bytes_max)
-            } else {
-                Vec::new()
-            };
-            self.send(node, Message::FetchReply { epoch, from, batches, committed });
+            self.send_fetch_reply(node, from);
         }
         self.maybe_shrink_isr(now);
         self.process_waiters(now);
@@ -340,6 +349,7 @@ impl Replica {
             isr,
         };
         state.proposal = Some((proposal.clone(), now));
+        self.stats.isr_proposals += 1;
         self.outbox.push_back(Output::Propose(proposal));
     }
 

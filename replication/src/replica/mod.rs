@@ -52,6 +52,23 @@ pub enum RoleView {
     },
 }
 
+/// Counters of one replica (the broker exports them per core).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplicaStats {
+    /// Batches removed by truncation to a new leader's log.
+    pub batches_truncated: u64,
+    /// Retried idempotent batches answered with their original offsets.
+    pub duplicates: u64,
+    /// Appends refused because the lease was not confirmed.
+    pub lease_refusals: u64,
+    /// In-sync-set proposals sent (first sends, not retries).
+    pub isr_proposals: u64,
+    /// Bytes of batches sent in fetch replies.
+    pub fetch_bytes_sent: u64,
+    /// Times this replica became leader.
+    pub leaderships: u64,
+}
+
 enum Role {
     Idle,
     Follower(FollowerState),
@@ -84,6 +101,7 @@ pub struct Replica {
     committed: Offset,
     role: Role,
     outbox: VecDeque<Output>,
+    stats: ReplicaStats,
 }
 
 impl Replica {
@@ -103,6 +121,7 @@ impl Replica {
             committed: Offset(0),
             role: Role::Idle,
             outbox: VecDeque::new(),
+            stats: ReplicaStats::default(),
         }
     }
 
@@ -206,6 +225,11 @@ impl Replica {
     /// Its log is fdatasync'd up to here.
     pub fn durable_end(&self) -> Offset {
         self.disk.durable_end()
+    }
+
+    /// Its counters.
+    pub fn stats(&self) -> ReplicaStats {
+        self.stats
     }
 
     /// The group record it last saw.

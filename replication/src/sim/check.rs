@@ -145,13 +145,9 @@ impl Checker {
                 self.truth.len()
             ));
         }
-        for i in seen.batches..self.truth.len() {
-            if image[i] != self.truth[i] {
-                return Err(format!(
-                    "{node} durable batch {i} is {:?}, committed {:?}",
-                    image[i], self.truth[i]
-                ));
-            }
+        let mut pairs = image.iter().zip(&self.truth).enumerate().skip(seen.batches);
+        if let Some((i, (got, want))) = pairs.find(|(_, (got, want))| got != want) {
+            return Err(format!("{node} durable batch {i} is {got:?}, committed {want:?}"));
         }
         seen.batches = seen.batches.max(self.truth.len());
         Ok(())

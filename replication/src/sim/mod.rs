@@ -26,6 +26,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::config::InjectedBugs;
+use crate::replica::ReplicaStats;
 
 pub use world::{LEASE_TTL_MS, NODE_TICK_MS};
 
@@ -75,6 +76,8 @@ pub struct SeedReport {
     pub epochs: u64,
     /// Crashes injected.
     pub crashes: u32,
+    /// The replicas' counters, summed (crashed incarnations included).
+    pub stats: ReplicaStats,
 }
 
 /// A seed that broke an invariant (or did not finish after healing).
@@ -86,14 +89,16 @@ pub struct Violation {
     pub events: u64,
     /// What broke.
     pub what: String,
+    /// The injected bugs, as `FELIX_SIM_BUG=...` for the replay command (empty if none).
+    pub bugs: String,
 }
 
 impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "seed {} failed after {} events: {}\nreplay: FELIX_SIM_SEED={} cargo test -p felix-replication --test sim sim_replay -- --nocapture (FELIX_SIM_TRACE=1 prints every event)",
-            self.seed, self.events, self.what, self.seed
+            "seed {} failed after {} events: {}\nreplay: FELIX_SIM_SEED={}{} cargo test -p felix-replication --test sim sim_replay -- --nocapture (FELIX_SIM_TRACE=1 prints every event)",
+            self.seed, self.events, self.what, self.seed, self.bugs
         )
     }
 }
@@ -113,6 +118,8 @@ pub struct SweepReport {
     pub crashes: u64,
     /// Simulated time over all seeds, ms.
     pub sim_ms: u64,
+    /// The replicas' counters over all seeds.
+    pub stats: ReplicaStats,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -123,7 +130,7 @@ pub fn run_seed(seed: u64, opts: &SimOptions) -> Result<SeedReport, Violation> {
     let replicas = rng.gen_range(3..=5u32) as usize;
     let producers = rng.gen_range(1..=3u32) as usize;
     let world = world::World::new(seed, rng, opts.clone(), replicas, producers);
-    world.run().map_err(|(events, what)| Violation { seed, events, what })
+    world.run().map_err(|(events, what)| Violation { seed, events, what, bugs: bug_env(opts.bugs) })
 }
 
 /// Runs `count` seeds from `first` on; stops at the first violation.
@@ -138,9 +145,37 @@ pub fn sweep(first: u64, count: u64, opts: &SimOptions) -> Result<SweepReport, V
         total.epochs += report.epochs;
         total.crashes += u64::from(report.crashes);
         total.sim_ms += report.sim_ms;
+        total.stats = add_stats(total.stats, report.stats);
     }
     total.elapsed = started.elapsed();
     Ok(total)
+}
+
+/// ` FELIX_SIM_BUG=a,b` for the injected bugs, or "".
+fn bug_env(bugs: InjectedBugs) -> String {
+    let flags = [
+        (bugs.commit_without_quorum, "commit_without_quorum"),
+        (bugs.skip_truncation, "skip_truncation"),
+        (bugs.skip_dedup, "skip_dedup"),
+    ];
+    let names: Vec<&str> = flags.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
+    if names.is_empty() {
+        String::new()
+    } else {
+        format!(" FELIX_SIM_BUG={}", names.join(","))
+    }
+}
+
+/// `a + b`, counter by counter.
+pub(crate) fn add_stats(a: ReplicaStats, b: ReplicaStats) -> ReplicaStats {
+    ReplicaStats {
+        batches_truncated: a.batches_truncated + b.batches_truncated,
+        duplicates: a.duplicates + b.duplicates,
+        lease_refusals: a.lease_refusals + b.lease_refusals,
+        isr_proposals: a.isr_proposals + b.isr_proposals,
+        fetch_bytes_sent: a.fetch_bytes_sent + b.fetch_bytes_sent,
+        leaderships: a.leaderships + b.leaderships,
+    }
 }
 
 /// A uniformly chosen element (portable: draws a `u32`, never a `usize`).

@@ -17,7 +17,7 @@ use crate::config::ReplicaConfig;
 use crate::controller::GroupState;
 use crate::log::ReplicaLog;
 use crate::message::Output;
-use crate::replica::{Replica, RoleView};
+use crate::replica::{Replica, ReplicaStats, RoleView};
 use crate::types::{LeaseId, NodeId, ProducerId, RequestId, Seq, Time};
 
 /// Controller lease TTL in the simulation, ms.
@@ -67,6 +67,8 @@ pub(super) struct World {
     faults: Faults,
     pub(super) events: u64,
     crashes: u32,
+    /// Counters of replicas that crashed.
+    retired: ReplicaStats,
 }
 
 impl World {
@@ -92,6 +94,7 @@ impl World {
             checker: Checker::new(replicas),
             events: 0,
             crashes: 0,
+            retired: ReplicaStats::default(),
             now: Time(0),
             rng,
             opts,
@@ -149,7 +152,10 @@ impl World {
     }
 
     fn report(&self) -> SeedReport {
+        let live = self.nodes.iter().filter_map(|n| n.replica.as_ref().map(Replica::stats));
+        let stats = live.fold(self.retired, super::add_stats);
         SeedReport {
+            stats,
             seed: self.seed,
             replicas: self.nodes.len(),
             events: self.events,
@@ -461,9 +467,8 @@ impl World {
 
     fn crash(&mut self, n: usize) -> Result<(), String> {
         let node = &mut self.nodes[n];
-        if node.replica.take().is_none() {
-            return Ok(());
-        }
+        let Some(replica) = node.replica.take() else { return Ok(()) };
+        self.retired = super::add_stats(self.retired, replica.stats());
         node.incarnation += 1;
         node.paused_until = Time(0);
         node.disk.crash(&mut self.rng)?;

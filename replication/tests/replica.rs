@@ -1,0 +1,319 @@
+//! The replica state machine driven by hand: a small in-memory harness (quinn's `Pair` in
+//! spirit) with instant messages, disks completed when the test says, and the controller's
+//! compare-and-swap applied at once.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+use felix_replication::{
+    AckMode, AppendError, AppendRequest, DiskOp, DiskOpId, Epoch, GroupState, LeaseId, Message,
+    NodeId, Offset, Output, ProducerId, ProducerSeq, Replica, ReplicaConfig, ReplicaLog, RequestId,
+    RoleView, Seq, Time,
+};
+
+/// Lease validity the harness grants, ms.
+const LEASE_MS: u64 = 10_000;
+
+struct Harness {
+    now: Time,
+    nodes: Vec<Replica>,
+    group: GroupState,
+    /// Disk operations emitted and not completed, per node.
+    disk: Vec<Vec<DiskOpId>>,
+    /// Whether a node's disk completes at once.
+    auto_disk: Vec<bool>,
+    /// Whether a node is cut off (its messages are dropped).
+    cut: Vec<bool>,
+    messages: VecDeque<(NodeId, NodeId, Message)>,
+    answers: Vec<Output>,
+}
+
+impl Harness {
+    /// `n` replicas with the default configuration, node 0 elected.
+    fn new(n: u32) -> Harness {
+        Harness::with_config(n, ReplicaConfig::for_replicas(n as usize))
+    }
+
+    /// `n` replicas, node 0 elected.
+    fn with_config(n: u32, config: ReplicaConfig) -> Harness {
+        let ids: Vec<NodeId> = (0..n).map(NodeId).collect();
+        let mut h = Harness {
+            now: Time(1),
+            nodes: ids
+                .iter()
+                .map(|&id| Replica::new(id, config.clone(), ReplicaLog::default()))
+                .collect(),
+            group: GroupState::new(ids.clone()),
+            disk: vec![Vec::new(); n as usize],
+            auto_disk: vec![true; n as usize],
+            cut: vec![false; n as usize],
+            messages: VecDeque::new(),
+            answers: Vec::new(),
+        };
+        for i in 0..n as usize {
+            h.nodes[i].handle_lease(h.now, LeaseId(i as u64 + 1), h.now.plus_ms(LEASE_MS));
+        }
+        h.elect(NodeId(0));
+        h
+    }
+
+    fn elect(&mut self, node: NodeId) {
+        let live = (0..self.nodes.len() as u32).map(NodeId).filter(|n| !self.cut[n.0 as usize]);
+        let live = live.collect();
+        self.group.elect(node, LeaseId(u64::from(node.0) + 1), &live).expect("electable");
+        self.publish_group();
+    }
+
+    fn publish_group(&mut self) {
+        for i in 0..self.nodes.len() {
+            if !self.cut[i] {
+                self.nodes[i].handle_controller(self.now, self.group.clone());
+            }
+        }
+        self.pump();
+    }
+
+    fn append(&mut self, node: u32, request: u64, tag: Option<(u64, u32)>, mode: AckMode) {
+        let append = AppendRequest {
+            request: RequestId(request),
+            producer: tag.map(|(p, s)| ProducerSeq { producer: ProducerId(p), seq: Seq(s) }),
+            records: 2,
+            payload: Bytes::from(format!("batch {request}")),
+            mode,
+        };
+        self.nodes[node as usize].handle_append(self.now, append);
+        self.pump();
+    }
+
+    /// Advances time by `ms` in ticks of 10 ms.
+    fn advance(&mut self, ms: u64) {
+        for _ in 0..ms / 10 {
+            self.now = self.now.plus_ms(10);
+            for i in 0..self.nodes.len() {
+                if !self.cut[i] {
+                    self.nodes[i].handle_tick(self.now);
+                }
+            }
+            self.pump();
+        }
+    }
+
+    fn complete_disk(&mut self, node: usize) {
+        if let Some(&last) = self.disk[node].last() {
+            self.disk[node].clear();
+            self.nodes[node].handle_disk_done(self.now, last);
+            self.pump();
+        }
+    }
+
+    /// Runs until nothing moves.
+    fn pump(&mut self) {
+        loop {
+            let mut moved = false;
+            for i in 0..self.nodes.len() {
+                while let Some(output) = self.nodes[i].poll() {
+                    moved = true;
+                    self.route(i, output);
+                }
+                if self.auto_disk[i] && !self.disk[i].is_empty() {
+                    let last = *self.disk[i].last().expect("not empty");
+                    self.disk[i].clear();
+                    self.nodes[i].handle_disk_done(self.now, last);
+                    moved = true;
+                }
+            }
+            while let Some((from, to, message)) = self.messages.pop_front() {
+                moved = true;
+                if !self.cut[from.0 as usize] && !self.cut[to.0 as usize] {
+                    self.nodes[to.0 as usize].handle_message(self.now, from, message);
+                }
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    fn route(&mut self, i: usize, output: Output) {
+        match output {
+            Output::Send { to, message } => {
+                self.messages.push_back((NodeId(i as u32), to, message))
+            }
+            Output::Disk(op) => self.disk[i].push(op_id(&op)),
+            Output::Propose(proposal) => {
+                if !self.cut[i] && self.group.apply_isr(&proposal).is_ok() {
+                    self.publish_group();
+                }
+            }
+            answer => self.answers.push(answer),
+        }
+    }
+
+    fn acked(&self, request: u64) -> Option<(Offset, u32)> {
+        self.answers.iter().find_map(|a| match a {
+            Output::Ack { request: r, base, records, .. } if *r == RequestId(request) => {
+                Some((*base, *records))
+            }
+            _ => None,
+        })
+    }
+
+    fn rejected(&self, request: u64) -> Option<AppendError> {
+        self.answers.iter().find_map(|a| match a {
+            Output::Reject { request: r, error } if *r == RequestId(request) => Some(error.clone()),
+            _ => None,
+        })
+    }
+}
+
+fn op_id(op: &DiskOp) -> DiskOpId {
+    op.id()
+}
+
+#[test]
+fn durable_ack_waits_for_every_in_sync_follower_to_sync() {
+    let mut h = Harness::new(3);
+    h.auto_disk[2] = false;
+    h.append(0, 1, None, AckMode::Durable);
+    assert_eq!(h.acked(1), None, "node 2 has not synced");
+    assert_eq!(h.nodes[0].committed(), Offset(0), "not visible before the quorum is durable");
+    h.complete_disk(2);
+    assert_eq!(h.acked(1), Some((Offset(0), 2)));
+    assert_eq!(h.nodes[0].committed(), Offset(2));
+    for node in &h.nodes {
+        assert_eq!(node.log().end(), Offset(2));
+    }
+}
+
+#[test]
+fn written_and_none_acks_do_not_wait_for_followers() {
+    let mut h = Harness::new(3);
+    h.auto_disk = vec![false; 3];
+    h.append(0, 1, None, AckMode::None);
+    assert_eq!(h.acked(1), Some((Offset(0), 2)));
+    h.append(0, 2, None, AckMode::Written);
+    assert_eq!(h.acked(2), None, "not written yet");
+    h.complete_disk(0);
+    assert_eq!(h.acked(2), Some((Offset(2), 2)));
+    assert_eq!(h.nodes[0].committed(), Offset(0), "followers have not synced");
+}
+
+#[test]
+fn an_expired_lease_stops_acks_at_once() {
+    let mut h = Harness::new(3);
+    h.auto_disk[1] = false;
+    h.append(0, 1, None, AckMode::Durable);
+    h.now = h.now.plus_ms(LEASE_MS);
+    h.complete_disk(1);
+    assert_eq!(h.nodes[0].committed(), Offset(2), "committed, and visible");
+    assert_eq!(h.acked(1), None, "but not acked without a lease");
+    h.append(0, 2, None, AckMode::Durable);
+    assert_eq!(h.rejected(2), Some(AppendError::LeaseExpired));
+    h.nodes[0].handle_lease(h.now, LeaseId(1), h.now.plus_ms(LEASE_MS));
+    h.pump();
+    assert_eq!(h.acked(1), Some((Offset(0), 2)), "acked once the lease is confirmed again");
+}
+
+#[test]
+fn a_retry_gets_the_original_offsets_even_after_failover() {
+    let mut h = Harness::new(3);
+    h.append(0, 1, Some((9, 0)), AckMode::Durable);
+    h.append(0, 2, Some((9, 0)), AckMode::Durable);
+    assert_eq!(h.acked(2), Some((Offset(0), 2)));
+    assert_eq!(h.nodes[0].log().end(), Offset(2), "stored once");
+    h.cut[0] = true;
+    h.elect(NodeId(1));
+    assert_eq!(h.nodes[1].role(), RoleView::Leader { epoch: Epoch(2) });
+    h.append(1, 3, Some((9, 0)), AckMode::Durable);
+    assert_eq!(h.acked(3), Some((Offset(0), 2)), "the new leader knows the producer's batch");
+    h.append(1, 4, Some((9, 1)), AckMode::Durable);
+    assert_eq!(h.acked(4), Some((Offset(2), 2)));
+    h.append(1, 5, Some((9, 3)), AckMode::Durable);
+    assert_eq!(h.rejected(5), Some(AppendError::OutOfOrderSequence));
+}
+
+#[test]
+fn a_follower_truncates_what_the_new_leader_does_not_have() {
+    let mut h = Harness::new(3);
+    h.append(0, 1, None, AckMode::Durable);
+    // Node 2 is cut off; node 0 appends more that only node 1 ... does not get either.
+    h.cut[1] = true;
+    h.cut[2] = true;
+    h.append(0, 2, None, AckMode::Durable);
+    assert_eq!(h.nodes[0].log().end(), Offset(4), "an uncommitted suffix on the old leader");
+    // Node 0 goes away; node 1 leads and appends something else at offset 2.
+    h.cut = vec![true, false, false];
+    h.elect(NodeId(1));
+    h.append(1, 3, None, AckMode::Durable);
+    assert_eq!(h.acked(3), Some((Offset(2), 2)));
+    // Node 0 comes back as a follower of epoch 2 and must drop its epoch-1 batch at 2.
+    h.cut[0] = false;
+    h.nodes[0].handle_controller(h.now, h.group.clone());
+    h.pump();
+    h.advance(1_000);
+    assert_eq!(h.nodes[0].stats().batches_truncated, 1);
+    assert_eq!(h.nodes[0].log().batches(), h.nodes[1].log().batches());
+}
+
+#[test]
+fn a_lagging_follower_is_shrunk_out_then_rejoins() {
+    let mut h = Harness::new(3);
+    h.cut[2] = true;
+    h.append(0, 1, None, AckMode::Durable);
+    assert_eq!(h.acked(1), None, "node 2 is in sync and has not synced");
+    h.advance(ReplicaConfig::default().isr_lag_max_ms + 100);
+    assert!(!h.group.isr.contains(&NodeId(2)), "shrunk out by compare-and-swap");
+    assert_eq!(h.acked(1), Some((Offset(0), 2)), "committed by the smaller in-sync set");
+    h.cut[2] = false;
+    h.nodes[2].handle_controller(h.now, h.group.clone());
+    h.advance(600);
+    assert!(h.group.isr.contains(&NodeId(2)), "caught up and back in sync");
+    assert_eq!(h.nodes[2].log().end(), Offset(2));
+}
+
+#[test]
+fn too_few_in_sync_replicas_refuse_durable_appends() {
+    let mut h = Harness::new(3);
+    h.cut[1] = true;
+    h.cut[2] = true;
+    h.advance(ReplicaConfig::default().isr_lag_max_ms + 100);
+    assert_eq!(h.group.isr.len(), 1);
+    h.append(0, 1, None, AckMode::Durable);
+    assert_eq!(h.rejected(1), Some(AppendError::NotEnoughReplicas { insync: 1, min_insync: 2 }));
+    h.append(0, 2, None, AckMode::Written);
+    assert_eq!(h.acked(2), Some((Offset(0), 2)), "written appends still go");
+}
+
+#[test]
+fn a_restarted_leader_does_not_resume_its_old_epoch() {
+    let mut h = Harness::new(3);
+    h.append(0, 1, None, AckMode::Durable);
+    // The process restarts: same node id, a new lease; the group still names the old lease.
+    let log = ReplicaLog::from_batches(h.nodes[0].log().batches().to_vec()).unwrap();
+    h.nodes[0] = Replica::new(NodeId(0), ReplicaConfig::for_replicas(3), log);
+    h.nodes[0].handle_lease(h.now, LeaseId(100), h.now.plus_ms(LEASE_MS));
+    h.nodes[0].handle_controller(h.now, h.group.clone());
+    assert_eq!(h.nodes[0].role(), RoleView::Idle);
+    h.append(0, 2, None, AckMode::Durable);
+    assert!(matches!(h.rejected(2), Some(AppendError::NotLeader { .. })));
+}
+
+#[test]
+fn fetch_replies_are_bounded() {
+    let config = ReplicaConfig { fetch_bytes_max: 300, ..ReplicaConfig::for_replicas(2) };
+    let mut h = Harness::with_config(2, config);
+    h.cut[1] = true;
+    for r in 10..30 {
+        h.append(0, r, None, AckMode::Written);
+    }
+    let fetch = Message::Fetch { epoch: Epoch(1), from: Offset(0), durable_end: Offset(0) };
+    h.nodes[0].handle_message(h.now, NodeId(1), fetch);
+    let mut sent = Vec::new();
+    while let Some(output) = h.nodes[0].poll() {
+        if let Output::Send { message: Message::FetchReply { batches, .. }, .. } = output {
+            sent.push(batches.len());
+        }
+    }
+    // Each batch costs 48 + 8 payload bytes: five fit in 300.
+    assert_eq!(sent, vec![5]);
+}

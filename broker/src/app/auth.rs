@@ -135,6 +135,29 @@ impl Grant {
     }
 }
 
+/// Why [`Authenticator::load`] refused the `--auth-keys` files.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthKeysError {
+    /// A key file cannot be read.
+    #[error("auth key {}: {source}", path.display())]
+    Read {
+        /// The key file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A key file holds no Ed25519 or P-256 public key in PEM.
+    #[error("auth key {}: not an Ed25519 or P-256 public key in PEM", path.display())]
+    NotAKey {
+        /// The key file.
+        path: PathBuf,
+    },
+    /// No key file was given.
+    #[error("no auth keys given")]
+    NoKeys,
+}
+
 /// Verifies tokens against a set of public keys.
 pub struct Authenticator {
     keys: Vec<(Algorithm, DecodingKey)>,
@@ -148,24 +171,21 @@ impl std::fmt::Debug for Authenticator {
 
 impl Authenticator {
     /// Loads PEM public keys (Ed25519 for EdDSA, P-256 for ES256).
-    pub fn load(paths: &[PathBuf]) -> Result<Self, String> {
+    pub fn load(paths: &[PathBuf]) -> Result<Self, AuthKeysError> {
         let mut keys = Vec::new();
         for path in paths {
-            let pem =
-                std::fs::read(path).map_err(|e| format!("auth key {}: {e}", path.display()))?;
+            let pem = std::fs::read(path)
+                .map_err(|source| AuthKeysError::Read { path: path.clone(), source })?;
             if let Ok(k) = DecodingKey::from_ed_pem(&pem) {
                 keys.push((Algorithm::EdDSA, k));
             } else if let Ok(k) = DecodingKey::from_ec_pem(&pem) {
                 keys.push((Algorithm::ES256, k));
             } else {
-                return Err(format!(
-                    "auth key {}: not an Ed25519 or P-256 public key in PEM",
-                    path.display()
-                ));
+                return Err(AuthKeysError::NotAKey { path: path.clone() });
             }
         }
         if keys.is_empty() {
-            return Err("no auth keys given".into());
+            return Err(AuthKeysError::NoKeys);
         }
         Ok(Self { keys })
     }
@@ -367,6 +387,30 @@ mod tests {
         // `exp` is required.
         let no_exp = serde_json::json!({ "tenant": "acme", "permissions": perms });
         assert_eq!(code(no_exp), Some(ErrorCode::InvalidToken));
+    }
+
+    #[test]
+    fn loading_keys_fails_with_a_typed_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let err = Authenticator::load(std::slice::from_ref(&missing)).unwrap_err();
+        assert!(
+            matches!(&err, AuthKeysError::Read { path, source }
+                if *path == missing && source.kind() == std::io::ErrorKind::NotFound),
+            "{err:?}"
+        );
+        assert!(err.to_string().starts_with(&format!("auth key {}: ", missing.display())));
+        let junk = dir.path().join("junk.pem");
+        std::fs::write(&junk, b"not a key").unwrap();
+        let err = Authenticator::load(std::slice::from_ref(&junk)).unwrap_err();
+        assert!(matches!(&err, AuthKeysError::NotAKey { path } if *path == junk), "{err:?}");
+        assert_eq!(
+            err.to_string(),
+            format!("auth key {}: not an Ed25519 or P-256 public key in PEM", junk.display())
+        );
+        let err = Authenticator::load(&[]).unwrap_err();
+        assert!(matches!(err, AuthKeysError::NoKeys), "{err:?}");
+        assert_eq!(err.to_string(), "no auth keys given");
     }
 
     #[test]

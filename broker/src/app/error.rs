@@ -106,8 +106,8 @@ pub enum StartError {
     #[error(transparent)]
     Cluster(felix_cluster::ClusterError),
     /// An `--auth-keys` file cannot be read or holds no usable public key.
-    #[error("{0}")]
-    AuthKeys(String),
+    #[error(transparent)]
+    AuthKeys(super::auth::AuthKeysError),
     /// The storage settings are out of their ranges.
     #[error(transparent)]
     Storage(StorageError),

@@ -82,141 +82,34 @@ pub struct Broker {
 
 impl Broker {
     /// Starts every core. Returns once each core has recovered its logs.
+    ///
+    /// In order: the start-up checks, the cluster agent (with `--cluster-etcd`), the cores'
+    /// settings, storage and network configurations, then the server, whose cores each open
+    /// their storage and report back ([`CoreLauncher`]).
     pub fn start(args: &ServeArgs) -> Result<Broker, StartError> {
-        check_data_dir(&args.data_dir)?;
-        check_port_free(args.listen)?;
-        check_io_uring()?;
-        meta::check_layout(&args.data_dir, args.cores).map_err(StartError::Layout)?;
-        let max = core::max_shards(args.cores);
-        if args.default_shards > max {
-            return Err(StartError::DefaultShards {
-                shards: args.default_shards,
-                max,
-                cores: args.cores,
-            });
-        }
-        let cores = args.cores;
-        let limits = Limits {
-            max_frame_bytes: (BATCH_BYTES_LIMIT as u32)
-                .min(felix_proto::limits::MAX_FRAME_BYTES_DEFAULT),
-            max_batch_records: felix_proto::limits::MAX_BATCH_RECORDS_DEFAULT,
-            max_key_bytes: felix_proto::limits::MAX_KEY_BYTES_DEFAULT,
-        };
+        check_startup(args)?;
         let agent = start_agent(args)?;
-        let settings = Settings {
-            cluster: agent.as_ref().map(felix_cluster::AgentHandle::client),
-            data_dir: args.data_dir.clone(),
-            cores,
-            auto_create: args.auto_create,
-            quota: Arc::new(meta::TenantQuota::new(args.max_streams_per_tenant)),
-            min_free_bytes: args.min_free_bytes,
-            default_shards: args.default_shards,
-            retention: Retention {
-                bytes_max: (args.retention_bytes != 0).then_some(args.retention_bytes),
-                age_max_ms: (args.retention_ms != 0).then_some(args.retention_ms),
-            },
-            limits,
-            inflight_bytes_per_conn: args.inflight_bytes_per_conn.max(1),
-            inflight_bytes_per_core: args.inflight_bytes_per_core.max(1),
-            slow_consumer: Duration::from_secs(args.slow_consumer_secs.max(1)),
-            auth: match args.auth_keys.is_empty() {
-                true => None,
-                false => Some(Arc::new(
-                    auth::Authenticator::load(&args.auth_keys).map_err(StartError::AuthKeys)?,
-                )),
-            },
-        };
-        let mut storage = StorageConfig::new(&args.data_dir);
-        storage.segment_bytes_max = args.segment_bytes;
-        storage.batch_bytes_max = BATCH_BYTES_LIMIT;
-        storage.batch_records_max = limits.max_batch_records as usize;
-        storage.repair = args.repair;
-        storage.retention = RetentionConfig {
-            bytes_max: settings.retention.bytes_max,
-            age_ms_max: settings.retention.age_max_ms,
-        };
-        storage.validate().map_err(StartError::Storage)?;
-
-        let tls = match (&args.cert, &args.key) {
-            (Some(cert), Some(key)) => TlsSource::Pem { cert: cert.clone(), key: key.clone() },
-            _ => TlsSource::Dev { data_dir: args.data_dir.clone() },
-        };
-        let mut net = NetConfig::new(args.listen, cores, tls);
-        net.cpus = if args.no_pin {
-            Vec::new()
-        } else if args.cpus.is_empty() {
-            (0..cores).collect()
-        } else {
-            args.cpus.clone()
-        };
-        net.steering = args.steering;
-        net.max_udp_payload = args.max_udp_payload;
-        net.idle_timeout = Duration::from_millis(args.idle_timeout_ms);
-        net.max_conns_per_core = args.max_conns_per_core;
-        net.max_streams_per_conn = args.max_streams_per_conn;
-        net.handshakes_per_sec_per_core = args.handshakes_per_sec_per_core;
-
-        let plan = Arc::new(MeshPlan::new(cores));
+        let settings = core_settings(args, &agent)?;
+        let storage = storage_config(args, &settings)?;
+        let net = net_config(args);
+        let cores = args.cores;
         let stats: Arc<Vec<Arc<AppStats>>> =
             Arc::new((0..cores).map(|_| Arc::new(AppStats::default())).collect());
         let stop = Arc::new(ShutdownFlags::default());
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), CoreOpenError>>();
         let (drained_tx, drained_rx) = mpsc::channel::<()>();
-        let per_core = {
-            let stats = stats.clone();
-            let stop = stop.clone();
-            let ready_tx = Mutex::new(ready_tx);
-            let drained_tx = Mutex::new(drained_tx);
-            move |ctx: crate::net::CoreContext| {
-                let core = ctx.core();
-                let ends = plan.take(core);
-                let settings = settings.clone();
-                let storage = storage.clone();
-                let stats = stats[usize::from(core.0)].clone();
-                let stop = stop.clone();
-                let ready = ready_tx.lock().map(|t| t.clone()).ok();
-                let drained = drained_tx.lock().map(|t| t.clone()).ok();
-                async move {
-                    let (Some(ends), Some(ready), Some(drained)) = (ends, ready, drained) else {
-                        eprintln!("felix: {core}: mesh or channels already taken");
-                        return;
-                    };
-                    tracing::debug!(core = core.0, "opening core");
-                    let started = open_core(core, ends, settings, storage, stats).await;
-                    let app = match started {
-                        Ok(app) => {
-                            let _ = ready.send(Ok(()));
-                            app
-                        }
-                        Err(e) => {
-                            let _ = ready.send(Err(e));
-                            return;
-                        }
-                    };
-                    glommio::spawn_local(watch_stop(app.clone(), stop, drained)).detach();
-                    while let Some(conn) = ctx.accept().await {
-                        glommio::spawn_local(session::serve_connection(app.clone(), conn)).detach();
-                    }
-                }
-            }
+        let launcher = CoreLauncher {
+            plan: Arc::new(MeshPlan::new(cores)),
+            settings,
+            storage,
+            stats: stats.clone(),
+            stop: stop.clone(),
+            ready: Mutex::new(ready_tx),
+            drained: Mutex::new(drained_tx),
         };
-        let handle =
-            Server::start(net, per_core).map_err(|e| StartError::from_server(e, args.listen))?;
-        let deadline = Instant::now() + Duration::from_millis(CORE_START_TIMEOUT_MS);
-        for _ in 0..cores {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match ready_rx.recv_timeout(left) {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    handle.shutdown();
-                    return Err(e.into());
-                }
-                Err(_) => {
-                    handle.shutdown();
-                    return Err(StartError::CoreTimeout);
-                }
-            }
-        }
+        let handle = Server::start(net, move |ctx| launcher.launch(ctx))
+            .map_err(|e| StartError::from_server(e, args.listen))?;
+        let handle = wait_for_cores(handle, &ready_rx, cores)?;
         let broker = Broker {
             handle,
             stop,
@@ -287,6 +180,172 @@ impl Broker {
         }
         true
     }
+}
+
+/// What each core needs to start, shared by the server's core threads.
+struct CoreLauncher {
+    plan: Arc<MeshPlan>,
+    settings: Settings,
+    storage: StorageConfig,
+    stats: Arc<Vec<Arc<AppStats>>>,
+    stop: Arc<ShutdownFlags>,
+    /// Each core reports here once its storage is open (or why it is not).
+    ready: Mutex<mpsc::Sender<Result<(), CoreOpenError>>>,
+    /// Each core reports here at each shutdown phase it finishes.
+    drained: Mutex<mpsc::Sender<()>>,
+}
+
+impl CoreLauncher {
+    /// The future core `ctx` runs: open the core, report, then serve its connections.
+    fn launch(&self, ctx: crate::net::CoreContext) -> impl std::future::Future<Output = ()> {
+        let core = ctx.core();
+        let ends = self.plan.take(core);
+        let settings = self.settings.clone();
+        let storage = self.storage.clone();
+        let stats = self.stats[usize::from(core.0)].clone();
+        let stop = self.stop.clone();
+        let ready = self.ready.lock().map(|t| t.clone()).ok();
+        let drained = self.drained.lock().map(|t| t.clone()).ok();
+        async move {
+            let (Some(ends), Some(ready), Some(drained)) = (ends, ready, drained) else {
+                eprintln!("felix: {core}: mesh or channels already taken");
+                return;
+            };
+            tracing::debug!(core = core.0, "opening core");
+            let started = open_core(core, ends, settings, storage, stats).await;
+            let app = match started {
+                Ok(app) => {
+                    let _ = ready.send(Ok(()));
+                    app
+                }
+                Err(e) => {
+                    let _ = ready.send(Err(e));
+                    return;
+                }
+            };
+            glommio::spawn_local(watch_stop(app.clone(), stop, drained)).detach();
+            while let Some(conn) = ctx.accept().await {
+                glommio::spawn_local(session::serve_connection(app.clone(), conn)).detach();
+            }
+        }
+    }
+}
+
+/// The checks made before anything starts: the data directory, the port, io_uring, the
+/// layout file, and `--default-shards`.
+fn check_startup(args: &ServeArgs) -> Result<(), StartError> {
+    check_data_dir(&args.data_dir)?;
+    check_port_free(args.listen)?;
+    check_io_uring()?;
+    meta::check_layout(&args.data_dir, args.cores).map_err(StartError::Layout)?;
+    let max = core::max_shards(args.cores);
+    if args.default_shards > max {
+        return Err(StartError::DefaultShards {
+            shards: args.default_shards,
+            max,
+            cores: args.cores,
+        });
+    }
+    Ok(())
+}
+
+/// What every core is told: limits, budgets, retention, tokens, the cluster agent.
+fn core_settings(
+    args: &ServeArgs,
+    agent: &Option<felix_cluster::AgentHandle>,
+) -> Result<Settings, StartError> {
+    let limits = Limits {
+        max_frame_bytes: (BATCH_BYTES_LIMIT as u32)
+            .min(felix_proto::limits::MAX_FRAME_BYTES_DEFAULT),
+        max_batch_records: felix_proto::limits::MAX_BATCH_RECORDS_DEFAULT,
+        max_key_bytes: felix_proto::limits::MAX_KEY_BYTES_DEFAULT,
+    };
+    Ok(Settings {
+        cluster: agent.as_ref().map(felix_cluster::AgentHandle::client),
+        data_dir: args.data_dir.clone(),
+        cores: args.cores,
+        auto_create: args.auto_create,
+        quota: Arc::new(meta::TenantQuota::new(args.max_streams_per_tenant)),
+        min_free_bytes: args.min_free_bytes,
+        default_shards: args.default_shards,
+        retention: Retention {
+            bytes_max: (args.retention_bytes != 0).then_some(args.retention_bytes),
+            age_max_ms: (args.retention_ms != 0).then_some(args.retention_ms),
+        },
+        limits,
+        inflight_bytes_per_conn: args.inflight_bytes_per_conn.max(1),
+        inflight_bytes_per_core: args.inflight_bytes_per_core.max(1),
+        slow_consumer: Duration::from_secs(args.slow_consumer_secs.max(1)),
+        auth: match args.auth_keys.is_empty() {
+            true => None,
+            false => Some(Arc::new(
+                auth::Authenticator::load(&args.auth_keys).map_err(StartError::AuthKeys)?,
+            )),
+        },
+    })
+}
+
+/// The storage configuration every core opens its store with, validated.
+fn storage_config(args: &ServeArgs, settings: &Settings) -> Result<StorageConfig, StartError> {
+    let mut storage = StorageConfig::new(&args.data_dir);
+    storage.segment_bytes_max = args.segment_bytes;
+    storage.batch_bytes_max = BATCH_BYTES_LIMIT;
+    storage.batch_records_max = settings.limits.max_batch_records as usize;
+    storage.repair = args.repair;
+    storage.retention = RetentionConfig {
+        bytes_max: settings.retention.bytes_max,
+        age_ms_max: settings.retention.age_max_ms,
+    };
+    storage.validate().map_err(StartError::Storage)?;
+    Ok(storage)
+}
+
+/// The QUIC endpoint's configuration: certificate, CPUs, steering and limits.
+fn net_config(args: &ServeArgs) -> NetConfig {
+    let tls = match (&args.cert, &args.key) {
+        (Some(cert), Some(key)) => TlsSource::Pem { cert: cert.clone(), key: key.clone() },
+        _ => TlsSource::Dev { data_dir: args.data_dir.clone() },
+    };
+    let mut net = NetConfig::new(args.listen, args.cores, tls);
+    net.cpus = if args.no_pin {
+        Vec::new()
+    } else if args.cpus.is_empty() {
+        (0..args.cores).collect()
+    } else {
+        args.cpus.clone()
+    };
+    net.steering = args.steering;
+    net.max_udp_payload = args.max_udp_payload;
+    net.idle_timeout = Duration::from_millis(args.idle_timeout_ms);
+    net.max_conns_per_core = args.max_conns_per_core;
+    net.max_streams_per_conn = args.max_streams_per_conn;
+    net.handshakes_per_sec_per_core = args.handshakes_per_sec_per_core;
+    net
+}
+
+/// Waits (at most [`CORE_START_TIMEOUT_MS`] in all) until every core has reported that its
+/// storage is open; shuts the server down if one failed or did not report.
+fn wait_for_cores(
+    handle: crate::net::ServerHandle,
+    ready: &mpsc::Receiver<Result<(), CoreOpenError>>,
+    cores: usize,
+) -> Result<crate::net::ServerHandle, StartError> {
+    let deadline = Instant::now() + Duration::from_millis(CORE_START_TIMEOUT_MS);
+    for _ in 0..cores {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match ready.recv_timeout(left) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                handle.shutdown();
+                return Err(e.into());
+            }
+            Err(_) => {
+                handle.shutdown();
+                return Err(StartError::CoreTimeout);
+            }
+        }
+    }
+    Ok(handle)
 }
 
 /// The two phases of shutdown, set by the main thread and read by each core.

@@ -14,6 +14,9 @@ use std::time::Instant;
 use felix_replication::sim::{self, SimOptions, SweepReport, Violation};
 use felix_replication::InjectedBugs;
 
+/// Each thread reports its progress every this many seeds (stderr).
+const PROGRESS_EVERY_SEEDS: u64 = 10_000;
+
 fn main() {
     let args: Vec<u64> = std::env::args()
         .skip(1)
@@ -89,6 +92,9 @@ fn run_share(
                 total.epochs += r.epochs;
                 total.crashes += u64::from(r.crashes);
                 total.sim_ms += r.sim_ms;
+                if total.seeds % PROGRESS_EVERY_SEEDS == 0 {
+                    eprintln!("thread {t}: {} seeds passed (last {seed})", total.seeds);
+                }
             }
             Err(v) => {
                 stop.store(true, Ordering::Relaxed);

@@ -69,11 +69,13 @@ pub struct InjectedBugs {
     /// The leader appends a retried idempotent batch again instead of answering with the
     /// original offsets.
     pub skip_dedup: bool,
+    /// The leader accepts and acks appends without a confirmed lease.
+    pub ignore_lease: bool,
 }
 
 impl InjectedBugs {
     /// Parses a comma-separated list of flag names (`commit_without_quorum`, `skip_truncation`,
-    /// `skip_dedup`); the empty string is no bug.
+    /// `skip_dedup`, `ignore_lease`); the empty string is no bug.
     pub fn parse(names: &str) -> Result<InjectedBugs, String> {
         let mut bugs = InjectedBugs::default();
         for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -81,6 +83,7 @@ impl InjectedBugs {
                 "commit_without_quorum" => bugs.commit_without_quorum = true,
                 "skip_truncation" => bugs.skip_truncation = true,
                 "skip_dedup" => bugs.skip_dedup = true,
+                "ignore_lease" => bugs.ignore_lease = true,
                 other => return Err(format!("unknown injected bug {other:?}")),
             }
         }

@@ -43,8 +43,10 @@ fn sim_replay() {
         assert_eq!((a.events, a.sim_ms, a.acked_batches), (b.events, b.sim_ms, b.acked_batches));
         return;
     };
+    let bug_names = std::env::var("FELIX_SIM_BUG").unwrap_or_default();
     let opts = SimOptions {
         trace: std::env::var_os("FELIX_SIM_TRACE").is_some(),
+        bugs: InjectedBugs::parse(&bug_names).expect("FELIX_SIM_BUG"),
         ..SimOptions::default()
     };
     match sim::run_seed(seed, &opts) {
@@ -94,4 +96,9 @@ fn checker_catches_skipped_truncation() {
 #[test]
 fn checker_catches_skipped_dedup() {
     find_violation(InjectedBugs { skip_dedup: true, ..InjectedBugs::default() }, 2_000);
+}
+
+#[test]
+fn checker_catches_acks_without_a_lease() {
+    find_violation(InjectedBugs { ignore_lease: true, ..InjectedBugs::default() }, 2_000);
 }

@@ -96,22 +96,25 @@ impl Checker {
         Ok(())
     }
 
-    /// Invariants 3, 4 and 6 for an ack of `tag` at `base..base + records` by `node` in `epoch`
-    /// (call after [`check_committed`](Self::check_committed) for `node`).
+    /// Invariant 6: `node` acked in `epoch`, no other node did.
+    pub fn check_ack_epoch(&mut self, node: NodeId, epoch: Epoch) -> Result<(), String> {
+        match self.ack_epochs.insert(epoch, node) {
+            Some(other) if other != node => {
+                Err(format!("{node} and {other} both acked in {epoch}"))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Invariants 3 and 4 for a durable ack of `tag` at `base..base + records` by `node` (call
+    /// after [`check_committed`](Self::check_committed) for `node`).
     pub fn check_ack(
         &mut self,
         node: NodeId,
-        epoch: Epoch,
         tag: ProducerSeq,
         base: Offset,
         records: u32,
     ) -> Result<(), String> {
-        if let Some(&other) = self.ack_epochs.get(&epoch) {
-            if other != node {
-                return Err(format!("{node} and {other} both acked in {epoch}"));
-            }
-        }
-        self.ack_epochs.insert(epoch, node);
         if let Some(&(b, r)) = self.acked.get(&tag) {
             if (b, r) != (base, records) {
                 return Err(format!("{tag:?} acked at {b}+{r} and again at {base}+{records}"));

@@ -63,6 +63,11 @@ impl Etcd {
         self.group.apply_isr(proposal).is_ok()
     }
 
+    /// Whether `lease` is live now.
+    pub fn lease_live(&self, lease: LeaseId, now: Time) -> bool {
+        self.leases.get(&lease).is_some_and(|(_, expiry)| *expiry > now)
+    }
+
     fn newest_lease_of(&self, node: NodeId) -> Option<LeaseId> {
         self.leases.iter().rev().find(|(_, (n, _))| *n == node).map(|(l, _)| *l)
     }

@@ -157,6 +157,7 @@ fn bug_env(bugs: InjectedBugs) -> String {
         (bugs.commit_without_quorum, "commit_without_quorum"),
         (bugs.skip_truncation, "skip_truncation"),
         (bugs.skip_dedup, "skip_dedup"),
+        (bugs.ignore_lease, "ignore_lease"),
     ];
     let names: Vec<&str> = flags.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
     if names.is_empty() {

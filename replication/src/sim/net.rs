@@ -92,7 +92,7 @@ impl Ord for Scheduled {
 }
 
 /// The network faults of one seed.
-#[derive(Default)]
+#[derive(Default, Debug)]
 pub struct Faults {
     drop_p: f64,
     dup_p: f64,

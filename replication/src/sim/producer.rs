@@ -1,5 +1,6 @@
-//! An idempotent producer: one batch in flight, retried with the same sequence number (to the
-//! leader it was told of, else a random replica) until acknowledged.
+//! A producer: one batch in flight, retried (to the leader it was told of, else a random
+//! replica) until acknowledged. Most are idempotent and durable, the ones the checker follows;
+//! some send untagged `Written` batches, whose retries may be stored twice, to mix the load.
 
 use bytes::Bytes;
 use rand::Rng;
@@ -20,6 +21,8 @@ pub const PRODUCER_RECORDS_MAX: u32 = 4;
 pub struct Producer {
     /// Its id (its index + 1).
     pub id: ProducerId,
+    /// Idempotent and durable: its acks are checked. Otherwise untagged `Written` batches.
+    pub checked: bool,
     next_seq: u32,
     total: u32,
     target: NodeId,
@@ -35,8 +38,8 @@ struct InFlight {
 
 impl Producer {
     /// A producer that will send `total` batches, first to `target`.
-    pub fn new(id: ProducerId, total: u32, target: NodeId) -> Producer {
-        Producer { id, next_seq: 0, total, target, in_flight: None }
+    pub fn new(id: ProducerId, checked: bool, total: u32, target: NodeId) -> Producer {
+        Producer { id, checked, next_seq: 0, total, target, in_flight: None }
     }
 
     /// Whether all its batches were acknowledged.
@@ -69,10 +72,11 @@ impl Producer {
         flight.resend_at = now.plus_ms(PRODUCER_RETRY_MS);
         let append = AppendRequest {
             request,
-            producer: Some(ProducerSeq { producer: self.id, seq: flight.seq }),
+            producer: Some(ProducerSeq { producer: self.id, seq: flight.seq })
+                .filter(|_| self.checked),
             records: flight.records,
             payload: flight.payload.clone(),
-            mode: AckMode::Durable,
+            mode: if self.checked { AckMode::Durable } else { AckMode::Written },
         };
         Some((self.target, append))
     }

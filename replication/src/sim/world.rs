@@ -34,6 +34,8 @@ pub const GROUP_RESYNC_MS: u64 = 100;
 pub const PRODUCER_TICK_MS: u64 = 5;
 /// A fault is considered this often while faults are on, ms.
 pub const FAULT_EVERY_MS: u64 = 60;
+/// Probability that a producer other than the first is idempotent and durable (checked).
+pub const PRODUCER_CHECKED_P: f64 = 0.75;
 /// Events per seed at most (a livelock guard).
 pub const EVENTS_MAX: u64 = 2_000_000;
 
@@ -116,7 +118,9 @@ impl World {
         for p in 0..producers {
             let total = world.rng.gen_range(5..=world.opts.batches_per_producer_max);
             let target = super::pick(&mut world.rng, &ids).expect("at least one replica");
-            world.producers.push(Producer::new(ProducerId(p as u64 + 1), total, target));
+            let checked = p == 0 || world.rng.gen_bool(PRODUCER_CHECKED_P);
+            let id = ProducerId(p as u64 + 1);
+            world.producers.push(Producer::new(id, checked, total, target));
             world.schedule(Time(0), Event::ProducerTick(p));
         }
         world.schedule(Time(0), Event::EtcdTick);
@@ -310,12 +314,16 @@ impl World {
         let truth_before = self.checker.committed_batches();
         for (request, epoch, base, records) in acks {
             let Some(&(p, seq)) = self.requests.get(&request) else { continue };
-            let tag = crate::types::ProducerSeq { producer: self.producers[p].id, seq };
             let replica = self.nodes[n].replica.as_ref().expect("it just acked");
             if replica.role() != (RoleView::Leader { epoch }) {
                 return Err(format!("{id} acked in {epoch} while {:?}", replica.role()));
             }
-            self.checker.check_ack(id, epoch, tag, base, records)?;
+            self.check_fenced_in_time(n, epoch)?;
+            self.checker.check_ack_epoch(id, epoch)?;
+            if self.producers[p].checked {
+                let tag = crate::types::ProducerSeq { producer: self.producers[p].id, seq };
+                self.checker.check_ack(id, tag, base, records)?;
+            }
         }
         if self.checker.committed_batches() != truth_before {
             self.check_isr_images()?;
@@ -335,6 +343,21 @@ impl World {
         }
         if self.etcd.group.isr.contains(&node.id) {
             self.checker.check_image(node.id, node.disk.durable(), node.disk.generation())?;
+        }
+        Ok(())
+    }
+
+    /// A node acks only while etcd still holds its lease and names it leader of `epoch`: a
+    /// leader whose lease or epoch is gone has stopped acking.
+    fn check_fenced_in_time(&self, n: usize, epoch: crate::types::Epoch) -> Result<(), String> {
+        let node = &self.nodes[n];
+        let group = &self.etcd.group;
+        let live = node.lease.is_some_and(|l| self.etcd.lease_live(l, self.now));
+        if !live || group.leader != Some(node.id) || group.epoch != epoch {
+            return Err(format!(
+                "{} acked in {epoch} at t={} ms but etcd has lease live {live}, leader {:?} in {}",
+                node.id, self.now.0, group.leader, group.epoch
+            ));
         }
         Ok(())
     }
@@ -423,7 +446,7 @@ impl World {
         }
         let request = RequestId(self.next_request);
         if let Some((target, append)) = producer.tick(self.now, request, &mut self.rng) {
-            let seq = append.producer.expect("simulated producers are idempotent").seq;
+            let seq = producer.in_flight_seq().expect("it just sent its batch in flight");
             self.next_request += 1;
             self.requests.insert(request, (p, seq));
             self.send(Addr::Producer(p), Addr::Node(target), Packet::Append(append));
@@ -494,18 +517,41 @@ impl World {
         }
         self.schedule(self.now.plus_ms(FAULT_EVERY_MS), Event::Fault);
         let n = self.rng.gen_range(0..self.nodes.len() as u32) as usize;
-        match self.rng.gen_range(0..100u32) {
-            0..=9 => self.crash(n)?,
-            10..=29 => self.restart(n)?,
-            30..=37 => self.faults.partition(&mut self.rng, self.nodes.len()),
-            38..=49 => self.faults.heal_partition(),
-            50..=55 => self.faults.cut_from_etcd(self.nodes[n].id),
-            56..=65 => self.faults.restore_etcd(),
+        let id = self.nodes[n].id;
+        let what = match self.rng.gen_range(0..100u32) {
+            0..=9 => {
+                self.crash(n)?;
+                format!("crash {id}")
+            }
+            10..=29 => {
+                self.restart(n)?;
+                format!("restart {id}")
+            }
+            30..=37 => {
+                self.faults.partition(&mut self.rng, self.nodes.len());
+                format!("partition {:?}", self.faults)
+            }
+            38..=49 => {
+                self.faults.heal_partition();
+                "heal partition".to_string()
+            }
+            50..=55 => {
+                self.faults.cut_from_etcd(id);
+                format!("cut {id} from etcd")
+            }
+            56..=65 => {
+                self.faults.restore_etcd();
+                "reconnect etcd".to_string()
+            }
             66..=71 => {
                 let pause_ms = self.rng.gen_range(LEASE_TTL_MS / 2..=LEASE_TTL_MS * 2);
                 self.nodes[n].paused_until = self.now.plus_ms(pause_ms);
+                format!("pause {id} for {pause_ms} ms")
             }
-            _ => {}
+            _ => return Ok(()),
+        };
+        if self.opts.trace {
+            eprintln!("t={} fault: {what}", self.now.0);
         }
         Ok(())
     }

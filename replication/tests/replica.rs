@@ -317,3 +317,27 @@ fn fetch_replies_are_bounded() {
     // Each batch costs 48 + 8 payload bytes: five fit in 300.
     assert_eq!(sent, vec![5]);
 }
+
+#[test]
+fn a_single_replica_commits_on_its_own_sync() {
+    let mut h = Harness::new(1);
+    h.auto_disk[0] = false;
+    h.append(0, 1, Some((1, 0)), AckMode::Durable);
+    assert_eq!(h.acked(1), None, "not synced yet");
+    h.complete_disk(0);
+    assert_eq!(h.acked(1), Some((Offset(0), 2)));
+    assert_eq!(h.nodes[0].committed(), Offset(2));
+}
+
+#[test]
+fn a_follower_only_names_another_node_as_leader() {
+    let mut h = Harness::new(3);
+    h.append(1, 1, None, AckMode::Durable);
+    assert_eq!(h.rejected(1), Some(AppendError::NotLeader { leader: Some(NodeId(0)) }));
+    // A restarted leader (new lease) does not send clients to itself.
+    h.nodes[0] = Replica::new(NodeId(0), ReplicaConfig::for_replicas(3), ReplicaLog::default());
+    h.nodes[0].handle_lease(h.now, LeaseId(100), h.now.plus_ms(LEASE_MS));
+    h.nodes[0].handle_controller(h.now, h.group.clone());
+    h.append(0, 2, None, AckMode::Durable);
+    assert_eq!(h.rejected(2), Some(AppendError::NotLeader { leader: None }));
+}

@@ -94,9 +94,8 @@ impl Replica {
     ) -> Result<(), AppendError> {
         validate(append)?;
         let Role::Leader(state) = &self.role else {
-            return Err(AppendError::NotLeader {
-                leader: self.group.as_ref().and_then(|g| g.leader),
-            });
+            let leader = self.group.as_ref().and_then(|g| g.leader).filter(|&l| l != self.id);
+            return Err(AppendError::NotLeader { leader });
         };
         if !self.lease_holds(now) {
             self.stats.lease_refusals += 1;

@@ -136,8 +136,7 @@ impl Replica {
     }
 
     /// A new record of the group from the controller. Older versions than the one known are
-    /// ignored, so notifications may arrive late, twice or out of order. After a restart the
-    /// first one must have been read after the restart (a fresh read, then the watch).
+    /// ignored, so notifications may arrive late, twice or out of order.
     pub fn handle_controller(&mut self, now: Time, group: GroupState) {
         if self.group.as_ref().is_some_and(|g| g.version >= group.version) {
             return;

@@ -2,25 +2,197 @@
 //! [`RecvStream`].
 //!
 //! Handles are `!Send`: they live on the core that owns the connection. Every operation borrows
-//! the core's state for a moment, calls quinn-proto, and wakes the connection's driver when
-//! something must be sent. Flow control is end to end: a read pulls at most what the caller
-//! asked for (quinn-proto then extends the peer's credit), and a write that finds the stream's
-//! or connection's send window full waits until the peer grants more, so a slow reader pushes
-//! back on the sender and nothing buffers without a bound.
+//! the core's connection table for a moment, calls quinn-proto, and wakes the connection's
+//! driver when something must be sent. Flow control is end to end: a read pulls at most what the
+//! caller asked for (quinn-proto then extends the peer's credit), and a write that finds the
+//! stream's or connection's send window full waits until the peer grants more, so a slow reader
+//! pushes back on the sender and nothing buffers without a bound.
+//!
+//! This module also holds what the core and the handles share: [`ConnTable`], every
+//! connection of one core as [`ConnState`] (the quinn-proto connection, the wakers of the
+//! application's waiting operations, the driver's send state). The core
+//! ([`super::core::CoreState`]) updates it from datagrams and timers; the handles read and
+//! write streams through it. It imports nothing of the core or the driver.
 
 use std::cell::RefCell;
+use std::collections::{HashMap, VecDeque};
 use std::future::poll_fn;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_proto::CoreId;
 pub use quinn_proto::ConnectionError;
-use quinn_proto::{ConnectionHandle, Dir, StreamId, VarInt};
+use quinn_proto::{ConnectionHandle, Dir, StreamEvent, StreamId, VarInt};
 
-use super::driver::{dir_index, ConnState, CoreRef};
+use super::stats::CoreStats;
+use super::transmit::OutTransmit;
+
+/// Hasher for small integer ids (quinn-proto connection handles, stream ids): one multiply
+/// instead of SipHash on the per-datagram path. Keys are slab indices or stream ids bounded by
+/// `max_streams_per_conn`, so a peer cannot grow a map enough for collisions to matter.
+#[derive(Default)]
+pub(crate) struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(u64::from(*b));
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(5) ^ n).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        self.write_u64(n as u64);
+    }
+}
+
+/// A map keyed by small integer ids.
+pub(crate) type IdMap<K, V> = HashMap<K, V, BuildHasherDefault<IdHasher>>;
+
+/// Every connection one core owns, shared by the core and the application's handles.
+pub(crate) struct ConnTable {
+    /// The connections by quinn-proto handle (handles are reused; [`ConnState::uid`] is not).
+    pub(crate) conns: IdMap<ConnectionHandle, ConnState>,
+    /// The core's counters (the handles count accepted streams).
+    pub(crate) stats: Arc<CoreStats>,
+}
+
+/// Shared handle to a core's [`ConnTable`]. Borrows are short and never span an `.await`.
+pub(crate) type ConnTableRef = Rc<RefCell<ConnTable>>;
+
+impl ConnTable {
+    /// An empty table counting into `stats`.
+    pub(crate) fn new(stats: Arc<CoreStats>) -> ConnTableRef {
+        Rc::new(RefCell::new(Self { conns: IdMap::default(), stats }))
+    }
+}
+
+/// One connection as its core holds it.
+pub(crate) struct ConnState {
+    /// The quinn-proto state machine.
+    pub(crate) conn: quinn_proto::Connection,
+    /// Unique on this core for the server's lifetime (handles are reused by quinn-proto).
+    pub(crate) uid: u64,
+    /// Wakes the task that drives this connection (set by the driver).
+    pub(crate) driver: Option<Waker>,
+    /// The application's waiting operations.
+    pub(crate) waiters: Waiters,
+    /// Shared with the application's handles, so they see the error after the state is gone.
+    pub(crate) error: Rc<RefCell<Option<ConnectionError>>>,
+    /// Transmits the socket refused with WouldBlock, in order; sent before anything new.
+    pub(crate) blocked: VecDeque<OutTransmit>,
+    /// When the blocked transmits are tried again.
+    pub(crate) retry_at: Option<Instant>,
+    /// The connection was offered to the application (or refused for a full accept queue).
+    pub(crate) announced: bool,
+}
+
+impl ConnState {
+    /// A connection quinn-proto just accepted.
+    pub(crate) fn new(conn: quinn_proto::Connection, uid: u64) -> Self {
+        Self {
+            conn,
+            uid,
+            driver: None,
+            waiters: Waiters::default(),
+            error: Rc::new(RefCell::new(None)),
+            blocked: VecDeque::new(),
+            retry_at: None,
+            announced: false,
+        }
+    }
+
+    /// Wakes the connection's driver task (it has something to send or a timer to move).
+    pub(crate) fn wake_driver(&mut self) {
+        if let Some(w) = &self.driver {
+            w.wake_by_ref();
+        }
+    }
+
+    /// Remembers the waker of the task that drives this connection.
+    pub(crate) fn register_driver(&mut self, waker: &Waker) {
+        if !self.driver.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            self.driver = Some(waker.clone());
+        }
+    }
+
+    /// The connection is lost: records why and wakes everyone waiting.
+    pub(crate) fn fail(&mut self, reason: ConnectionError) {
+        *self.error.borrow_mut() = Some(reason);
+        self.waiters.wake_all();
+    }
+}
+
+/// Application-side wakers of one connection.
+#[derive(Default)]
+pub(crate) struct Waiters {
+    /// Reads waiting for data, by stream.
+    pub(crate) readers: IdMap<StreamId, Waker>,
+    /// Writes waiting for credit, by stream.
+    pub(crate) writers: IdMap<StreamId, Waker>,
+    /// `accept_bi` / `accept_uni` waiting for the peer to open a stream (by [`dir_index`]).
+    pub(crate) accept: [Vec<Waker>; 2],
+    /// `open_bi` / `open_uni` waiting for the peer's stream limit (by [`dir_index`]).
+    pub(crate) open: [Vec<Waker>; 2],
+    /// `closed` waiting for the end.
+    pub(crate) closed: Vec<Waker>,
+}
+
+impl Waiters {
+    /// Wakes every waiting operation (the connection is gone).
+    pub(crate) fn wake_all(&mut self) {
+        self.readers.drain().for_each(|(_, w)| w.wake());
+        self.writers.drain().for_each(|(_, w)| w.wake());
+        for v in self.accept.iter_mut().chain(self.open.iter_mut()) {
+            v.drain(..).for_each(Waker::wake);
+        }
+        self.closed.drain(..).for_each(Waker::wake);
+    }
+
+    /// Wakes the operations a stream event unblocks.
+    pub(crate) fn wake_stream(&mut self, event: StreamEvent) {
+        match event {
+            StreamEvent::Opened { dir } => {
+                self.accept[dir_index(dir)].drain(..).for_each(Waker::wake);
+            }
+            StreamEvent::Readable { id } => {
+                if let Some(w) = self.readers.remove(&id) {
+                    w.wake();
+                }
+            }
+            StreamEvent::Writable { id }
+            | StreamEvent::Finished { id }
+            | StreamEvent::Stopped { id, .. } => {
+                if let Some(w) = self.writers.remove(&id) {
+                    w.wake();
+                }
+            }
+            StreamEvent::Available { dir } => {
+                self.open[dir_index(dir)].drain(..).for_each(Waker::wake);
+            }
+        }
+    }
+}
+
+/// Index of a stream direction in [`Waiters::accept`] and [`Waiters::open`].
+pub(crate) fn dir_index(dir: Dir) -> usize {
+    match dir {
+        Dir::Bi => 0,
+        Dir::Uni => 1,
+    }
+}
 
 /// An established connection, owned by one core.
 #[derive(Clone)]
@@ -29,7 +201,7 @@ pub struct Connection {
 }
 
 struct ConnRef {
-    core: CoreRef,
+    table: ConnTableRef,
     core_id: CoreId,
     handle: ConnectionHandle,
     uid: u64,
@@ -40,8 +212,8 @@ struct ConnRef {
 impl ConnRef {
     /// Runs `f` on the connection's state if it still exists.
     fn with<R>(&self, f: impl FnOnce(&mut ConnState) -> R) -> Option<R> {
-        let mut st = self.core.borrow_mut();
-        match st.conns.get_mut(&self.handle) {
+        let mut table = self.table.borrow_mut();
+        match table.conns.get_mut(&self.handle) {
             Some(cs) if cs.uid == self.uid => Some(f(cs)),
             _ => None,
         }
@@ -50,8 +222,8 @@ impl ConnRef {
     /// Like [`ConnRef::with`], but does nothing when the core's state is borrowed already
     /// (drop paths may run inside a borrow).
     fn try_with(&self, f: impl FnOnce(&mut ConnState)) {
-        let Ok(mut st) = self.core.try_borrow_mut() else { return };
-        if let Some(cs) = st.conns.get_mut(&self.handle) {
+        let Ok(mut table) = self.table.try_borrow_mut() else { return };
+        if let Some(cs) = table.conns.get_mut(&self.handle) {
             if cs.uid == self.uid {
                 f(cs);
             }
@@ -66,10 +238,10 @@ impl ConnRef {
 impl Drop for ConnRef {
     /// Dropping the last handle (connection and streams) closes the connection, as quinn does.
     fn drop(&mut self) {
-        let Ok(mut st) = self.core.try_borrow_mut() else {
+        let Ok(mut table) = self.table.try_borrow_mut() else {
             return;
         };
-        if let Some(cs) = st.conns.get_mut(&self.handle) {
+        if let Some(cs) = table.conns.get_mut(&self.handle) {
             if cs.uid == self.uid && !cs.conn.is_closed() {
                 cs.conn.close(Instant::now(), VarInt::from_u32(0), Bytes::new());
                 cs.wake_driver();
@@ -80,14 +252,14 @@ impl Drop for ConnRef {
 
 impl Connection {
     pub(crate) fn new(
-        core: CoreRef,
+        table: ConnTableRef,
         core_id: CoreId,
         handle: ConnectionHandle,
         uid: u64,
         peer: SocketAddr,
         error: Rc<RefCell<Option<ConnectionError>>>,
     ) -> Self {
-        Self { inner: Rc::new(ConnRef { core, core_id, handle, uid, peer, error }) }
+        Self { inner: Rc::new(ConnRef { table, core_id, handle, uid, peer, error }) }
     }
 
     /// The peer's current address (after a migration, the new one).
@@ -157,7 +329,7 @@ impl Connection {
     }
 
     async fn accept(&self, dir: Dir) -> Result<StreamId, ConnectionError> {
-        let core = self.inner.core.clone();
+        let table = self.inner.table.clone();
         poll_fn(|cx| {
             let r = self.inner.with(|cs| {
                 if let Some(id) = cs.conn.streams().accept(dir) {
@@ -175,8 +347,7 @@ impl Connection {
         })
         .await
         .inspect(|_| {
-            let st = core.borrow();
-            super::stats::CoreStats::add(&st.stats.streams_accepted, 1);
+            CoreStats::add(&table.borrow().stats.streams_accepted, 1);
         })
     }
 

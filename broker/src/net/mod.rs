@@ -4,11 +4,18 @@
 pub mod cid;
 pub mod config;
 pub mod conn;
+pub mod core;
 pub mod driver;
 pub mod server;
 pub mod stats;
 pub mod steering;
 pub mod tls;
+mod transmit;
+
+#[cfg(test)]
+mod pair;
+#[cfg(test)]
+mod tests;
 
 pub use config::{NetConfig, TlsSource};
 pub use conn::{Connection, ReadError, RecvStream, SendStream, WriteError};

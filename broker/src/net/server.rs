@@ -9,10 +9,9 @@
 use std::future::{poll_fn, Future};
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
-use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use felix_proto::CoreId;
 use glommio::channels::shared_channel::{self, SharedReceiver, SharedSender};
@@ -23,7 +22,8 @@ use quinn_udp::UdpSocketState;
 use super::cid::CoreCidGenerator;
 use super::config::{self, NetConfig};
 use super::conn::Connection;
-use super::driver::{self, CoreLimits, CoreRef, CoreState, ForwardedDatagram, SocketIo};
+use super::core::{CoreLimits, CoreState, Datagram};
+use super::driver::{self, CoreRef, CoreShell, SocketIo};
 use super::stats::{steering_code, CoreStats, CoreStatsSnapshot};
 use super::steering::{self, AttachOptions, EffectiveSteering};
 use super::tls::{ServerIdentity, TlsError};
@@ -51,7 +51,7 @@ pub struct CoreContext {
 impl CoreContext {
     /// The next established connection on this core; `None` once the server shuts down.
     pub async fn accept(&self) -> Option<Connection> {
-        poll_fn(|cx| driver::poll_accept(&self.core, cx)).await
+        poll_fn(|cx| self.core.state().poll_accept(cx)).await
     }
 
     /// This core's index.
@@ -104,9 +104,9 @@ impl Server {
 
         let n = config.cores;
         // mesh[from][to]: a bounded queue of misrouted datagrams.
-        let mut senders: Vec<Vec<Option<SharedSender<ForwardedDatagram>>>> =
+        let mut senders: Vec<Vec<Option<SharedSender<Datagram>>>> =
             (0..n).map(|_| (0..n).map(|_| None).collect()).collect();
-        let mut receivers: Vec<Vec<SharedReceiver<ForwardedDatagram>>> =
+        let mut receivers: Vec<Vec<SharedReceiver<Datagram>>> =
             (0..n).map(|_| Vec::new()).collect();
         for (from, row) in senders.iter_mut().enumerate() {
             for (to, slot) in row.iter_mut().enumerate() {
@@ -124,16 +124,8 @@ impl Server {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let app = Arc::new(app);
-        let limits = CoreLimits {
-            max_conns: config.max_conns_per_core,
-            handshakes_per_sec: config.handshakes_per_sec_per_core,
-        };
-        let base_endpoint = {
-            let mut c = EndpointConfig::default();
-            c.max_udp_payload_size(config.max_udp_payload)
-                .map_err(|e| StartError::Quic(e.to_string()))?;
-            c
-        };
+        let limits = CoreLimits::new(&config);
+        let base_endpoint = base_endpoint_config(&config)?;
         let (ready_tx, ready_rx) = mpsc::channel::<Result<(), std::io::Error>>();
         let mut threads = Vec::with_capacity(n);
         for ((i, socket), (tx_row, rx_col)) in
@@ -201,7 +193,16 @@ fn unreachable_core() -> CoreCidGenerator {
     CoreCidGenerator::new(CoreId(0)).unwrap_or_else(|_| std::process::abort())
 }
 
-fn quic_server_config(
+/// The endpoint configuration every core starts from: one reset key for all cores (cloned), so
+/// any core's stateless reset is valid for any connection, and `max_udp_payload`.
+pub(crate) fn base_endpoint_config(config: &NetConfig) -> Result<EndpointConfig, StartError> {
+    let mut c = EndpointConfig::default();
+    c.max_udp_payload_size(config.max_udp_payload).map_err(|e| StartError::Quic(e.to_string()))?;
+    Ok(c)
+}
+
+/// The quinn-proto server configuration: TLS, transport limits and windows, migration allowed.
+pub(crate) fn quic_server_config(
     config: &NetConfig,
     identity: &ServerIdentity,
 ) -> Result<quinn_proto::ServerConfig, StartError> {
@@ -232,8 +233,8 @@ struct CoreStart {
     server_config: Arc<quinn_proto::ServerConfig>,
     stats: Arc<CoreStats>,
     limits: CoreLimits,
-    mesh_tx: Vec<Option<SharedSender<ForwardedDatagram>>>,
-    mesh_rx: Vec<SharedReceiver<ForwardedDatagram>>,
+    mesh_tx: Vec<Option<SharedSender<Datagram>>>,
+    mesh_rx: Vec<SharedReceiver<Datagram>>,
     stop: Arc<AtomicBool>,
     ready: mpsc::Sender<Result<(), std::io::Error>>,
 }
@@ -258,7 +259,8 @@ async fn setup_core<Fut: Future<Output = ()> + 'static>(
     let state = UdpSocketState::new((&s.socket).into())?;
     let ready_sock = socket::glommio_readiness_socket(&s.socket)?;
     let allow_mtud = !state.may_fragment();
-    let io = Rc::new(SocketIo { socket: s.socket, state });
+    let max_gso_segments = state.max_gso_segments();
+    let io = SocketIo { socket: s.socket, state };
     let endpoint =
         quinn_proto::Endpoint::new(s.endpoint_config, Some(s.server_config), allow_mtud, None);
     // Connecting a shared channel waits for its other end: connect every end concurrently,
@@ -278,12 +280,20 @@ async fn setup_core<Fut: Future<Output = ()> + 'static>(
     for t in rx_tasks {
         mesh_rx.push(t.await);
     }
-    let core =
-        CoreState::new(s.core_id, s.cores, endpoint, io.clone(), s.stats.clone(), s.limits, mesh);
+    let state = CoreState::new(
+        s.core_id,
+        s.cores,
+        endpoint,
+        s.stats.clone(),
+        s.limits,
+        max_gso_segments,
+        Instant::now(),
+    );
+    let core = CoreShell::new(state, io, mesh);
     for rx in mesh_rx {
         glommio::spawn_local(driver::mesh_loop(core.clone(), rx)).detach();
     }
-    let recv = glommio::spawn_local(driver::recv_loop(core.clone(), io, ready_sock)).detach();
+    let recv = glommio::spawn_local(driver::recv_loop(core.clone(), ready_sock)).detach();
     let app_task =
         glommio::spawn_local(app(CoreContext { core: core.clone(), core_id: s.core_id })).detach();
     let _ = s.ready.send(Ok(()));

@@ -1,0 +1,258 @@
+//! The net layer's limits and routing on the in-memory pair ([`super::pair`]): handshake
+//! budget and stateless retry, connection and stream limits, the idle timeout, misrouted
+//! datagrams, migration and a socket that refuses sends. Deterministic and fast: simulated
+//! time, no socket. The same behaviours have loopback tests in `broker/tests/net_*.rs`.
+
+use std::task::Poll;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use felix_proto::CoreId;
+use quinn_proto::{ConnectionError, Dir, TransportErrorCode, VarInt};
+
+use super::cid::{CID_LEN, CORE_BYTE_INDEX};
+use super::conn::RecvStream;
+use super::core::Datagram;
+use super::pair::{client_addr, poll_once, Pair, Steer};
+
+/// Generous bound on one exchange in simulated time (a handshake takes a few round trips of
+/// 2 x `LATENCY`).
+const EXCHANGE: Duration = Duration::from_millis(200);
+
+/// Reads what `recv` has now; true when the stream ended.
+fn read_available(recv: &mut RecvStream) -> (Vec<u8>, bool) {
+    let mut out = Vec::new();
+    loop {
+        match poll_once(recv.read_chunk(usize::MAX)) {
+            Poll::Ready(Ok(Some(chunk))) => out.extend_from_slice(&chunk),
+            Poll::Ready(Ok(None)) => return (out, true),
+            Poll::Ready(Err(e)) => panic!("read failed: {e}"),
+            Poll::Pending => return (out, false),
+        }
+    }
+}
+
+/// The client opens a unidirectional stream on `ch`, writes `data` and maybe finishes it.
+fn send_uni(p: &mut Pair, ch: quinn_proto::ConnectionHandle, data: &[u8], finish: bool) {
+    let conn = p.client(ch);
+    let id = conn.streams().open(Dir::Uni).expect("stream credit");
+    assert_eq!(conn.send_stream(id).write(data).expect("write"), data.len());
+    if finish {
+        conn.send_stream(id).finish().expect("finish");
+    }
+}
+
+#[test]
+fn a_handshake_lands_on_the_core_the_kernel_picked() {
+    let mut p = Pair::new(2, |_| {});
+    let addr = client_addr(5001); // odd port: core 1
+    let ch = p.connect_and_wait(addr);
+    assert_eq!(p.cores[1].stats().handshakes, 1);
+    assert_eq!(p.cores[1].stats().connections, 1);
+    assert_eq!(p.cores[0].stats().handshakes, 0);
+    assert_eq!(p.cores[0].state.conn_count(), 0);
+    assert!(p.cores[0].accept().is_none());
+
+    let conn = p.cores[1].accept().expect("the application gets the connection");
+    assert_eq!(conn.core(), CoreId(1));
+    assert_eq!(conn.peer(), addr);
+    send_uni(&mut p, ch, b"hello core 1", true);
+    p.run_for(EXCHANGE);
+    let Poll::Ready(Ok(mut recv)) = poll_once(conn.accept_uni()) else {
+        panic!("the stream reached the application");
+    };
+    assert_eq!(read_available(&mut recv), (b"hello core 1".to_vec(), true));
+    assert_eq!(p.cores[1].stats().streams_accepted, 1);
+}
+
+#[test]
+fn past_the_handshake_budget_clients_are_retried_then_accepted() {
+    let mut p = Pair::new(1, |c| c.handshakes_per_sec_per_core = 2);
+    let chs: Vec<_> = (0..4).map(|i| p.connect(client_addr(6000 + i))).collect();
+    let all = p.run_until(Duration::from_secs(2), |p| {
+        p.handshakes() == 4 && chs.iter().all(|ch| p.clients[ch].is_connected())
+    });
+    assert!(all, "every client connects, retried or not");
+    let s = p.cores[0].stats();
+    assert_eq!(s.retries, 2, "the bucket holds two handshakes; the other two are retried");
+    assert_eq!(s.handshakes, 4);
+    assert_eq!(s.refused_conn_limit, 0);
+
+    // The bucket refills at its rate: a second later a new client needs no retry.
+    p.run_for(Duration::from_secs(1));
+    p.connect_and_wait(client_addr(6010));
+    assert_eq!(p.cores[0].stats().retries, 2);
+    assert_eq!(p.cores[0].stats().handshakes, 5);
+}
+
+#[test]
+fn past_max_conns_a_core_refuses_and_has_room_again_after_a_close() {
+    let mut p = Pair::new(1, |c| c.max_conns_per_core = 2);
+    let a = p.connect_and_wait(client_addr(7000));
+    p.connect_and_wait(client_addr(7001));
+    let c = p.connect(client_addr(7002));
+    assert!(p.run_until(EXCHANGE, |p| p.clients[&c].lost().is_some()));
+    assert!(
+        matches!(
+            p.clients[&c].lost(),
+            Some(ConnectionError::ConnectionClosed(close))
+                if close.error_code == TransportErrorCode::CONNECTION_REFUSED
+        ),
+        "refused: {:?}",
+        p.clients[&c].lost()
+    );
+    let s = p.cores[0].stats();
+    assert_eq!((s.refused_conn_limit, s.connections), (1, 2));
+
+    let now = p.now;
+    p.client(a).close(now, VarInt::from_u32(0), Bytes::new());
+    assert!(p.run_until(Duration::from_secs(2), |p| p.cores[0].state.conn_count() == 1));
+    p.connect_and_wait(client_addr(7003));
+    let s = p.cores[0].stats();
+    assert_eq!((s.refused_conn_limit, s.connections, s.handshakes), (1, 2, 3));
+}
+
+#[test]
+fn a_peer_opens_no_more_streams_than_the_limit_until_one_ends() {
+    let mut p = Pair::new(1, |c| c.max_streams_per_conn = 2);
+    let ch = p.connect_and_wait(client_addr(7100));
+    let conn = p.cores[0].accept().expect("connection");
+    send_uni(&mut p, ch, b"one", true);
+    send_uni(&mut p, ch, b"two", false);
+    assert!(p.client(ch).streams().open(Dir::Uni).is_none(), "two streams is the limit");
+    p.run_for(EXCHANGE);
+    assert!(p.client(ch).streams().open(Dir::Uni).is_none(), "no credit while both live");
+
+    // The application reads the first stream to its end: its credit goes back to the peer.
+    let Poll::Ready(Ok(mut first)) = poll_once(conn.accept_uni()) else {
+        panic!("first stream");
+    };
+    let Poll::Ready(Ok(mut second)) = poll_once(conn.accept_uni()) else {
+        panic!("second stream");
+    };
+    assert_eq!(read_available(&mut first), (b"one".to_vec(), true));
+    assert_eq!(read_available(&mut second), (b"two".to_vec(), false));
+    p.run_for(EXCHANGE);
+    assert!(p.client(ch).streams().open(Dir::Uni).is_some(), "one stream ended: one more");
+    assert!(p.client(ch).streams().open(Dir::Uni).is_none());
+    assert_eq!(p.cores[0].stats().streams_accepted, 2);
+}
+
+#[test]
+fn a_silent_connection_is_closed_at_the_idle_timeout() {
+    let mut p = Pair::new(1, |c| c.idle_timeout = Duration::from_secs(2));
+    let ch = p.connect_and_wait(client_addr(7200));
+    let conn = p.cores[0].accept().expect("connection");
+    p.run_for(Duration::from_millis(1500));
+    assert_eq!(p.cores[0].state.conn_count(), 1);
+    assert!(poll_once(conn.closed()).is_pending());
+
+    p.run_for(Duration::from_millis(1000));
+    let s = p.cores[0].stats();
+    assert_eq!((s.idle_timeouts, s.connections), (1, 0));
+    assert_eq!(p.cores[0].state.conn_count(), 0);
+    assert!(matches!(poll_once(conn.closed()), Poll::Ready(ConnectionError::TimedOut)));
+    assert!(matches!(p.clients[&ch].lost(), Some(ConnectionError::TimedOut)));
+}
+
+#[test]
+fn datagrams_steered_to_the_wrong_core_reach_their_owner() {
+    let mut p = Pair::new(2, |_| {});
+    let ch = p.connect_and_wait(client_addr(7300)); // even port: core 0
+    let conn = p.cores[0].accept().expect("connection");
+    p.steer = Steer::Core(1); // from now on the kernel hands everything to core 1
+    send_uni(&mut p, ch, b"misrouted but delivered", true);
+    p.run_for(EXCHANGE);
+
+    let Poll::Ready(Ok(mut recv)) = poll_once(conn.accept_uni()) else {
+        panic!("the stream reached the owner core");
+    };
+    assert_eq!(read_available(&mut recv), (b"misrouted but delivered".to_vec(), true));
+    let (s0, s1) = (p.cores[0].stats(), p.cores[1].stats());
+    assert!(s1.misrouted > 0);
+    assert_eq!(s1.forwarded_out, s1.misrouted);
+    assert_eq!(s0.forwarded_in, s1.misrouted);
+    assert_eq!(s1.dropped_bad_core + s1.dropped_mesh_full, 0);
+    assert_eq!(p.cores[1].state.conn_count(), 0, "the wrong core holds no state for it");
+    assert!(p.clients[&ch].lost().is_none(), "no stateless reset from the wrong core");
+}
+
+#[test]
+fn a_migrated_client_stays_on_its_core() {
+    for steer in [Steer::Port, Steer::Cid] {
+        let mut p = Pair::new(2, |_| {});
+        p.steer = steer;
+        let ch = p.connect_and_wait(client_addr(7400)); // core 0
+        let conn = p.cores[0].accept().expect("connection");
+        let id = p.client(ch).streams().open(Dir::Uni).expect("stream");
+        p.client(ch).send_stream(id).write(b"before ").expect("write");
+        p.run_for(EXCHANGE);
+
+        let moved = client_addr(7401); // the kernel's hash says core 1
+        p.migrate(ch, moved);
+        p.client(ch).send_stream(id).write(b"after").expect("write");
+        p.client(ch).send_stream(id).finish().expect("finish");
+        p.run_for(EXCHANGE);
+
+        let Poll::Ready(Ok(mut recv)) = poll_once(conn.accept_uni()) else {
+            panic!("{steer:?}: stream");
+        };
+        assert_eq!(read_available(&mut recv), (b"before after".to_vec(), true), "{steer:?}");
+        assert_eq!(conn.peer(), moved, "{steer:?}: the owner core follows the new path");
+        assert!(p.clients[&ch].lost().is_none(), "{steer:?}");
+        let (s0, s1) = (p.cores[0].stats(), p.cores[1].stats());
+        assert_eq!((s1.handshakes, p.cores[1].state.conn_count()), (0, 0), "{steer:?}");
+        match steer {
+            Steer::Port => {
+                assert!(s1.misrouted > 0, "the new 4-tuple hashes to core 1");
+                assert_eq!(s0.forwarded_in, s1.misrouted);
+            }
+            _ => assert_eq!(s1.datagrams_in, 0, "CID steering keeps every datagram on core 0"),
+        }
+    }
+}
+
+#[test]
+fn a_datagram_naming_a_core_that_does_not_exist_is_dropped() {
+    let mut p = Pair::new(2, |_| {});
+    let mut data = vec![0x40u8]; // short header
+    let mut cid = [0u8; CID_LEN];
+    cid[CORE_BYTE_INDEX] = 5;
+    data.extend_from_slice(&cid);
+    data.extend_from_slice(&[0xAA; 32]);
+    let d = Datagram {
+        data: BytesMut::from(&data[..]),
+        remote: client_addr(7600),
+        local_ip: None,
+        ecn: None,
+    };
+    let now = p.now;
+    p.cores[0].state.handle_datagram(now, d);
+    assert!(p.cores[0].state.poll_forward().is_none());
+    assert!(p.cores[0].state.poll_transmit().is_none(), "no stateless reset either");
+    let s = p.cores[0].stats();
+    assert_eq!((s.misrouted, s.dropped_bad_core, s.forwarded_out), (1, 1, 0));
+}
+
+#[test]
+fn a_send_the_socket_refuses_is_retried_after_the_back_off() {
+    let mut p = Pair::new(1, |_| {});
+    let ch = p.connect_and_wait(client_addr(7700));
+    let conn = p.cores[0].accept().expect("connection");
+    p.cores[0].socket_full = true;
+    send_uni(&mut p, ch, b"acked late", true);
+    p.run_for(Duration::from_millis(20));
+    let blocked = p.cores[0].stats();
+    assert!(blocked.send_would_block > 0, "the core tried to acknowledge");
+
+    p.cores[0].socket_full = false;
+    p.run_for(Duration::from_millis(1));
+    assert!(p.cores[0].stats().datagrams_out > blocked.datagrams_out, "the kept sends left");
+    p.run_for(EXCHANGE);
+    let Poll::Ready(Ok(mut recv)) = poll_once(conn.accept_uni()) else {
+        panic!("stream");
+    };
+    assert_eq!(read_available(&mut recv), (b"acked late".to_vec(), true));
+    assert!(p.clients[&ch].lost().is_none());
+    assert_eq!(p.client(ch).stats().path.lost_packets, 0, "the client lost nothing");
+}

@@ -18,7 +18,9 @@ use crate::controller::GroupState;
 use crate::log::ReplicaLog;
 use crate::message::Output;
 use crate::replica::{Replica, ReplicaStats, RoleView};
-use crate::types::{LeaseId, NodeId, ProducerId, RequestId, Seq, Time};
+use crate::types::{
+    Batch, Epoch, LeaseId, NodeId, Offset, ProducerId, ProducerSeq, RequestId, Seq, Time,
+};
 
 /// Controller lease TTL in the simulation, ms.
 pub const LEASE_TTL_MS: u64 = 200;
@@ -296,22 +298,34 @@ impl World {
                 Output::Propose(proposal) => {
                     self.send(Addr::Node(id), Addr::Etcd, Packet::Propose(proposal))
                 }
-                answer @ (Output::Ack { .. } | Output::Reject { .. }) => {
-                    if let Output::Ack { request, epoch, base, records } = answer {
-                        acks.push((request, epoch, base, records));
-                    }
-                    let request = match &answer {
-                        Output::Ack { request, .. } | Output::Reject { request, .. } => *request,
-                        _ => unreachable!("matched above"),
-                    };
-                    if let Some(&(p, _)) = self.requests.get(&request) {
-                        self.send(Addr::Node(id), Addr::Producer(p), Packet::Answer(answer));
-                    }
+                Output::Ack { request, epoch, base, records } => {
+                    acks.push((request, epoch, base, records));
+                    self.answer(id, request, Output::Ack { request, epoch, base, records });
+                }
+                Output::Reject { request, error } => {
+                    self.answer(id, request, Output::Reject { request, error })
                 }
             }
         }
         self.check_node(n)?;
-        let truth_before = self.checker.committed_batches();
+        self.check_acks(n, acks)
+    }
+
+    /// Sends a client answer to the producer that made `request`.
+    fn answer(&mut self, node: NodeId, request: RequestId, answer: Output) {
+        if let Some(&(p, _)) = self.requests.get(&request) {
+            self.send(Addr::Node(node), Addr::Producer(p), Packet::Answer(answer));
+        }
+    }
+
+    /// Invariants 3, 4 and 6 for the acks node `n` just emitted (after its committed prefix
+    /// joined the history).
+    fn check_acks(
+        &mut self,
+        n: usize,
+        acks: Vec<(RequestId, Epoch, Offset, u32)>,
+    ) -> Result<(), String> {
+        let id = self.nodes[n].id;
         for (request, epoch, base, records) in acks {
             let Some(&(p, seq)) = self.requests.get(&request) else { continue };
             let replica = self.nodes[n].replica.as_ref().expect("it just acked");
@@ -321,12 +335,9 @@ impl World {
             self.check_fenced_in_time(n, epoch)?;
             self.checker.check_ack_epoch(id, epoch)?;
             if self.producers[p].checked {
-                let tag = crate::types::ProducerSeq { producer: self.producers[p].id, seq };
+                let tag = ProducerSeq { producer: self.producers[p].id, seq };
                 self.checker.check_ack(id, tag, base, records)?;
             }
-        }
-        if self.checker.committed_batches() != truth_before {
-            self.check_isr_images()?;
         }
         Ok(())
     }
@@ -349,7 +360,7 @@ impl World {
 
     /// A node acks only while etcd still holds its lease and names it leader of `epoch`: a
     /// leader whose lease or epoch is gone has stopped acking.
-    fn check_fenced_in_time(&self, n: usize, epoch: crate::types::Epoch) -> Result<(), String> {
+    fn check_fenced_in_time(&self, n: usize, epoch: Epoch) -> Result<(), String> {
         let node = &self.nodes[n];
         let group = &self.etcd.group;
         let live = node.lease.is_some_and(|l| self.etcd.lease_live(l, self.now));
@@ -473,7 +484,7 @@ impl World {
     }
 
     /// Restarts node `n` from `image` (its durable log): a new process with no lease.
-    fn start_node(&mut self, n: usize, image: Vec<crate::types::Batch>) -> Result<(), String> {
+    fn start_node(&mut self, n: usize, image: Vec<Batch>) -> Result<(), String> {
         let log = ReplicaLog::from_batches(image).map_err(|e| format!("recovery of n{n}: {e}"))?;
         let node = &mut self.nodes[n];
         let mut replica = Replica::new(node.id, self.config.clone(), log);

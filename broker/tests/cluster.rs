@@ -188,7 +188,7 @@ fn publish(id: u64, shard: u32, value: &str) -> Frame {
         ack: Some(AckRequest { request_id: RequestId(id), mode: AckMode::Durable }),
         key: Some(key_for(shard)),
         stream: STREAM.into(),
-        records: vec![Bytes::from(value.to_owned())],
+        records: vec![Bytes::from(value.to_owned()).into()],
     })
 }
 

@@ -213,7 +213,7 @@ async fn a_connection_is_closed_with_token_expired_when_its_token_expires() {
         frames
             .iter()
             .filter_map(|f| match f {
-                Frame::EventBatch(b) => Some(b.records.iter().map(|r| r.value.clone())),
+                Frame::EventBatch(b) => Some(b.records.iter().map(|r| r.value.to_bytes())),
                 _ => None,
             })
             .flatten()

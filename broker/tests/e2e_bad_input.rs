@@ -19,7 +19,7 @@ fn acked_publish(id: u64, records: Vec<Bytes>) -> Frame {
         ack: Some(AckRequest { request_id: RequestId(id), mode: AckMode::Written }),
         key: None,
         stream: "acme/app/bad".into(),
-        records,
+        records: records.into_iter().map(Into::into).collect(),
     })
 }
 

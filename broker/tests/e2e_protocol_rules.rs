@@ -46,7 +46,7 @@ fn publish(id: Option<u64>, mode: AckMode, stream: &str, records: &[&str]) -> Fr
         ack: id.map(|id| AckRequest { request_id: RequestId(id), mode }),
         key: None,
         stream: stream.into(),
-        records: records.iter().map(|r| Bytes::copy_from_slice(r.as_bytes())).collect(),
+        records: records.iter().map(|r| Bytes::copy_from_slice(r.as_bytes()).into()).collect(),
     })
 }
 
@@ -197,7 +197,7 @@ async fn limits_are_advertised_as_documented_and_enforced_to_the_byte() {
             ack: Some(AckRequest { request_id: RequestId(id), mode: AckMode::Written }),
             key: Some(Bytes::from(vec![b'k'; 1024])),
             stream: "acme/app/limits".into(),
-            records: vec![Bytes::new(); n],
+            records: vec![Bytes::new().into(); n],
         });
         assert!(frame.to_bytes().len() < 64 << 10);
         let answer = lane.ask1(&frame.to_bytes()).await;
@@ -368,9 +368,9 @@ async fn acks_error_kinds_shard_lists_and_event_batch_offsets() {
     assert_eq!(lane.ask1(&from_two.to_bytes()).await, Frame::SubscribeOk(ok));
     let batches = read_subscription(&conn, 2).await;
     assert_eq!(batches[0].base_offset, Offset(2));
-    let values: Vec<&[u8]> =
-        batches.iter().flat_map(|b| b.records.iter().map(|r| &r.value[..])).collect();
-    assert_eq!(values, vec![b"c" as &[u8], b"d"]);
+    let values: Vec<Bytes> =
+        batches.iter().flat_map(|b| b.records.iter().map(|r| r.value.to_bytes())).collect();
+    assert_eq!(values, vec![Bytes::from_static(b"c"), Bytes::from_static(b"d")]);
     let earliest = subscribe(34, stream, None, StartAt::Earliest);
     assert!(matches!(lane.ask1(&earliest.to_bytes()).await, Frame::SubscribeOk(_)));
     let mut next = 0;

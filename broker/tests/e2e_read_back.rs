@@ -37,7 +37,7 @@ async fn publish_all(broker: &TestBroker) -> u64 {
     let mut next = 0u64;
     for batch in 0..=BATCHES {
         let n = 1 + batch % 4;
-        let records = (next..next + n).map(|o| value(o, batch)).collect();
+        let records = (next..next + n).map(|o| value(o, batch).into()).collect();
         next += n;
         let ack = (batch == BATCHES)
             .then_some(AckRequest { request_id: RequestId(1), mode: AckMode::Durable });

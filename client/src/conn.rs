@@ -604,7 +604,7 @@ mod tests {
             ack: acked.then_some(AckRequest { request_id: RequestId(1), mode: AckMode::Durable }),
             key: keyed.then(|| Bytes::from_static(b"k")),
             stream: "a/b/c".into(),
-            records: vec![Bytes::from_static(b"x")],
+            records: vec![Bytes::from_static(b"x").into()],
         })
     }
 

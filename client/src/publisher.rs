@@ -369,7 +369,7 @@ fn frame_fixed_bytes(stream: &str, key: Option<&Bytes>) -> usize {
 /// A batch being filled.
 struct OpenBatch {
     key: Option<Bytes>,
-    records: Vec<Bytes>,
+    records: Vec<felix_proto::Payload>,
     waiters: Vec<oneshot::Sender<PublishResult>>,
     /// The Publish frame's size so far (header included).
     frame_bytes: usize,
@@ -641,7 +641,7 @@ impl Worker {
 struct Resend {
     stream: String,
     key: Option<Bytes>,
-    records: Vec<Bytes>,
+    records: Vec<felix_proto::Payload>,
     mode: AckMode,
 }
 

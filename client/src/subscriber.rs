@@ -242,7 +242,7 @@ impl Subscriber {
                                 offset: Offset(b.base_offset.0 + i as u64),
                                 timestamp_ms: b.timestamp_ms,
                                 key: rec.key,
-                                value: rec.value,
+                                value: rec.value.into_bytes(),
                             });
                         }
                     }

@@ -136,7 +136,7 @@ async fn the_harness_notices_an_unadvertised_bit() {
         }),
         key: Some(bytes::Bytes::from_static(b"k")),
         stream: STREAM.into(),
-        records: vec![bytes::Bytes::from_static(b"v")],
+        records: vec![bytes::Bytes::from_static(b"v").into()],
     });
     send.write_all(&publish.to_bytes()).await.unwrap();
     support::wait_until(&broker.state, "violation recorded", |o| !o.violations.is_empty()).await;

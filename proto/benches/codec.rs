@@ -15,7 +15,7 @@ fn publish(size: usize) -> Frame {
         ack: Some(AckRequest { request_id: RequestId(1), mode: AckMode::Durable }),
         key: Some(Bytes::from_static(b"customer-0042")),
         stream: "acme/orders/eu".into(),
-        records: (0..RECORDS).map(|i| Bytes::from(vec![i as u8; size])).collect(),
+        records: (0..RECORDS).map(|i| vec![i as u8; size].into()).collect(),
     })
 }
 

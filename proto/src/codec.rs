@@ -1,53 +1,132 @@
 //! The bounded reader and the writer every frame is built on.
 //!
-//! `Reader` reads from a `Bytes` and hands out zero-copy slices. Every read is checked against
-//! what remains; nothing is read past the end and nothing is allocated from an unchecked length.
+//! `Reader` reads from one `Bytes` or from several parts in order (the chunks a QUIC stream
+//! arrived in) and hands out zero-copy slices. Every read is checked against what remains;
+//! nothing is read past the end and nothing is allocated from an unchecked length.
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 
 use crate::error::DecodeError;
+use crate::payload::Payload;
 
-/// A bounded, zero-copy reader over one frame body.
+/// A bounded, zero-copy reader over one frame body, held in one or more parts.
 #[derive(Debug)]
 pub struct Reader {
-    buf: Bytes,
-    pos: usize,
+    /// The body's parts; `parts[at]` is the first with unread bytes (read from its front).
+    parts: Vec<Bytes>,
+    at: usize,
+    remaining: usize,
 }
 
 impl Reader {
     /// A reader over the whole of `buf`.
     pub fn new(buf: Bytes) -> Self {
-        Self { buf, pos: 0 }
+        Self::from_parts(vec![buf])
+    }
+
+    /// A reader over `parts`, read in order as one body.
+    pub fn from_parts(parts: Vec<Bytes>) -> Self {
+        let remaining = parts.iter().map(Bytes::len).sum();
+        Self { parts, at: 0, remaining }
     }
 
     /// Bytes not yet read.
     pub fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
+        self.remaining
     }
 
-    /// Takes the next `len` bytes as a slice of the input (no copy).
+    /// Takes the next `len` bytes as a slice of the input (no copy when they lie in one part;
+    /// a field straddling parts is copied, so keep this for small fields and use
+    /// [`Reader::payload`] for record payloads).
     pub fn bytes(&mut self, len: usize, what: &'static str) -> Result<Bytes, DecodeError> {
-        if len > self.remaining() {
+        if len > self.remaining {
             return Err(DecodeError::Truncated { what });
         }
-        let out = self.buf.slice(self.pos..self.pos + len);
-        self.pos += len;
+        self.skip_empty();
+        if len == 0 {
+            return Ok(Bytes::new());
+        }
+        let part = &mut self.parts[self.at];
+        if part.len() >= len {
+            self.remaining -= len;
+            return Ok(part.split_to(len));
+        }
+        let mut out = BytesMut::with_capacity(len);
+        self.copy_into(len, |b| out.extend_from_slice(b));
+        Ok(out.freeze())
+    }
+
+    /// Takes the next `len` bytes as a payload of slices of the input's parts (never a copy).
+    pub fn payload(&mut self, len: usize, what: &'static str) -> Result<Payload, DecodeError> {
+        if len > self.remaining {
+            return Err(DecodeError::Truncated { what });
+        }
+        self.remaining -= len;
+        let mut out = Payload::new();
+        let mut left = len;
+        while left > 0 {
+            let part = &mut self.parts[self.at];
+            if part.len() > left {
+                out.push(part.split_to(left));
+                left = 0;
+            } else {
+                left -= part.len();
+                out.push(std::mem::take(part));
+                self.at += 1;
+            }
+        }
         Ok(out)
     }
 
     /// A reader over the next `len` bytes; this reader moves past them (rustls' `Reader::sub`).
     pub fn sub(&mut self, len: usize, what: &'static str) -> Result<Reader, DecodeError> {
-        Ok(Reader::new(self.bytes(len, what)?))
+        let payload = self.payload(len, what)?;
+        Ok(Reader::from_parts(payload.parts().cloned().collect()))
     }
 
     fn array<const N: usize>(&mut self, what: &'static str) -> Result<[u8; N], DecodeError> {
-        if N > self.remaining() {
+        if N > self.remaining {
             return Err(DecodeError::Truncated { what });
         }
         let mut out = [0u8; N];
-        out.copy_from_slice(&self.buf[self.pos..self.pos + N]);
-        self.pos += N;
+        self.skip_empty();
+        let part = &mut self.parts[self.at];
+        if part.len() >= N {
+            out.copy_from_slice(&part[..N]);
+            part.advance(N);
+            self.remaining -= N;
+        } else {
+            let mut filled = 0;
+            self.copy_into(N, |b| {
+                out[filled..filled + b.len()].copy_from_slice(b);
+                filled += b.len();
+            });
+        }
         Ok(out)
+    }
+
+    /// Moves `at` past parts with nothing left to read.
+    fn skip_empty(&mut self) {
+        while self.at < self.parts.len() && self.parts[self.at].is_empty() {
+            self.at += 1;
+        }
+    }
+
+    /// Consumes the next `len` bytes (which the caller checked remain), handing each part's
+    /// share to `sink`.
+    fn copy_into(&mut self, len: usize, mut sink: impl FnMut(&[u8])) {
+        self.remaining -= len;
+        let mut left = len;
+        while left > 0 {
+            let part = &mut self.parts[self.at];
+            let n = part.len().min(left);
+            sink(&part[..n]);
+            part.advance(n);
+            left -= n;
+            if part.is_empty() {
+                self.at += 1;
+            }
+        }
     }
 
     /// Reads one byte.
@@ -128,6 +207,47 @@ mod tests {
         assert_eq!(r.expect_end(), Err(DecodeError::TrailingBytes(1)));
         assert_eq!(r.u8("y"), Ok(0xff));
         assert_eq!(r.expect_end(), Ok(()));
+    }
+
+    #[test]
+    fn reads_across_parts_match_reads_of_the_whole() {
+        let whole: Vec<u8> = (0u8..40).collect();
+        for cut_a in 0..whole.len() {
+            for cut_b in cut_a..whole.len() {
+                let b = Bytes::from(whole.clone());
+                let parts = vec![b.slice(..cut_a), b.slice(cut_a..cut_b), b.slice(cut_b..)];
+                let mut r = Reader::from_parts(parts);
+                assert_eq!(r.u8("a"), Ok(0));
+                assert_eq!(r.u16("b"), Ok(0x0102));
+                assert_eq!(r.u32("c"), Ok(0x0304_0506));
+                assert_eq!(r.u64("d"), Ok(0x0708_090a_0b0c_0d0e));
+                assert_eq!(&r.bytes(5, "e").unwrap()[..], &whole[15..20]);
+                let p = r.payload(10, "f").unwrap();
+                assert_eq!(p, whole[20..30]);
+                let mut sub = r.sub(6, "g").unwrap();
+                assert_eq!(sub.remaining(), 6);
+                assert_eq!(&sub.bytes(6, "h").unwrap()[..], &whole[30..36]);
+                assert_eq!(sub.expect_end(), Ok(()));
+                assert_eq!(r.remaining(), 4);
+                assert_eq!(r.u64("i"), Err(DecodeError::Truncated { what: "i" }));
+                assert_eq!(r.payload(5, "j"), Err(DecodeError::Truncated { what: "j" }));
+                assert_eq!(r.u32("k"), Ok(0x2425_2627));
+                assert_eq!(r.expect_end(), Ok(()));
+            }
+        }
+    }
+
+    #[test]
+    fn payloads_are_slices_of_the_parts() {
+        let a = Bytes::from_static(b"abcd");
+        let b = Bytes::from_static(b"efgh");
+        let mut r = Reader::from_parts(vec![a.clone(), b.clone()]);
+        r.u8("x").unwrap();
+        let p = r.payload(6, "p").unwrap();
+        let parts: Vec<_> = p.parts().collect();
+        assert_eq!(parts.len(), 2);
+        assert_eq!(parts[0].as_ptr(), a[1..].as_ptr());
+        assert_eq!(parts[1].as_ptr(), b.as_ptr());
     }
 
     #[test]

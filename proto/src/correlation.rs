@@ -81,7 +81,7 @@ mod tests {
                 ack,
                 key: None,
                 stream: "a/b/c".into(),
-                records: vec![Bytes::from_static(b"r")],
+                records: vec![Bytes::from_static(b"r").into()],
             })
         };
         vec![

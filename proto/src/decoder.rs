@@ -1,27 +1,46 @@
 //! The streaming frame decoder: bytes in, frames out.
 //!
-//! Call order: [`FrameDecoder::handle_bytes`] with whatever arrived on a QUIC stream, then
-//! [`FrameDecoder::poll_frame`] until it returns `None`. A non-fatal error skips the bad frame
-//! (its request id, when readable, is in the error); a fatal one means the byte stream has lost
-//! its framing and must be closed.
+//! Call order: [`FrameDecoder::handle_chunk`] (or [`FrameDecoder::handle_bytes`]) with whatever
+//! arrived on a QUIC stream, then [`FrameDecoder::poll_frame`] until it returns `None`. A
+//! non-fatal error skips the bad frame (its request id, when readable, is in the error); a fatal
+//! one means the byte stream has lost its framing and must be closed.
+//!
+//! Received chunks are kept as they came, never reassembled: a frame's body is read from the
+//! chunks it spans, and a Publish's record payloads are slices of them ([`crate::Payload`]).
+//! Chunks shorter than [`MIN_ZERO_COPY_CHUNK_BYTES`] are copied together instead, so that a
+//! peer sending tiny chunks cannot make each byte it buffers pin a whole packet buffer.
 
-use bytes::{Bytes, BytesMut};
+use std::collections::VecDeque;
 
+use bytes::{Buf, Bytes, BytesMut};
+
+use crate::codec::Reader;
 use crate::correlation::{request_id_bytes, request_id_of};
 use crate::error::{DecodeError, FrameError};
 use crate::frame::{Frame, RequestId};
 use crate::header::{Capabilities, Flags, FrameHeader, FrameType, RawHeader, HEADER_LEN};
 use crate::limits::Limits;
 
+/// Received chunks at least this long are kept as they came (zero-copy); shorter ones are
+/// copied into a buffer of their own, so buffered bytes pin at most about
+/// `packet size / MIN_ZERO_COPY_CHUNK_BYTES` times their size in packet buffers.
+pub const MIN_ZERO_COPY_CHUNK_BYTES: usize = 512;
+
+/// The most bytes a header and a request id take: what [`FrameDecoder`] reads before a frame
+/// is whole.
+const HEAD_PEEK_BYTES: usize = HEADER_LEN + 8;
+
 /// Decodes frames from a byte stream, enforcing limits and negotiated flag bits.
 #[derive(Debug)]
 pub struct FrameDecoder {
     limits: Limits,
     accepted: Capabilities,
-    /// A received chunk kept as it came (zero-copy) while nothing else is buffered.
-    chunk: Bytes,
-    /// Accumulated bytes once frames straddle chunks.
-    buf: BytesMut,
+    /// Undecoded bytes, in order: received chunks kept as they came, then `small`.
+    parts: VecDeque<Bytes>,
+    /// Short chunks copied together; logically after `parts`.
+    small: BytesMut,
+    /// Bytes in `parts` and `small`.
+    buffered: usize,
     /// Body bytes still to discard after a skipped frame.
     skip: usize,
     failed: bool,
@@ -31,7 +50,15 @@ impl FrameDecoder {
     /// A decoder enforcing `limits` and accepting the flag bits that `accepted` allows (for a
     /// broker: the capabilities it advertised; for a client: none it has not asked for).
     pub fn new(limits: Limits, accepted: Capabilities) -> Self {
-        Self { limits, accepted, chunk: Bytes::new(), buf: BytesMut::new(), skip: 0, failed: false }
+        Self {
+            limits,
+            accepted,
+            parts: VecDeque::new(),
+            small: BytesMut::new(),
+            buffered: 0,
+            skip: 0,
+            failed: false,
+        }
     }
 
     /// Changes the accepted capabilities (after Hello / HelloOk).
@@ -46,7 +73,7 @@ impl FrameDecoder {
 
     /// Bytes buffered and not yet decoded. Bounded by one frame plus one input chunk.
     pub fn buffered_bytes(&self) -> usize {
-        self.chunk.len() + self.buf.len()
+        self.buffered
     }
 
     /// How many bytes this decoder wants before it can yield the next frame; a reader can cap
@@ -55,7 +82,6 @@ impl FrameDecoder {
         if self.skip > 0 {
             return self.skip;
         }
-        let have = self.data().len();
         let need = match self.header() {
             None | Some(Err(_)) => HEADER_LEN,
             Some(Ok(raw)) => match self.header_error(&raw) {
@@ -63,34 +89,20 @@ impl FrameDecoder {
                 None => HEADER_LEN + raw.body_len as usize,
             },
         };
-        need.saturating_sub(have).max(1)
+        need.saturating_sub(self.buffered).max(1)
     }
 
-    /// Feeds bytes received from the peer.
-    pub fn handle_bytes(&mut self, mut data: &[u8]) {
-        if self.failed {
-            return;
-        }
-        if self.skip > 0 {
-            let n = self.skip.min(data.len());
-            self.skip -= n;
-            data = &data[n..];
-        }
-        if !self.chunk.is_empty() {
-            let chunk = std::mem::take(&mut self.chunk);
-            self.buf.extend_from_slice(&chunk);
-        }
-        self.buf.extend_from_slice(data);
+    /// Feeds bytes received from the peer (copied).
+    pub fn handle_bytes(&mut self, data: &[u8]) {
+        let Some(data) = self.unskipped(data) else { return };
+        self.small.extend_from_slice(data);
+        self.buffered += data.len();
     }
 
-    /// Feeds a received chunk; when the buffer is empty and the chunk holds whole frames this
-    /// keeps the chunk's allocation (no copy).
+    /// Feeds a received chunk. The chunk is kept as it is (its payload bytes are not copied)
+    /// unless it is shorter than [`MIN_ZERO_COPY_CHUNK_BYTES`].
     pub fn handle_chunk(&mut self, chunk: Bytes) {
-        if self.buf.is_empty() && self.chunk.is_empty() && self.skip == 0 && !self.failed {
-            self.chunk = chunk;
-        } else {
-            self.handle_bytes(&chunk);
-        }
+        self.push_chunk(chunk, MIN_ZERO_COPY_CHUNK_BYTES);
     }
 
     /// The next complete frame, an error, or `None` when more bytes are needed.
@@ -109,10 +121,10 @@ impl FrameDecoder {
         let frame_type = FrameType::from_u8(raw.frame_type);
         let total = HEADER_LEN + raw.body_len as usize;
         if let Some((error, fatal)) = self.header_error(&raw) {
-            if self.data().len() < HEADER_LEN + request_id_bytes(&raw) {
+            if self.buffered < HEADER_LEN + request_id_bytes(&raw) {
                 return None;
             }
-            let request_id = request_id_of(&raw, &self.data()[HEADER_LEN..]);
+            let request_id = self.request_id(&raw);
             if fatal {
                 return Some(Err(self.fatal(frame_type, request_id, error)));
             }
@@ -120,13 +132,14 @@ impl FrameDecoder {
             return Some(Err(FrameError { frame_type, request_id, fatal: false, error }));
         }
         let frame_type = frame_type?;
-        if self.data().len() < total {
+        if self.buffered < total {
             return None;
         }
-        let mut frame = self.take(total);
-        let body = frame.split_off(HEADER_LEN);
-        let request_id = request_id_of(&raw, &body);
-        Some(Frame::decode_body(frame_type, raw.flags, body, &self.limits).map_err(|error| {
+        let request_id = self.request_id(&raw);
+        let mut parts = self.take(total);
+        skip_front(&mut parts, HEADER_LEN);
+        let body = Reader::from_parts(parts);
+        Some(Frame::decode_parts(frame_type, raw.flags, body, &self.limits).map_err(|error| {
             FrameError { frame_type: Some(frame_type), request_id, fatal: false, error }
         }))
     }
@@ -135,14 +148,14 @@ impl FrameDecoder {
     /// the frame's request id when enough of it arrived), `None` if it ended between frames.
     /// A frame whose header was already wrong is reported with that error, else `Truncated`.
     pub fn handle_end(&mut self) -> Option<FrameError> {
-        if self.failed || (self.skip == 0 && self.data().is_empty()) {
+        if self.failed || (self.skip == 0 && self.buffered == 0) {
             return None;
         }
         let truncated = DecodeError::Truncated { what: "frame (the stream ended inside it)" };
         let (frame_type, request_id, error) = match self.header() {
             Some(Ok(raw)) => (
                 FrameType::from_u8(raw.frame_type),
-                request_id_of(&raw, &self.data()[HEADER_LEN..]),
+                self.request_id(&raw),
                 self.header_error(&raw).map_or(truncated, |(error, _)| error),
             ),
             Some(Err(error)) => (None, None, error),
@@ -151,11 +164,71 @@ impl FrameDecoder {
         Some(self.fatal(frame_type, request_id, error))
     }
 
+    /// Buffers `chunk` past any bytes still to skip: as it is when at least `min_zero_copy`
+    /// long, else copied into `small`.
+    fn push_chunk(&mut self, mut chunk: Bytes, min_zero_copy: usize) {
+        let Some(rest) = self.unskipped(&chunk) else { return };
+        let skipped = chunk.len() - rest.len();
+        chunk.advance(skipped);
+        if chunk.is_empty() {
+            return;
+        }
+        self.buffered += chunk.len();
+        if chunk.len() < min_zero_copy {
+            self.small.extend_from_slice(&chunk);
+            return;
+        }
+        self.flush_small();
+        self.parts.push_back(chunk);
+    }
+
+    /// What of `data` is left once the bytes still to skip are dropped; `None` after a fatal
+    /// error.
+    fn unskipped<'a>(&mut self, data: &'a [u8]) -> Option<&'a [u8]> {
+        if self.failed {
+            return None;
+        }
+        let n = self.skip.min(data.len());
+        self.skip -= n;
+        Some(&data[n..])
+    }
+
+    /// Moves the copied short chunks into `parts`, keeping the byte order.
+    fn flush_small(&mut self) {
+        if !self.small.is_empty() {
+            self.parts.push_back(self.small.split().freeze());
+        }
+    }
+
+    /// Copies the first bytes buffered into `dst`, as many as are here; returns how many.
+    fn peek(&self, dst: &mut [u8]) -> usize {
+        let mut at = 0;
+        for part in self.parts.iter().map(|p| &p[..]).chain(std::iter::once(&self.small[..])) {
+            if at == dst.len() {
+                break;
+            }
+            let n = part.len().min(dst.len() - at);
+            dst[at..at + n].copy_from_slice(&part[..n]);
+            at += n;
+        }
+        at
+    }
+
     /// The header of the next frame, once its 10 bytes are here.
     fn header(&self) -> Option<Result<RawHeader, DecodeError>> {
-        let data = self.data();
-        let head: &[u8; HEADER_LEN] = data.get(..HEADER_LEN)?.try_into().ok()?;
-        Some(FrameHeader::decode(head))
+        let mut head = [0u8; HEADER_LEN];
+        if self.peek(&mut head) < HEADER_LEN {
+            return None;
+        }
+        Some(FrameHeader::decode(&head))
+    }
+
+    /// The request id of the next frame (whose header is here), when it carries one and its
+    /// bytes arrived.
+    fn request_id(&self, raw: &RawHeader) -> Option<RequestId> {
+        let mut head = [0u8; HEAD_PEEK_BYTES];
+        let have = self.peek(&mut head);
+        request_id_of(raw, &head[HEADER_LEN..have])
     }
 
     /// What the header alone rejects, and whether that loses the framing: a frame too large
@@ -180,40 +253,67 @@ impl FrameDecoder {
         error: DecodeError,
     ) -> FrameError {
         self.failed = true;
-        self.buf = BytesMut::new();
-        self.chunk = Bytes::new();
+        self.clear();
         self.skip = 0;
         FrameError { frame_type, request_id, fatal: true, error }
     }
 
-    /// The undecoded bytes: the zero-copy chunk, or the accumulation buffer.
-    fn data(&self) -> &[u8] {
-        if self.chunk.is_empty() {
-            &self.buf
-        } else {
-            &self.chunk
-        }
+    /// Drops every buffered byte, releasing the chunks.
+    fn clear(&mut self) {
+        self.parts = VecDeque::new();
+        self.small = BytesMut::new();
+        self.buffered = 0;
     }
 
-    /// Takes the first `n` undecoded bytes (which the caller checked are there).
-    fn take(&mut self, n: usize) -> Bytes {
-        if self.chunk.is_empty() {
-            self.buf.split_to(n).freeze()
-        } else {
-            self.chunk.split_to(n)
+    /// Takes the first `n` buffered bytes (which the caller checked are there), as the parts
+    /// they are in.
+    fn take(&mut self, n: usize) -> Vec<Bytes> {
+        debug_assert!(n <= self.buffered, "take: {n} of {} buffered", self.buffered);
+        self.flush_small();
+        self.buffered -= n;
+        let mut out = Vec::with_capacity(4);
+        let mut left = n;
+        while left > 0 {
+            // The caller checked that `n` bytes are buffered: a part is here.
+            let Some(part) = self.parts.front_mut() else { break };
+            if part.len() > left {
+                out.push(part.split_to(left));
+                left = 0;
+            } else {
+                left -= part.len();
+                if let Some(part) = self.parts.pop_front() {
+                    out.push(part);
+                }
+            }
         }
+        out
     }
 
     fn discard(&mut self, total: usize) {
-        let have = self.data().len();
-        if have >= total {
+        if self.buffered >= total {
             let _ = self.take(total);
         } else {
-            self.skip = total - have;
-            self.buf.clear();
-            self.chunk = Bytes::new();
+            self.skip = total - self.buffered;
+            self.clear();
         }
     }
+}
+
+/// Drops the first `n` bytes of `parts` (which hold at least that many).
+fn skip_front(parts: &mut Vec<Bytes>, mut n: usize) {
+    let mut whole = 0;
+    for part in parts.iter_mut() {
+        if n == 0 {
+            break;
+        }
+        let k = part.len().min(n);
+        part.advance(k);
+        n -= k;
+        if part.is_empty() {
+            whole += 1;
+        }
+    }
+    parts.drain(..whole);
 }
 
 /// Decodes exactly one frame from `buf`, which must hold it whole and nothing else.
@@ -224,7 +324,8 @@ pub fn decode_frame(
 ) -> Result<Frame, FrameError> {
     let mut decoder = FrameDecoder::new(*limits, accepted);
     let len = buf.len();
-    decoder.handle_chunk(buf);
+    // The caller holds the whole frame: kept as it is, however short.
+    decoder.push_chunk(buf, 0);
     match decoder.poll_frame() {
         Some(Ok(frame)) if decoder.buffered_bytes() == 0 => Ok(frame),
         Some(Ok(frame)) => Err(FrameError {
@@ -275,7 +376,7 @@ mod tests {
             ack: ack.then_some(AckRequest { request_id: RequestId(42), mode: AckMode::Durable }),
             key: key.then(|| Bytes::from_static(b"k")),
             stream: "t/n/s".into(),
-            records: vec![Bytes::from_static(b"hello")],
+            records: vec![Bytes::from_static(b"hello").into()],
         })
     }
 
@@ -385,7 +486,7 @@ mod tests {
             ack: Some(AckRequest { request_id: RequestId(9), mode: AckMode::Written }),
             key: None,
             stream: "t/n/s".into(),
-            records: vec![Bytes::from(vec![0u8; 100])],
+            records: vec![vec![0u8; 100].into()],
         });
         let mut d = FrameDecoder::new(limits, Capabilities::ALL);
         let out = feed_as_wanted(&mut d, &big.to_bytes());
@@ -463,7 +564,7 @@ mod tests {
             ack: None,
             key: None,
             stream: "t/n/s".into(),
-            records: vec![Bytes::from(vec![0u8; 100])],
+            records: vec![vec![0u8; 100].into()],
         });
         d.handle_bytes(&big.to_bytes()[..HEADER_LEN]);
         let err = d.poll_frame().unwrap().unwrap_err();
@@ -529,6 +630,6 @@ mod tests {
         let frame = decode_frame(bytes.clone(), &Limits::default(), Capabilities::ALL).unwrap();
         let Frame::Publish(p) = frame else { panic!("not a publish") };
         let pos = bytes.len() - 5;
-        assert_eq!(p.records[0].as_ptr(), bytes[pos..].as_ptr());
+        assert_eq!(p.records[0].as_contiguous().unwrap().as_ptr(), bytes[pos..].as_ptr());
     }
 }

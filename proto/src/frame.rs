@@ -11,6 +11,7 @@ use crate::codec::{Reader, WriteExt};
 use crate::error::{DecodeError, ErrorCode};
 use crate::header::{Capabilities, Flags, FrameHeader, FrameType, HEADER_LEN};
 use crate::limits::{self, Limits};
+use crate::payload::Payload;
 use crate::{AckMode, CoreId, Offset, Record, ShardId};
 
 /// Correlates a request with its answer. Chosen by the client; 0 means "no request".
@@ -180,8 +181,8 @@ pub struct Publish {
     pub key: Option<Bytes>,
     /// `tenant/namespace/stream`.
     pub stream: String,
-    /// Payloads.
-    pub records: Vec<Bytes>,
+    /// Payloads: decoded, each is the slices of the received chunks it arrived in.
+    pub records: Vec<Payload>,
 }
 
 /// PublishAck: the batch was stored in `shard` at `base_offset..base_offset + count`.
@@ -410,7 +411,7 @@ impl Frame {
                 dst.put_u32(len_u32(p.records.len()));
                 for r in &p.records {
                     dst.put_u32(len_u32(r.len()));
-                    dst.put_slice(r);
+                    put_payload(dst, r);
                 }
             }
             Self::PublishAck(a) => {
@@ -481,7 +482,18 @@ impl Frame {
         body: Bytes,
         limits: &Limits,
     ) -> Result<Frame, DecodeError> {
-        let mut r = Reader::new(body);
+        Self::decode_parts(frame_type, flags, Reader::new(body), limits)
+    }
+
+    /// [`Frame::decode_body`] for a body held in parts (the chunks it arrived in): record
+    /// payloads of a Publish are slices of the parts; other fields that straddle parts are
+    /// copied.
+    pub fn decode_parts(
+        frame_type: FrameType,
+        flags: Flags,
+        mut r: Reader,
+        limits: &Limits,
+    ) -> Result<Frame, DecodeError> {
         let frame = match frame_type {
             FrameType::Hello => {
                 let version = r.u16("version")?;
@@ -596,7 +608,7 @@ fn encode_event_batch_body(b: &EventBatch, dst: &mut BytesMut) {
             None => dst.put_u8(0),
         }
         dst.put_u32(len_u32(rec.value.len()));
-        dst.put_slice(&rec.value);
+        put_payload(dst, &rec.value);
     }
 }
 
@@ -658,13 +670,14 @@ fn decode_event_batch(r: &mut Reader, limits: &Limits) -> Result<EventBatch, Dec
             true => Some(key(r, limits)?),
         };
         let len = r.u32("record length")? as usize;
-        let value = r.bytes(len, "record")?;
+        // One slice for the reader of a subscription (copied here only if it straddles parts).
+        let value = Payload::from(r.bytes(len, "record")?);
         records.push(Record { key, value });
     }
     Ok(EventBatch { shard, base_offset, timestamp_ms, records })
 }
 
-fn payloads(r: &mut Reader, limits: &Limits) -> Result<Vec<Bytes>, DecodeError> {
+fn payloads(r: &mut Reader, limits: &Limits) -> Result<Vec<Payload>, DecodeError> {
     // A record takes at least its 4-byte length.
     let count = record_count(r, limits, 4)?;
     // A batch holds at least one record: an empty one would store nothing and ack no offset.
@@ -674,7 +687,7 @@ fn payloads(r: &mut Reader, limits: &Limits) -> Result<Vec<Bytes>, DecodeError> 
     let mut records = Vec::with_capacity(count);
     for _ in 0..count {
         let len = r.u32("record length")? as usize;
-        records.push(r.bytes(len, "record")?);
+        records.push(r.payload(len, "record")?);
     }
     Ok(records)
 }
@@ -779,6 +792,12 @@ fn error_body(r: &mut Reader) -> Result<ErrorBody, DecodeError> {
         code: ErrorCode::from_u16(r.u16("code")?),
         message: r.string_u16(limits::MAX_MESSAGE_BYTES, "message")?,
     })
+}
+
+fn put_payload(dst: &mut BytesMut, payload: &Payload) {
+    for part in payload.parts() {
+        dst.put_slice(part);
+    }
 }
 
 fn len_u32(len: usize) -> u32 {

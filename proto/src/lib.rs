@@ -16,6 +16,7 @@ pub mod hash;
 pub mod header;
 pub mod ids;
 pub mod limits;
+pub mod payload;
 pub mod record;
 pub mod stream_name;
 
@@ -31,5 +32,6 @@ pub use hash::{key_hash, shard_for_key};
 pub use header::{Capabilities, Flags, FrameHeader, FrameType, ALPN, HEADER_LEN, PROTOCOL_VERSION};
 pub use ids::{CoreId, Offset, ShardId};
 pub use limits::Limits;
+pub use payload::Payload;
 pub use record::{AckMode, Record};
 pub use stream_name::{StreamName, StreamNameError};

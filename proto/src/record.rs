@@ -2,7 +2,10 @@
 
 use bytes::Bytes;
 
-/// One record: an optional key and a payload. Both are zero-copy slices of a received buffer.
+use crate::payload::Payload;
+
+/// One record: an optional key and a payload. Both are zero-copy slices of received buffers
+/// (the payload of a published record is the slices of the QUIC chunks it arrived in).
 ///
 /// An empty key (`Some(Bytes::new())`) is a key and differs from no key (`None`).
 #[derive(Clone, Debug, PartialEq, Eq, Default)]
@@ -10,17 +13,17 @@ pub struct Record {
     /// The record's key, if it has one.
     pub key: Option<Bytes>,
     /// The record's payload.
-    pub value: Bytes,
+    pub value: Payload,
 }
 
 impl Record {
     /// A record without a key.
-    pub fn unkeyed(value: impl Into<Bytes>) -> Self {
+    pub fn unkeyed(value: impl Into<Payload>) -> Self {
         Self { key: None, value: value.into() }
     }
 
     /// A record with a key.
-    pub fn keyed(key: impl Into<Bytes>, value: impl Into<Bytes>) -> Self {
+    pub fn keyed(key: impl Into<Bytes>, value: impl Into<Payload>) -> Self {
         Self { key: Some(key.into()), value: value.into() }
     }
 }

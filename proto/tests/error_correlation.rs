@@ -176,7 +176,7 @@ fn the_reported_cases_carry_their_ids() {
         ack: Some(AckRequest { request_id: RequestId(4242), mode: AckMode::Written }),
         key: None,
         stream: "a/b/c".into(),
-        records: vec![Bytes::from_static(b"x")],
+        records: vec![Bytes::from_static(b"x").into()],
     });
     for (frame, id) in [(create, 77), (publish, 4242)] {
         let (bytes, limits, caps, fin) = spoiled(&frame, Spoil::UnknownFlag(8));

@@ -106,7 +106,7 @@ fn vectors() -> Vec<(&'static str, Frame)> {
                 ack: None,
                 key: None,
                 stream: s("a/b/c"),
-                records: vec![Bytes::from_static(b"hi")],
+                records: vec![Bytes::from_static(b"hi").into()],
             }),
         ),
         (
@@ -115,7 +115,7 @@ fn vectors() -> Vec<(&'static str, Frame)> {
                 ack: Some(AckRequest { request_id: RequestId(7), mode: AckMode::Durable }),
                 key: Some(Bytes::from_static(b"k1")),
                 stream: s("a/b/c"),
-                records: vec![Bytes::from_static(b"x"), Bytes::from_static(b"yz")],
+                records: vec![Bytes::from_static(b"x").into(), Bytes::from_static(b"yz").into()],
             }),
         ),
         (
@@ -124,7 +124,7 @@ fn vectors() -> Vec<(&'static str, Frame)> {
                 ack: None,
                 key: Some(Bytes::new()),
                 stream: s("a/b/c"),
-                records: vec![Bytes::from_static(b"v")],
+                records: vec![Bytes::from_static(b"v").into()],
             }),
         ),
         (
@@ -244,7 +244,7 @@ fn rejections() -> Vec<Rejection> {
         ack: Some(AckRequest { request_id: RequestId(4242), mode: AckMode::Written }),
         key: None,
         stream: "a/b/c".into(),
-        records: vec![Bytes::from_static(b"x")],
+        records: vec![Bytes::from_static(b"x").into()],
     });
     // ListStreams whose prefix length is one over the limit: refused at the length, before its
     // bytes are looked for, so the body may stop there.

@@ -613,7 +613,8 @@ impl CoreApp {
                     if b.base_offset.0 + (i as u64) < at.0 {
                         continue;
                     }
-                    let (Some(key), Ok(v)) = (&r.key, <[u8; 8]>::try_from(&r.value[..])) else {
+                    let (Some(key), Ok(v)) = (&r.key, <[u8; 8]>::try_from(&r.value.to_bytes()[..]))
+                    else {
                         continue;
                     };
                     let key = String::from_utf8_lossy(key);

@@ -442,7 +442,7 @@ impl Session {
                 (None, Refused::Wire(e)) => fail(e),
             };
         }
-        let bytes: usize = p.records.iter().map(Bytes::len).sum::<usize>()
+        let bytes: usize = p.records.iter().map(felix_proto::Payload::len).sum::<usize>()
             + p.key.as_ref().map_or(0, Bytes::len) * p.records.len();
         stats::add(&c.publishes, 1);
         stats::add(&c.publish_records, p.records.len() as u64);

@@ -495,7 +495,7 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
             let base = log.len() as u64;
             let ts = now_ms();
             for v in &p.records {
-                log.push(Stored { timestamp_ms: ts, key: p.key.clone(), value: v.clone() });
+                log.push(Stored { timestamp_ms: ts, key: p.key.clone(), value: v.to_bytes() });
             }
             drop(o);
             ctx.state.bump();
@@ -605,7 +605,7 @@ async fn push_subscription(
                         timestamp_ms: slice[0].timestamp_ms,
                         records: slice
                             .iter()
-                            .map(|r| Record { key: r.key.clone(), value: r.value.clone() })
+                            .map(|r| Record { key: r.key.clone(), value: r.value.clone().into() })
                             .collect(),
                     };
                     encode_event_batch(&batch, &mut out);

@@ -54,7 +54,7 @@ fn start() -> impl Strategy<Value = StartAt> {
 }
 
 fn record() -> impl Strategy<Value = Record> {
-    (option::of(bytes(32)), bytes(64)).prop_map(|(key, value)| Record { key, value })
+    (option::of(bytes(32)), bytes(64)).prop_map(|(key, value)| Record { key, value: value.into() })
 }
 
 fn error_body() -> impl Strategy<Value = ErrorBody> {
@@ -133,7 +133,7 @@ pub fn frame() -> impl Strategy<Value = Frame> {
                 ack: ack.map(|(request_id, mode)| AckRequest { request_id, mode }),
                 key,
                 stream,
-                records,
+                records: records.into_iter().map(Payload::from).collect(),
             })),
         (request_id(), any::<u32>(), any::<u64>(), any::<u32>()).prop_map(
             |(request_id, s, o, count)| {

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Summaries of bench/run.sh: median and spread (min-max) per scenario, ratios to the physical
-limits measured in the same run, written as summary.md in each scenario directory and as
-bench/results/<date>-publish-suite/summary.md.
+limits measured in the same run, MB per broker and per generator CPU-second and which side bound
+each row, the NATS JetStream peer row beside Felix's, and the profiles' top symbols; written as
+summary.md in each scenario directory and as bench/results/<date>-publish-suite/summary.md.
 
 Usage: bench/loadgen_summary.py <results dir> <date> <cpus>
 """
+import collections
 import glob
 import json
 import os
@@ -12,6 +14,12 @@ import statistics
 import sys
 
 RES, DATE, NCPU = sys.argv[1], sys.argv[2], int(sys.argv[3])
+# A side at least this busy (% of the CPUs it may use), and busier than the other, bounded the
+# run: felix-loadgen's BOUND_BUSY_PCT and Bound::of, for results written before it had bound_by.
+BOUND_BUSY_PCT = 80.0
+# The peer row's directory (bench/run.sh's nats scenario) and its name in the tables.
+PEER = "nats-jetstream"
+PEER_LABEL = "NATS JetStream (peer)"
 
 
 def load(pattern):
@@ -54,16 +62,39 @@ def limits():
     return out
 
 
+def bound_of(gen_busy_pct, broker_busy_pct):
+    """Which side bounded a run (felix-loadgen's Bound::of): the busier, if at least
+    BOUND_BUSY_PCT busy; a tie goes to the generator."""
+    if gen_busy_pct is None or broker_busy_pct is None:
+        return None
+    if max(gen_busy_pct, broker_busy_pct) < BOUND_BUSY_PCT:
+        return "neither"
+    return "generator" if gen_busy_pct >= broker_busy_pct else "broker"
+
+
 def run_row(r):
     b = r.get("broker") or {}
     p50 = b.get("ack_p50_us_per_core") or [None]
     p99 = b.get("ack_p99_us_per_core") or [None]
+    # MB per generator CPU-s, the broker's busy % and the bound come in the JSON since
+    # felix-loadgen reports them (nats_pub always has); older results get them computed here
+    # from the CPU seconds and busy figures they do have.
+    gen_mb_cpu_s = r.get("stored_mb_per_generator_cpu_s")
+    if gen_mb_cpu_s is None and b.get("stored_bytes") is not None and r.get("generator_cpu_s"):
+        gen_mb_cpu_s = b["stored_bytes"] / 1e6 / r["generator_cpu_s"]
+    broker_busy = r.get("broker_busy_pct")
+    if broker_busy is None and b.get("cpu_pct") is not None:
+        broker_busy = b["cpu_pct"] / max(len(b.get("stored_bytes_per_core") or [None]), 1)
+    bound = r.get("bound_by") or bound_of(r.get("generator_busy_pct"), broker_busy)
     return {
         "stored_mb_s": r.get("stored_mb_s"),
         "sent_mb_s": r.get("sent_mb_s"),
         "per_cpu_s": r.get("stored_mb_per_broker_cpu_s"),
+        "gen_per_cpu_s": gen_mb_cpu_s,
         "broker_cpu": b.get("cpu_pct"),
+        "broker_busy": broker_busy,
         "gen_busy": r.get("generator_busy_pct"),
+        "bound_by": bound,
         "p50": r["ack"]["p50_us"] / 1000,
         "p99": r["ack"]["p99_us"] / 1000,
         "broker_p50": max(p50) / 1000 if p50[0] is not None else None,
@@ -81,7 +112,8 @@ def publish_table(runs):
     rows = [run_row(r) for r in runs]
     s = {k: spread([row[k] for row in rows], f) for k, f in [
         ("stored_mb_s", "{:.1f}"), ("sent_mb_s", "{:.1f}"), ("per_cpu_s", "{:.0f}"),
-        ("broker_cpu", "{:.0f}"), ("gen_busy", "{:.0f}"), ("p50", "{:.2f}"), ("p99", "{:.2f}"),
+        ("gen_per_cpu_s", "{:.0f}"), ("broker_cpu", "{:.0f}"), ("broker_busy", "{:.0f}"),
+        ("gen_busy", "{:.0f}"), ("p50", "{:.2f}"), ("p99", "{:.2f}"),
         ("broker_p50", "{:.2f}"), ("broker_p99", "{:.2f}"), ("flushes_per_gb", "{:.0f}"),
         ("stored_share", "{:.1f}")]}
     loads = [x for row in rows for x in row["load"] if x is not None]
@@ -89,9 +121,38 @@ def publish_table(runs):
     s["errors"] = sum(row["errors"] for row in rows)
     s["warnings"] = sorted({w for row in rows for w in row["warnings"]})
     s["runs"] = len(rows)
+    # "broker 3/3", or "generator 2/3, neither 1/3": each run's bound, most frequent first.
+    bounds = collections.Counter(row["bound_by"] or "?" for row in rows)
+    s["bound_by"] = ", ".join(f"{k} {n}/{len(rows)}" for k, n in bounds.most_common()) or "-"
     ks = sorted({row["key_shards"] for row in rows if row["key_shards"] is not None})
     s["key_shards"] = ",".join(str(k) for k in ks) or "-"
     return s
+
+
+def profile_summary(d):
+    """One line about the profiles bench/run.sh left in scenario directory d (flame graphs and
+    perf report's self-time lists): where they are, the memmove/memcpy share of the broker's
+    CPU and its top symbols. None without profiles."""
+    if not os.path.exists(f"{d}/flame-broker.svg"):
+        return None
+    tops, copies, samples = [], 0.0, "?"
+    try:
+        with open(f"{d}/profile-broker.txt") as f:
+            for line in f:
+                if line.startswith("# Samples:"):
+                    samples = line.split()[2]
+                parts = line.split(None, 2)
+                if len(parts) < 3 or not parts[0].endswith("%"):
+                    continue
+                pct, sym = float(parts[0][:-1]), parts[2].strip()
+                if "memmove" in sym or "memcpy" in sym:
+                    copies += pct
+                if len(tops) < 5:
+                    tops.append(f"{sym} {pct:.1f}%")
+    except (OSError, ValueError):
+        pass
+    return (f"`flame-broker.svg`, `flame-generator.svg`, `profile-*.txt`; memmove+memcpy "
+            f"{copies:.1f}% of the broker's {samples} samples; its top symbols: " + "; ".join(tops))
 
 
 def write(path, text):
@@ -128,18 +189,21 @@ def main():
         top += ["## Physical limits", *t[2:], ""]
 
     pub = {}
-    for name in ["publish-1shard", "publish-12shards", "publish-12shards-fixedrate"]:
+    for name in ["publish-1shard", "publish-12shards", "publish-12shards-fixedrate", PEER]:
         runs = load(f"{RES}/{DATE}-{name}/run*.json")
         if runs:
             pub[name] = publish_table(runs)
+            pub[name]["server"] = runs[0].get("server_version")
     if pub:
-        head = ("| scenario | stored MB/s | MB per broker CPU-s | broker CPU % | generator busy % | "
-                "client p50 ms | client p99 ms | broker p50 ms | broker p99 ms | flushes/GB | "
-                "stored/sent % | runs | load avg |")
-        t = [head, "|" + "---|" * 13]
+        head = ("| scenario | stored MB/s | MB per broker CPU-s | MB per generator CPU-s | "
+                "broker CPU % | generator busy % | bound by | client p50 ms | client p99 ms | "
+                "broker p50 ms | broker p99 ms | flushes/GB | stored/sent % | runs | load avg |")
+        t = [head, "|" + "---|" * 15]
         for name, s in pub.items():
-            t.append(f"| {name} | {s['stored_mb_s'][0]} | {s['per_cpu_s'][0]} | {s['broker_cpu'][0]} | "
-                     f"{s['gen_busy'][0]} | {s['p50'][0]} | {s['p99'][0]} | {s['broker_p50'][0]} | "
+            label = PEER_LABEL if name == PEER else name
+            t.append(f"| {label} | {s['stored_mb_s'][0]} | {s['per_cpu_s'][0]} | "
+                     f"{s['gen_per_cpu_s'][0]} | {s['broker_cpu'][0]} | {s['gen_busy'][0]} | "
+                     f"{s['bound_by']} | {s['p50'][0]} | {s['p99'][0]} | {s['broker_p50'][0]} | "
                      f"{s['broker_p99'][0]} | {s['flushes_per_gb'][0]} | {s['stored_share'][0]} | "
                      f"{s['runs']} | {s['load']} |")
         ratios = ["", "Ratios to the limits measured in the same session (medians):", ""]
@@ -150,11 +214,15 @@ def main():
             parts = []
             if st and fio:
                 parts.append(f"stored MB/s / fio fdatasync'd 1 MiB writes = {st / fio:.2f}")
-            if pc and aead:
+            # The peer runs without TLS: the AES-GCM and UDP limits are not its floor.
+            if pc and aead and name != PEER:
                 parts.append(f"MB per broker CPU-s / one core's AES-GCM = {pc / aead:.2f}")
-            if pc and udp:
+            if pc and udp and name != PEER:
                 parts.append(f"MB per broker CPU-s / UDP GSO/GRO MB per CPU-s = {pc / udp:.2f}")
-            ratios.append(f"- {name}: " + "; ".join(parts))
+            if parts:
+                ratios.append(f"- {PEER_LABEL if name == PEER else name}: " + "; ".join(parts))
+        if len(ratios) == 3:
+            ratios = []
         notes = ["",
                  "Durable keyed publish: 4 KiB records, 64 per batch, 12 keys, ack durable; broker "
                  "`--cores 1` pinned to CPU 0, generator (1 worker, 4 publisher tasks, 1024 records "
@@ -163,19 +231,51 @@ def main():
                  "The fixedrate row publishes 10,000 records/s (41 MB/s) instead of as fast as "
                  "possible, so its latency is not queueing. "
                  "Client latency is send-to-ack including the generator's closed-loop queue; broker "
-                 "latency is the broker's own publish-to-ack histogram (its p50/p99 at the end).",
+                 "latency is the broker's own publish-to-ack histogram (its p50/p99 at the end). "
+                 "MB per generator CPU-s: stored MB over the generator's CPU seconds. Bound by: "
+                 f"the side at least {BOUND_BUSY_PCT:.0f}% busy (of the CPUs it may use) and busier "
+                 "than the other, per run (felix-loadgen's bound_by); neither = both waited on "
+                 "something else (a fixed rate, the disk, flow control).",
                  ""]
+        if PEER in pub:
+            notes += [f"{PEER_LABEL}: nats-server {pub[PEER]['server'] or '?'} (Debian's package) "
+                      "with JetStream and its default file store, pinned to CPU 0 (GOMAXPROCS 1); "
+                      "bench's nats_pub (async-nats, one current-thread runtime) on CPU 1 publishes "
+                      "4 KiB messages round-robin over 12 subjects of one stream, each on its own "
+                      "(no batches), at most 1024 awaiting their ack. Stored = payload + subject "
+                      "bytes acked in the window; MB per broker CPU-s = per server CPU-s (from "
+                      "/proc/<pid>/stat). Not like for like: the server acks once the message is "
+                      "written to its file, fsyncing on a 2-minute timer (JetStream's default), "
+                      "where Felix's ack durable waits for fdatasync; and it runs plain TCP, where "
+                      "Felix decrypts QUIC (AES-128-GCM).", ""]
         for name, s in pub.items():
             errs = f"errors {s['errors']}"
             warns = "; ".join(s["warnings"]) or "none"
-            notes.append(f"- {name}: 12 keys mapped to {s['key_shards']} distinct shard(s); {errs}; "
-                         f"warnings: {warns}")
+            if name == PEER:
+                notes.append(f"- {PEER_LABEL}: {errs}; warnings: {warns}")
+            else:
+                notes.append(f"- {name}: 12 keys mapped to {s['key_shards']} distinct shard(s); "
+                             f"{errs}; warnings: {warns}")
+        profiles = []
+        for name in pub:
+            line = profile_summary(f"{RES}/{DATE}-{name}")
+            if line and name == PEER:
+                line += " (Debian's nats-server is stripped: its Go frames show as addresses)"
+            if line:
+                profiles.append(f"- {PEER_LABEL if name == PEER else name}: {line}")
+        if profiles:
+            profiles = ["", "Profiles: `perf record` of the broker and of the generator over the "
+                        "window of one more run, not in the figures; flame graphs drawn with "
+                        "inferno, self time per symbol in `profile-*.txt`:", "", *profiles]
         for name, s in pub.items():
-            text = "\n".join([f"# {name}, {DATE}\n", head, t[1], t[[n for n in pub].index(name) + 2],
-                              *ratios, *notes]) + "\n"
-            text += f"\nPlots of each run: `plots-run*/` (throughput, latency, per-core throughput, per-core p99).\n"
+            label = PEER_LABEL if name == PEER else name
+            text = "\n".join([f"# {label}, {DATE}\n", head, t[1], t[[n for n in pub].index(name) + 2],
+                              *ratios, *notes, *profiles]) + "\n"
+            if name != PEER:
+                text += f"\nPlots of each run: `plots-run*/` (throughput, latency, per-core throughput, per-core p99).\n"
             write(f"{RES}/{DATE}-{name}/summary.md", text)
-        top += ["## Durable keyed publish (1 vs 12 shards)", *t, *ratios, *notes, ""]
+        top += ["## Durable keyed publish (1 vs 12 shards; the NATS JetStream peer)", *t, *ratios,
+                *notes, *profiles, ""]
 
     scal = {}
     for cores in range(1, NCPU + 1):
@@ -183,11 +283,13 @@ def main():
         if runs:
             scal[cores] = publish_table(runs)
     if scal:
-        t = ["| broker cores | stored MB/s | MB per broker CPU-s | broker CPU % | generator busy % | "
-             "client p99 ms | runs |", "|---|---|---|---|---|---|---|"]
+        t = ["| broker cores | stored MB/s | MB per broker CPU-s | MB per generator CPU-s | "
+             "broker CPU % | generator busy % | bound by | client p99 ms | runs |",
+             "|" + "---|" * 9]
         for c, s in scal.items():
-            t.append(f"| {c} | {s['stored_mb_s'][0]} | {s['per_cpu_s'][0]} | {s['broker_cpu'][0]} | "
-                     f"{s['gen_busy'][0]} | {s['p99'][0]} | {s['runs']} |")
+            t.append(f"| {c} | {s['stored_mb_s'][0]} | {s['per_cpu_s'][0]} | "
+                     f"{s['gen_per_cpu_s'][0]} | {s['broker_cpu'][0]} | {s['gen_busy'][0]} | "
+                     f"{s['bound_by']} | {s['p99'][0]} | {s['runs']} |")
         note = ("12-shard durable keyed publish on 1..N broker cores. On this machine N = "
                 f"{NCPU}: with {NCPU} broker cores the generator shares the broker's CPUs, so "
                 "these figures say nothing about scaling; they mean something on a many-core "

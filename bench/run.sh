@@ -2,6 +2,7 @@
 # The benchmark suite, end to end on this machine, with felix-loadgen (docs/loadgen.md).
 #
 #   bench/run.sh [runs=5] [duration_s=2] [soak_s=180]
+#   SCENARIOS="publish nats" RES=/tmp/x bench/run.sh 1 2     (a smoke run of two scenarios)
 # (2 s windows keep each run to a few hundred MB: this VM slows once the page cache grows.)
 #
 # Scenarios (each run: fresh broker and data dir, broker pinned to CPU $BROKER_CPU with
@@ -13,10 +14,24 @@
 #   publish-1shard  durable keyed publish, 4 KiB records, 64 per batch, 12 keys, 1 shard
 #   publish-12shards  the same on a 12-shard stream
 #   publish-12shards-fixedrate  the same at 10,000 records/s (latency without queueing)
+#   nats            the peer row: NATS JetStream (Debian's nats-server, installed with apt-get
+#                   when missing; JetStream on, its default file store under $DATA_ROOT, pinned
+#                   to $BROKER_CPU), 4 KiB messages over 12 subjects from bench's nats_pub
+#                   (async-nats, acks awaited, $NATS_IN_FLIGHT in flight) on $GEN_CPU; results in
+#                   <date>-nats-jetstream/, its row beside Felix's in the publish tables
 #   scaling         the 12-shard publish on 1..N broker cores (N = CPUs found)
 #   soak            a mixed publish+subscribe run at a fixed rate for soak_s seconds
-# Writes bench/results/<date>-<scenario>/ (run JSONs, SVG plots, summary.md) and
-# bench/results/<date>-publish-suite/summary.md (all scenarios on one page). Data lives under
+# Profiles: after the measured runs of each saturated scenario (publish-1shard, publish-12shards,
+# nats) one more run, not counted in the figures, under `perf record -F $PERF_FREQ
+# --call-graph $PERF_CALLGRAPH` on the broker's and the generator's pids for the measured
+# window: flame-broker.svg and flame-generator.svg (folded and drawn with the inferno crate's
+# inferno-collapse-perf and inferno-flamegraph, `cargo install`ed when missing),
+# profile-broker.txt and profile-generator.txt (perf report's top symbols, self time), and
+# profile.json (that run's figures). PROFILE=0 skips them; without perf, or where perf may not
+# record, the script says so and goes on.
+# Writes bench/results/<date>-<scenario>/ (run JSONs, SVG plots, profiles, summary.md) and
+# bench/results/<date>-publish-suite/summary.md (all scenarios on one page; every publish row
+# says MB per broker and per generator CPU-second and which side bound it). Data lives under
 # $DATA_ROOT (wiped between runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,9 +43,17 @@ WARMUP=${WARMUP:-1}
 BROKER_CPU=${BROKER_CPU:-0}
 GEN_CPU=${GEN_CPU:-1}
 DATA_ROOT=${DATA_ROOT:-/tmp/felix-bench}
-SCENARIOS=${SCENARIOS:-"limits publish scaling soak"}
+SCENARIOS=${SCENARIOS:-"limits publish nats scaling soak"}
 PORT=${PORT:-7600}
 MPORT=${MPORT:-9600}
+NATS_PORT=${NATS_PORT:-4622}
+# Publishes awaiting their ack in the NATS row: the Felix rows' closed loop of 1024 records.
+NATS_IN_FLIGHT=${NATS_IN_FLIGHT:-1024}
+PROFILE=${PROFILE:-1}
+# 499 Hz over a 2 s window is up to ~1000 samples per busy core; DWARF stacks (8 KiB each) because the
+# release build keeps no frame pointers: a few MB of perf data, deleted after rendering.
+PERF_FREQ=${PERF_FREQ:-499}
+PERF_CALLGRAPH=${PERF_CALLGRAPH:-dwarf}
 # A 1500-byte path (IPv4 + UDP headers off), not loopback's 64 KiB MTU. The client uses quinn's
 # defaults (1200 initial, discovery up to 1452): the client crate has no hook for it.
 MAX_UDP_PAYLOAD=${MAX_UDP_PAYLOAD:-1452}
@@ -42,10 +65,31 @@ NCPU=$(nproc)
 echo "bench/run.sh: runs=$RUNS duration=${DURATION}s warmup=${WARMUP}s soak=${SOAK_S}s" \
   "broker_cpu=$BROKER_CPU gen_cpu=$GEN_CPU cpus=$NCPU data=$DATA_ROOT scenarios='$SCENARIOS'"
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
-cargo build --release -p felix-broker -p felix-loadgen
+# NO_BUILD=1 takes target/release as it is (a smoke test of the script while the tree is mid-edit).
 HAVE_NET=1
-cargo build --release -p felix-bench --bin net_upload --bin net_udp_sink || HAVE_NET=0
+if [ "${NO_BUILD:-0}" != 1 ]; then
+  cargo build --release -p felix-broker -p felix-loadgen
+  cargo build --release -p felix-bench --bin net_upload --bin net_udp_sink || HAVE_NET=0
+fi
 mkdir -p "$DATA_ROOT"
+
+# Profiling tools: perf (and the right to record), inferno's folder and renderer.
+INFERNO_BIN=${CARGO_HOME:-$HOME/.cargo}/bin
+PATH=$PATH:$INFERNO_BIN
+HAVE_PERF=0
+if [ "$PROFILE" = 1 ]; then
+  if ! command -v perf > /dev/null; then
+    echo "perf not found: no flame graphs (apt-get install linux-perf)"
+  elif ! perf record -q -o "$DATA_ROOT/perf-probe.data" -- true > "$DATA_ROOT/perf-probe.log" 2>&1; then
+    echo "perf may not record here (kernel.perf_event_paranoid=$(cat /proc/sys/kernel/perf_event_paranoid 2>/dev/null)): no flame graphs"
+    sed 's/^/  /' "$DATA_ROOT/perf-probe.log" | head -5
+  elif ! command -v inferno-flamegraph > /dev/null && ! cargo install --locked inferno; then
+    echo "inferno could not be installed: no flame graphs"
+  else
+    HAVE_PERF=1
+  fi
+  rm -f "$DATA_ROOT/perf-probe.data" "$DATA_ROOT/perf-probe.log"
+fi
 
 broker_pid=""
 stop_broker() {
@@ -63,12 +107,12 @@ start_broker() {
   rm -rf "$DATA_ROOT/data"
   mkdir -p "$DATA_ROOT/data"
   sync
-  taskset -c "$cpus" $T/felix serve --listen 127.0.0.1:$PORT --cores "$cores" --cpus "$cpus" \
-    --data-dir "$DATA_ROOT/data" --metrics 127.0.0.1:$MPORT --max-udp-payload "$MAX_UDP_PAYLOAD" \
+  taskset -c "$cpus" $T/felix serve --listen 127.0.0.1:"$PORT" --cores "$cores" --cpus "$cpus" \
+    --data-dir "$DATA_ROOT/data" --metrics 127.0.0.1:"$MPORT" --max-udp-payload "$MAX_UDP_PAYLOAD" \
     > "$DATA_ROOT/broker.log" 2>&1 &
   broker_pid=$!
   for _ in $(seq 1 200); do
-    if [ -f "$DATA_ROOT/data/dev-cert.pem" ] && curl -sf 127.0.0.1:$MPORT/health > /dev/null; then
+    if [ -f "$DATA_ROOT/data/dev-cert.pem" ] && curl -sf "127.0.0.1:$MPORT/health" > /dev/null; then
       return 0
     fi
     sleep 0.05
@@ -76,14 +120,63 @@ start_broker() {
   echo "broker did not start:"; cat "$DATA_ROOT/broker.log"; exit 1
 }
 
+# perf_callgraph broker|generator: the --call-graph mode for that side ($SERVER_CALLGRAPH: the
+# broker's, where it differs).
+perf_callgraph() {
+  if [ "$1" = broker ]; then echo "${SERVER_CALLGRAPH:-$PERF_CALLGRAPH}"; else echo "$PERF_CALLGRAPH"; fi
+}
+
+# profile_window <generator pid>: when $PROFILE_DIR is set (this run is the profiled one),
+# records the broker ($broker_pid) and the generator with perf over the measured window (after
+# the warm-up) into $DATA_ROOT/perf-{broker,generator}.data, for render_profiles.
+profile_window() {
+  local gen_pid=$1
+  [ -n "${PROFILE_DIR:-}" ] || return 0
+  rm -f "$DATA_ROOT"/perf-*.data "$DATA_ROOT"/perf-*.data.old
+  sleep "$WARMUP"
+  local side pid ppids=()
+  for side in broker generator; do
+    if [ "$side" = broker ]; then pid=$broker_pid; else pid=$gen_pid; fi
+    perf record -q -F "$PERF_FREQ" --call-graph "$(perf_callgraph "$side")" -p "$pid" \
+      -o "$DATA_ROOT/perf-$side.data" -- sleep "$DURATION" > "$DATA_ROOT/perf-$side.log" 2>&1 &
+    ppids+=($!)
+  done
+  for pid in "${ppids[@]}"; do wait "$pid" || true; done
+}
+
+# render_profiles <out dir> <title>: flame graphs and top-symbol lists from profile_window's data.
+render_profiles() {
+  local out=$1 title=$2 side
+  for side in broker generator; do
+    local data=$DATA_ROOT/perf-$side.data
+    if [ ! -s "$data" ]; then
+      echo "  no $side profile:"; sed 's/^/    /' "$DATA_ROOT/perf-$side.log" | head -5
+      continue
+    fi
+    perf script -i "$data" 2> /dev/null | inferno-collapse-perf > "$DATA_ROOT/perf-$side.folded" &&
+      inferno-flamegraph --title "$title: $side ($DATE, $(git rev-parse --short HEAD))" \
+        "$DATA_ROOT/perf-$side.folded" > "$out/flame-$side.svg" ||
+      echo "  flame graph of the $side failed"
+    { echo "# $title, $side: perf record -F $PERF_FREQ --call-graph $(perf_callgraph "$side")," \
+        "${DURATION}s window; self time per symbol"
+      perf report -i "$data" --no-children -F overhead,sym --stdio -g none --percent-limit 0.2 \
+        2> /dev/null | head -60 || true; } > "$out/profile-$side.txt"
+    echo "  [$title] $side profile: $out/flame-$side.svg, top: $(grep -m1 -E '^ +[0-9.]+%' \
+      "$out/profile-$side.txt" | tr -s ' ')"
+    rm -f "$data" "$data.old" "$DATA_ROOT/perf-$side.folded" "$DATA_ROOT/perf-$side.log"
+  done
+}
+
 # loadgen <gen cpus> <out json> <label> <args...>
 loadgen() {
   local cpus=$1 json=$2 label=$3
   shift 3
-  taskset -c "$cpus" $T/felix-loadgen run --addr 127.0.0.1:$PORT --metrics 127.0.0.1:$MPORT \
+  taskset -c "$cpus" $T/felix-loadgen run --addr 127.0.0.1:"$PORT" --metrics 127.0.0.1:"$MPORT" \
     --ca-file "$DATA_ROOT/data/dev-cert.pem" --broker-pid "$broker_pid" --label "$label" \
-    --warmup-s "$WARMUP" --json "$json" --quiet "$@" > "${json%.json}.txt" 2>&1 || {
-      echo "loadgen failed ($label):"; tail -20 "${json%.json}.txt"; }
+    --warmup-s "$WARMUP" --json "$json" --quiet "$@" > "${json%.json}.txt" 2>&1 &
+  local gen_pid=$!
+  profile_window "$gen_pid"
+  wait "$gen_pid" || { echo "loadgen failed ($label):"; tail -20 "${json%.json}.txt"; }
   grep -E "broker stored|generator CPU|WARNING" "${json%.json}.txt" | sed "s/^/  [$label] /"
   # The broker's own effective configuration, as evidence of what ran.
   grep -E "^felix" "$DATA_ROOT/broker.log" | head -8 > "${json%.json}.broker.txt" || true
@@ -153,12 +246,79 @@ scenario_publish() {
     for run in $(seq 1 "$RUNS"); do
       start_broker 1 "$BROKER_CPU"
       loadgen "$GEN_CPU" "$out/run$run.json" "$name-run$run" --workload publish \
-        --stream bench/publish/s$shards --shards "$shards" --keys 12 --payload-bytes 4096 \
+        --stream "bench/publish/s$shards" --shards "$shards" --keys 12 --payload-bytes 4096 \
         --batch-records 64 --ack durable --duration-s "$DURATION" --workers 1 --cpus "$GEN_CPU" \
         --plots "$out/plots-run$run" "$@"
       stop_broker
     done
+    # The saturated rows get a profiled run of their own, outside the figures.
+    if [ "$HAVE_PERF" = 1 ] && [ "$name" != publish-12shards-fixedrate ]; then
+      start_broker 1 "$BROKER_CPU"
+      PROFILE_DIR=$out loadgen "$GEN_CPU" "$out/profile.json" "$name-profile" --workload publish \
+        --stream "bench/publish/s$shards" --shards "$shards" --keys 12 --payload-bytes 4096 \
+        --batch-records 64 --ack durable --duration-s "$DURATION" --workers 1 --cpus "$GEN_CPU" "$@"
+      stop_broker
+      render_profiles "$out" "$name"
+    fi
   done
+}
+
+# start_nats: a fresh nats-server with JetStream and its default file store under $DATA_ROOT,
+# pinned to $BROKER_CPU (Go sizes GOMAXPROCS to the affinity: one thread runs Go code); its
+# pid in $broker_pid, so stop_broker stops it.
+start_nats() {
+  rm -rf "$DATA_ROOT/nats"
+  mkdir -p "$DATA_ROOT/nats"
+  sync
+  taskset -c "$BROKER_CPU" nats-server -js -sd "$DATA_ROOT/nats" -a 127.0.0.1 -p "$NATS_PORT" \
+    > "$DATA_ROOT/nats.log" 2>&1 &
+  broker_pid=$!
+  for _ in $(seq 1 200); do
+    grep -q "Server is ready" "$DATA_ROOT/nats.log" && return 0
+    sleep 0.05
+  done
+  echo "nats-server did not start:"; cat "$DATA_ROOT/nats.log"; exit 1
+}
+
+# nats_pub <out json> <label>: the peer row's publisher, pinned to $GEN_CPU.
+nats_pub() {
+  local json=$1 label=$2
+  taskset -c "$GEN_CPU" $T/nats_pub --server 127.0.0.1:"$NATS_PORT" --server-pid "$broker_pid" \
+    --subjects 12 --payload-bytes 4096 --in-flight "$NATS_IN_FLIGHT" --warmup-s "$WARMUP" \
+    --duration-s "$DURATION" --label "$label" --json "$json" > "${json%.json}.txt" 2>&1 &
+  local gen_pid=$!
+  profile_window "$gen_pid"
+  wait "$gen_pid" || { echo "nats_pub failed ($label):"; tail -20 "${json%.json}.txt"; }
+  grep -E "^nats_pub" "${json%.json}.txt" | sed "s/^/  [$label] /" || true
+  nats-server --version > "${json%.json}.server.txt" 2>&1 || true
+}
+
+scenario_nats() {
+  if ! command -v nats-server > /dev/null; then
+    echo "nats-server missing: installing Debian's package"
+    if [ "$(id -u)" != 0 ] || ! { apt-get update -qq && apt-get install -y -qq nats-server; } \
+      > "$DATA_ROOT/apt.log" 2>&1; then
+      echo "could not install nats-server (see $DATA_ROOT/apt.log): no peer row"; return 0
+    fi
+  fi
+  if [ "${NO_BUILD:-0}" != 1 ] && ! cargo build --release -p felix-bench --bin nats_pub; then
+    echo "nats_pub did not build: no peer row"; return 0
+  fi
+  local out=$RES/$DATE-nats-jetstream
+  mkdir -p "$out"
+  for run in $(seq 1 "$RUNS"); do
+    start_nats
+    nats_pub "$out/run$run.json" "nats-run$run"
+    stop_broker
+  done
+  if [ "$HAVE_PERF" = 1 ]; then
+    start_nats
+    # Go keeps frame pointers (and DWARF unwinding of its stacks dropped most samples here).
+    PROFILE_DIR=$out SERVER_CALLGRAPH=fp nats_pub "$out/profile.json" nats-profile
+    stop_broker
+    SERVER_CALLGRAPH=fp render_profiles "$out" nats-jetstream
+  fi
+  rm -rf "$DATA_ROOT/nats"
 }
 
 scenario_scaling() {

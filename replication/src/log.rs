@@ -121,6 +121,24 @@ impl ReplicaLog {
         first_later.checked_sub(1).map(|i| self.batches[i].epoch)
     }
 
+    /// The leader's side of the epoch handshake: the largest epoch `<= asked` this log has (the
+    /// leader's `current` epoch counts even before its first batch) and the offset where that
+    /// epoch ends here; `(None, 0)` if there is none.
+    pub fn epoch_answer(&self, asked: Epoch, current: Epoch) -> (Option<Epoch>, Offset) {
+        if asked >= current {
+            return (Some(current), self.end());
+        }
+        let answer = self.largest_epoch_at_most(asked);
+        (answer, answer.map_or(Offset(0), |e| self.end_of_epoch(e)))
+    }
+
+    /// The follower's side: where to truncate given the leader's answer `(answer_epoch, end)`
+    /// about this log's last epoch. After truncating there, the handshake is done if the log is
+    /// empty or its last epoch is `answer_epoch`; otherwise ask again about the new last epoch.
+    pub fn truncation_point(&self, answer_epoch: Option<Epoch>, end: Offset) -> Offset {
+        answer_epoch.map_or(Offset(0), |a| end.min(self.end_of_epoch(a)))
+    }
+
     /// Batches from offset `from` (a batch boundary) on, at least one and at most `bytes_max`
     /// bytes otherwise.
     pub fn read_from(&self, from: Offset, bytes_max: u64) -> Vec<Batch> {

@@ -70,7 +70,7 @@ impl Replica {
         if from != state.leader || epoch != state.epoch || state.phase != expected {
             return;
         }
-        let to = answer_epoch.map_or(Offset(0), |a| end.min(self.log.end_of_epoch(a)));
+        let to = self.log.truncation_point(answer_epoch, end);
         if to < self.log.end() {
             self.truncate(to);
         }

@@ -155,12 +155,7 @@ impl Replica {
         if epoch != state.epoch {
             return;
         }
-        let (answer_epoch, end) = if asked >= state.epoch {
-            (Some(state.epoch), self.log.end())
-        } else {
-            let answer = self.log.largest_epoch_at_most(asked);
-            (answer, answer.map_or(Offset(0), |e| self.log.end_of_epoch(e)))
-        };
+        let (answer_epoch, end) = self.log.epoch_answer(asked, state.epoch);
         self.send(from, Message::EpochAnswer { epoch, asked, answer_epoch, end });
     }
 

@@ -26,6 +26,8 @@ use glommio::channels::shared_channel::{
 pub const MESH_MESSAGES_QUEUED_MAX: usize = 1024;
 /// Requests from other cores one core handles at once.
 pub const MESH_REQUESTS_IN_FLIGHT_MAX: u64 = 4096;
+/// Replies one mesh request gets: its reply channel holds exactly one.
+const MESH_REPLIES_PER_REQUEST: usize = 1;
 
 /// Work one core asks of the core that owns a shard.
 #[derive(Debug)]
@@ -247,7 +249,7 @@ impl Mesh {
             })?;
         let id = self.next_id.get();
         self.next_id.set(id + 1);
-        let (tx, rx) = local_channel::new_bounded(1);
+        let (tx, rx) = local_channel::new_bounded(MESH_REPLIES_PER_REQUEST);
         self.pending.borrow_mut().insert(id, tx);
         if sender.send(MeshMsg::Request { id, from: me, req }).await.is_err() {
             self.pending.borrow_mut().remove(&id);

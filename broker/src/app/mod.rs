@@ -420,7 +420,8 @@ async fn open_core(
     let publisher = app.clone();
     glommio::spawn_local(async move {
         loop {
-            glommio::timer::sleep(stats::HISTOGRAM_PUBLISH_INTERVAL).await;
+            glommio::timer::sleep(Duration::from_millis(stats::HISTOGRAM_PUBLISH_INTERVAL_MS))
+                .await;
             publisher.publish_stats();
         }
     })
@@ -519,8 +520,10 @@ fn check_port_free(addr: std::net::SocketAddr) -> Result<(), StartError> {
 
 fn check_io_uring() -> Result<(), StartError> {
     const KNOB: &str = "/proc/sys/kernel/io_uring_disabled";
+    /// The knob's value that refuses io_uring to every process (1 allows a group, 0 all).
+    const DISABLED_FOR_ALL: &str = "2";
     match std::fs::read_to_string(KNOB).map(|s| s.trim().to_owned()) {
-        Ok(v) if v == "2" => Err(StartError::IoUringDisabled { knob: KNOB }),
+        Ok(v) if v == DISABLED_FOR_ALL => Err(StartError::IoUringDisabled { knob: KNOB }),
         _ => Ok(()),
     }
 }

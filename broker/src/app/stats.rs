@@ -3,20 +3,31 @@
 //! Each core writes only its own `AppStats` (relaxed atomics with a single writer, so no cache
 //! line is contended on the hot path); the admin thread reads them. Histograms are recorded in
 //! a core-local `hdrhistogram` and copied into the shared slot once per
-//! [`HISTOGRAM_PUBLISH_INTERVAL`], the only moment a lock is taken.
+//! [`HISTOGRAM_PUBLISH_INTERVAL_MS`], the only moment a lock is taken.
 
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
-use std::time::Duration;
 
 use hdrhistogram::Histogram;
 use prometheus_client::encoding::{text, EncodeMetric, MetricEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-/// How often a core copies its histograms for the admin thread.
-pub const HISTOGRAM_PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a core copies its histograms for the admin thread, in milliseconds.
+pub const HISTOGRAM_PUBLISH_INTERVAL_MS: u64 = 1_000;
+/// The lowest value a latency histogram tells apart, in microseconds.
+pub const HISTOGRAM_LOW_US: u64 = 1;
+/// The highest value a latency histogram tracks, in microseconds (one hour).
+pub const HISTOGRAM_HIGH_US: u64 = 3_600_000_000;
+/// Significant decimal digits a histogram keeps (its relative precision: 0.1 %).
+pub const HISTOGRAM_SIGNIFICANT_DIGITS: u8 = 3;
+// hdrhistogram's bounds: low >= 1, high >= 2 * low, at most 5 significant digits.
+const _: () = assert!(
+    HISTOGRAM_LOW_US >= 1
+        && HISTOGRAM_HIGH_US >= 2 * HISTOGRAM_LOW_US
+        && HISTOGRAM_SIGNIFICANT_DIGITS <= 5
+);
 
 macro_rules! counters {
     ($($name:ident: $help:literal),* $(,)?) => {
@@ -85,14 +96,17 @@ impl Default for AppStats {
     }
 }
 
-/// A histogram of 1 .. 1 hour in microseconds, 3 significant digits.
+/// A histogram of [`HISTOGRAM_LOW_US`] .. [`HISTOGRAM_HIGH_US`] (1 µs .. 1 hour),
+/// [`HISTOGRAM_SIGNIFICANT_DIGITS`] significant digits.
 pub fn new_histogram() -> Histogram<u64> {
-    Histogram::new_with_bounds(1, 3_600_000_000, 3)
-        .unwrap_or_else(|_| Histogram::new(3).unwrap_or_else(|_| unreachable_histogram()))
+    Histogram::new_with_bounds(HISTOGRAM_LOW_US, HISTOGRAM_HIGH_US, HISTOGRAM_SIGNIFICANT_DIGITS)
+        .unwrap_or_else(|_| {
+            Histogram::new(HISTOGRAM_SIGNIFICANT_DIGITS).unwrap_or_else(|_| unreachable_histogram())
+        })
 }
 
 fn unreachable_histogram() -> Histogram<u64> {
-    // Histogram::new(3) only fails for sigfig > 5.
+    // Histogram::new(HISTOGRAM_SIGNIFICANT_DIGITS) only fails for sigfig > 5.
     std::process::abort()
 }
 

@@ -35,6 +35,16 @@ pub const IDLE_TIMEOUT_MS_MAX: u64 = 3_600_000;
 /// The longest linger time, in microseconds (1 s).
 pub const LINGER_US_MAX: u64 = 1_000_000;
 
+/// The ack-eliciting packets the broker may receive before it must acknowledge, asked of it with
+/// QUIC's ACK_FREQUENCY frame (quinn-proto's ack frequency extension; QUIC's default is 1, an
+/// ACK every second packet). A publisher sends runs of full packets: one ACK per 10 of them
+/// costs both sides a tenth of the ACK packets and of the client's ACK processing.
+pub const ACK_ELICITING_THRESHOLD_PACKETS: u32 = 9;
+/// The longest the broker may delay an ACK, asked with the same frame, in microseconds
+/// (quinn clamps it to at least the broker's `min_ack_delay`, 1 ms, and at most the larger of
+/// the RTT and 25 ms). Only QUIC's loss recovery waits on it: publish acks are stream data.
+pub const REQUESTED_MAX_ACK_DELAY_US: u64 = 2_000;
+
 /// Default ceiling of path MTU discovery: a 1500-byte path less IPv6 and UDP headers.
 pub const MAX_UDP_PAYLOAD_DEFAULT: u16 = 1452;
 /// Smallest allowed ceiling (QUIC's minimum datagram size).

@@ -159,7 +159,7 @@ impl Conn {
     /// Sends `frame` (whose request id is `id`) on the control lane and waits for its answer.
     pub(crate) async fn request(&self, id: RequestId, frame: &Frame) -> Result<Frame, ClientError> {
         let bytes = self.encode_checked(frame)?;
-        let rx = self.control.send_request(id, &bytes).await?;
+        let rx = self.control.send_request(id, bytes).await?;
         self.control.wait(id, rx, self.ack_timeout, "request").await
     }
 
@@ -203,7 +203,8 @@ impl Drop for Conn {
     }
 }
 
-/// Checks `frame` against `caps` and `limits`, then encodes it.
+/// Checks `frame` against `caps` and `limits`, then encodes it into one buffer of its exact
+/// size (a Publish is copied once, record by record, and never reallocated).
 ///
 /// Refuses, before anything is written: a flag bit the broker did not advertise, a Subscribe
 /// with a group or a CommitOffset without `CONSUMER_GROUPS`, Metadata without `CLUSTER`, and a
@@ -236,14 +237,32 @@ pub(crate) fn encode_checked(
     if matches!(frame, Frame::Metadata(_)) && !caps.contains(Capabilities::CLUSTER) {
         return Err(ClientError::Unsupported("cluster metadata"));
     }
-    let bytes = frame.to_bytes();
-    if bytes.len() > limits.max_frame_bytes as usize {
-        return Err(ClientError::RecordTooLarge {
-            len: bytes.len(),
-            max: limits.max_frame_bytes as usize,
-        });
+    let max = limits.max_frame_bytes as usize;
+    let size = encoded_size_hint(frame);
+    if size > max {
+        return Err(ClientError::RecordTooLarge { len: size, max });
     }
-    Ok(bytes)
+    let mut buf = BytesMut::with_capacity(size);
+    frame.encode(&mut buf);
+    if buf.len() > max {
+        return Err(ClientError::RecordTooLarge { len: buf.len(), max });
+    }
+    Ok(buf.freeze())
+}
+
+/// The encoded size of a Publish frame, header included (exact); for other frames a small
+/// first capacity (they are a few hundred bytes at most and may grow the buffer).
+fn encoded_size_hint(frame: &Frame) -> usize {
+    const SMALL_FRAME_BYTES: usize = 256;
+    match frame {
+        Frame::Publish(p) => {
+            let ack = if p.ack.is_some() { 8 + 1 } else { 0 };
+            let key = p.key.as_ref().map_or(0, |k| 2 + k.len());
+            let records: usize = p.records.iter().map(|r| 4 + r.len()).sum();
+            HEADER_LEN + ack + key + 2 + p.stream.len() + 4 + records
+        }
+        _ => SMALL_FRAME_BYTES,
+    }
 }
 
 /// One bidirectional stream carrying requests; its reader task routes answers by request id.
@@ -283,11 +302,12 @@ impl Lane {
         lane
     }
 
-    /// Registers `id` (when non-zero) and writes `bytes`; returns where the answer will come.
+    /// Registers `id` (when non-zero) and writes `bytes`, an encoded frame; returns where the
+    /// answer will come. The buffer is handed to quinn as it is (no copy into its send buffer).
     pub(crate) async fn send_request(
         &self,
         id: RequestId,
-        bytes: &[u8],
+        bytes: Bytes,
     ) -> Result<oneshot::Receiver<Answer>, ClientError> {
         let (tx, rx) = oneshot::channel();
         {
@@ -299,7 +319,7 @@ impl Lane {
                 state.waiting.insert(id, tx);
             }
         }
-        let written = self.send.lock().await.write_all(bytes).await;
+        let written = self.send.lock().await.write_all_chunks(&mut [bytes]).await;
         if let Err(e) = written {
             self.pending.lock().waiting.remove(&id);
             return Err(lost(e));
@@ -653,6 +673,19 @@ mod tests {
             Err(ClientError::Unsupported("cluster metadata"))
         );
         assert!(encode_checked(Capabilities::CLUSTER, &l, &m).is_ok());
+    }
+
+    #[test]
+    fn publish_frames_are_encoded_into_a_buffer_of_their_exact_size() {
+        for (acked, keyed) in [(false, false), (true, false), (false, true), (true, true)] {
+            let mut frame = publish(acked, keyed);
+            if let Frame::Publish(p) = &mut frame {
+                p.records = (0..40).map(|i| Bytes::from(vec![i as u8; i * 37]).into()).collect();
+            }
+            let bytes = encode_checked(Capabilities::ALL, &Limits::default(), &frame).unwrap();
+            assert_eq!(bytes, frame.to_bytes());
+            assert_eq!(encoded_size_hint(&frame), bytes.len(), "acked {acked} keyed {keyed}");
+        }
     }
 
     #[test]

@@ -11,6 +11,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+mod batch;
 mod client;
 pub mod cluster;
 pub mod config;

@@ -1,5 +1,6 @@
 //! The publisher: batching per key with a linger time and size limits, one worker task per
-//! connection of the pool (no task carries every connection's batches), acks resolved per record.
+//! connection of the pool (no task carries every connection's batches), acks resolved per batch
+//! (`crate::batch`: the records of a batch share one outcome; no channel per record).
 //!
 //! Call order: [`crate::Client::publisher`], then [`Publisher::send`] (returns a
 //! [`PublishTicket`] that resolves when the batch is acked) or [`Publisher::publish`] (send and
@@ -20,62 +21,31 @@
 //! lost or duplicated.
 
 use std::collections::HashMap;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use felix_proto::{
-    key_hash, shard_for_key, AckMode, AckRequest, Capabilities, Frame, Limits, Offset, Publish,
-    Record, RequestId, ShardId, HEADER_LEN,
+    key_hash, shard_for_key, AckMode, AckRequest, Capabilities, Frame, Limits, Publish, Record,
+    RequestId, ShardId,
 };
-use tokio::sync::{mpsc, oneshot, Semaphore};
-use tokio::time::Instant;
+use tokio::sync::{oneshot, Semaphore};
 
+use crate::batch::{
+    frame_fixed_bytes, Batch, BatchCaps, BatchResult, Completion, Ready, WorkerQueue,
+};
+pub use crate::batch::{
+    PublishResult, PublishTicket, Receipt, LINGER_TIMER_SLACK_US, OPEN_BATCHES_MAX,
+    WORKER_QUEUE_RECORDS,
+};
 use crate::client::Client;
 use crate::cluster::{is_unreachable, unavailable, Cluster};
 use crate::config::PublishSettings;
 use crate::conn::{Conn, Lane};
 use crate::error::ClientError;
 use crate::pool::Pool;
-
-/// Records queued per worker before [`Publisher::send`] waits (backpressure).
-pub const WORKER_QUEUE_RECORDS: usize = 8192;
-/// The most distinct keys with an open batch per worker; the oldest is sent when exceeded.
-pub const OPEN_BATCHES_MAX: usize = 1024;
-/// Records taken from the queue in one go before batches are checked for expiry.
-const DRAIN_RECORDS_MAX: usize = 4096;
-
-/// Where an acked record was stored.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct Receipt {
-    /// The shard.
-    pub shard: ShardId,
-    /// The record's offset in the shard.
-    pub offset: Offset,
-}
-
-/// What a record's publish resolved to: `Some(receipt)` when acked, `None` with `AckMode::None`
-/// (the batch was written to the connection, nothing more is known).
-pub type PublishResult = Result<Option<Receipt>, ClientError>;
-
-/// Resolves when the record's batch is acked (or written, with `AckMode::None`).
-#[derive(Debug)]
-pub struct PublishTicket {
-    rx: oneshot::Receiver<PublishResult>,
-}
-
-impl Future for PublishTicket {
-    type Output = PublishResult;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<PublishResult> {
-        Pin::new(&mut self.rx).poll(cx).map(|r| r.unwrap_or(Err(ClientError::Closed)))
-    }
-}
 
 /// Publishes records to one stream. Cheap to clone; clones share the workers.
 #[derive(Clone)]
@@ -107,14 +77,21 @@ struct WorkerCtx {
 /// The workers of one broker's pool, one per connection.
 struct BrokerWorkers {
     pool: Arc<Pool>,
-    workers: Vec<mpsc::Sender<Cmd>>,
+    workers: Vec<Arc<WorkerQueue>>,
     /// Worker index for each broker core, when some connection is owned by that core.
     worker_of_core: HashMap<u16, usize>,
 }
 
-enum Cmd {
-    Record(Record, oneshot::Sender<PublishResult>),
-    Flush(oneshot::Sender<()>),
+/// The last handle gone: every worker sends what it holds, waits for its acks and stops.
+impl Drop for PubShared {
+    fn drop(&mut self) {
+        let others = self.others.get_mut().unwrap_or_else(|p| p.into_inner());
+        for broker in std::iter::once(&self.home).chain(others.values()) {
+            for queue in &broker.workers {
+                queue.close();
+            }
+        }
+    }
 }
 
 impl Publisher {
@@ -190,16 +167,13 @@ impl Publisher {
                 });
             }
         }
-        let fixed = frame_fixed_bytes(&s.ctx.stream, record.key.as_ref());
+        let fixed = frame_fixed_bytes(s.ctx.stream.len(), record.key.as_ref());
         let room = (s.limits.max_frame_bytes as usize).saturating_sub(fixed + 4);
         if record.value.len() > room {
             return Err(ClientError::RecordTooLarge { len: record.value.len(), max: room });
         }
         let (broker, worker) = self.route(record.key.as_deref()).await?;
-        let (tx, rx) = oneshot::channel();
-        let queue = &broker.workers[worker];
-        queue.send(Cmd::Record(record, tx)).await.map_err(|_| ClientError::Closed)?;
-        Ok(PublishTicket { rx })
+        broker.workers[worker].push(record).await
     }
 
     /// Sends `record` and waits for its ack.
@@ -215,7 +189,7 @@ impl Publisher {
         let mut waits = Vec::new();
         for w in brokers.iter().flat_map(|b| b.workers.iter()) {
             let (tx, rx) = oneshot::channel();
-            w.send(Cmd::Flush(tx)).await.map_err(|_| ClientError::Closed)?;
+            w.flush(tx);
             waits.push(rx);
         }
         for rx in waits {
@@ -329,23 +303,29 @@ impl BrokerWorkers {
             }
         }
         let limits = pool.hello().limits;
-        let in_flight_max = ctx.settings.in_flight_batches_max;
+        let settings = &ctx.settings;
+        let caps = BatchCaps {
+            records_max: settings.batch_records_max.min(limits.max_batch_records).max(1) as usize,
+            frame_bytes_max: limits.max_frame_bytes as usize,
+            stored_bytes_max: settings.batch_bytes_max as usize,
+            linger: Duration::from_micros(settings.linger_us),
+            stream_len: ctx.stream.len(),
+        };
         let workers = (0..pool.len())
             .map(|slot| {
-                let (tx, rx) = mpsc::channel(WORKER_QUEUE_RECORDS);
+                let queue = Arc::new(WorkerQueue::new(caps));
                 let worker = Worker {
                     ctx: ctx.clone(),
                     pool: pool.clone(),
                     slot,
-                    limits,
-                    open: HashMap::new(),
+                    queue: queue.clone(),
                     conn: None,
                     lanes: Vec::new(),
                     next_lane: 0,
-                    in_flight: Arc::new(Semaphore::new(in_flight_max)),
+                    in_flight: Arc::new(Semaphore::new(settings.in_flight_batches_max)),
                 };
-                tokio::spawn(worker.run(rx));
-                tx
+                tokio::spawn(worker.run());
+                queue
             })
             .collect();
         Arc::new(Self { pool, workers, worker_of_core })
@@ -361,30 +341,13 @@ impl BrokerWorkers {
     }
 }
 
-/// Bytes of a Publish frame besides its records: header, ack prefix, key, stream, count.
-fn frame_fixed_bytes(stream: &str, key: Option<&Bytes>) -> usize {
-    HEADER_LEN + 9 + key.map_or(0, |k| 2 + k.len()) + 2 + stream.len() + 4
-}
-
-/// A batch being filled.
-struct OpenBatch {
-    key: Option<Bytes>,
-    records: Vec<felix_proto::Payload>,
-    waiters: Vec<oneshot::Sender<PublishResult>>,
-    /// The Publish frame's size so far (header included).
-    frame_bytes: usize,
-    /// Payload plus key bytes per record: what the broker stores (its batch limit).
-    stored_bytes: usize,
-    deadline: Instant,
-}
-
-/// Batches and sends the records of one connection slot of one broker's pool.
+/// Sends the batches of one connection slot of one broker's pool, in the order its queue makes
+/// them ready.
 struct Worker {
     ctx: Arc<WorkerCtx>,
     pool: Arc<Pool>,
     slot: usize,
-    limits: Limits,
-    open: HashMap<Option<Bytes>, OpenBatch>,
+    queue: Arc<WorkerQueue>,
     /// The connection `lanes` belong to.
     conn: Option<Arc<Conn>>,
     lanes: Vec<Arc<Lane>>,
@@ -392,132 +355,34 @@ struct Worker {
     in_flight: Arc<Semaphore>,
 }
 
+/// A worker gone (stopped, or its task dropped) fails what is still queued.
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.queue.shut();
+    }
+}
+
 impl Worker {
-    async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
+    async fn run(mut self) {
         loop {
-            let deadline = self.open.values().map(|b| b.deadline).min();
-            let sleep = tokio::time::sleep_until(
-                deadline.unwrap_or_else(|| Instant::now() + Duration::from_secs(3600)),
-            );
-            tokio::select! {
-                cmd = rx.recv() => {
-                    match cmd {
-                        Some(cmd) => {
-                            let mut next = Some(cmd);
-                            let mut drained = 0;
-                            while let Some(cmd) = next.take() {
-                                self.handle(cmd).await;
-                                drained += 1;
-                                if drained < DRAIN_RECORDS_MAX {
-                                    next = rx.try_recv().ok();
-                                }
-                            }
-                        }
-                        None => {
-                            self.flush_all().await;
-                            self.wait_in_flight().await;
-                            return;
-                        }
+            let (items, closed) = self.queue.take_ready();
+            let idle = items.is_empty();
+            for item in items {
+                match item {
+                    Ready::Batch(batch) => self.send_batch(batch).await,
+                    Ready::Flush(done) => {
+                        self.wait_in_flight().await;
+                        let _ = done.send(());
                     }
-                    self.flush_expired().await;
                 }
-                _ = sleep, if deadline.is_some() => self.flush_expired().await,
             }
-        }
-    }
-
-    /// Handles one command.
-    async fn handle(&mut self, cmd: Cmd) {
-        match cmd {
-            Cmd::Record(record, tx) => self.add(record, tx).await,
-            Cmd::Flush(done) => {
-                self.flush_all().await;
+            if closed {
                 self.wait_in_flight().await;
-                let _ = done.send(());
+                return;
             }
-        }
-    }
-
-    fn records_cap(&self) -> usize {
-        self.ctx.settings.batch_records_max.min(self.limits.max_batch_records).max(1) as usize
-    }
-
-    async fn add(&mut self, record: Record, tx: oneshot::Sender<PublishResult>) {
-        let Record { key, value } = record;
-        let frame_record_bytes = 4 + value.len();
-        let stored_record_bytes = value.len() + key.as_ref().map_or(0, Bytes::len);
-        let fixed = frame_fixed_bytes(&self.ctx.stream, key.as_ref());
-        let frame_cap = self.limits.max_frame_bytes as usize;
-        let stored_cap = self.ctx.settings.batch_bytes_max as usize;
-        let records_cap = self.records_cap();
-        let full = self.open.get(&key).is_some_and(|b| {
-            b.records.len() >= records_cap
-                || b.frame_bytes + frame_record_bytes > frame_cap
-                || b.stored_bytes + stored_record_bytes > stored_cap
-        });
-        if full {
-            if let Some(batch) = self.open.remove(&key) {
-                self.send_batch(batch).await;
+            if idle {
+                self.queue.poll_deadline().await;
             }
-        }
-        if !self.open.contains_key(&key) && self.open.len() >= OPEN_BATCHES_MAX {
-            let oldest = self.open.iter().min_by_key(|(_, b)| b.deadline).map(|(k, _)| k.clone());
-            if let Some(batch) = oldest.and_then(|k| self.open.remove(&k)) {
-                self.send_batch(batch).await;
-            }
-        }
-        let linger = Duration::from_micros(self.ctx.settings.linger_us);
-        let batch = self.open.entry(key.clone()).or_insert_with(|| OpenBatch {
-            key: key.clone(),
-            records: Vec::new(),
-            waiters: Vec::new(),
-            frame_bytes: fixed,
-            stored_bytes: 0,
-            deadline: Instant::now() + linger,
-        });
-        batch.records.push(value);
-        batch.waiters.push(tx);
-        batch.frame_bytes += frame_record_bytes;
-        batch.stored_bytes += stored_record_bytes;
-        if batch.records.len() >= records_cap
-            || batch.frame_bytes >= frame_cap
-            || batch.stored_bytes >= stored_cap
-        {
-            if let Some(batch) = self.open.remove(&key) {
-                self.send_batch(batch).await;
-            }
-        }
-    }
-
-    async fn flush_expired(&mut self) {
-        let now = Instant::now();
-        let mut expired: Vec<OpenBatch> = Vec::new();
-        self.open.retain(|_, b| {
-            if b.deadline <= now {
-                expired.push(OpenBatch {
-                    key: b.key.take(),
-                    records: std::mem::take(&mut b.records),
-                    waiters: std::mem::take(&mut b.waiters),
-                    frame_bytes: b.frame_bytes,
-                    stored_bytes: b.stored_bytes,
-                    deadline: b.deadline,
-                });
-                false
-            } else {
-                true
-            }
-        });
-        expired.sort_by_key(|b| b.deadline);
-        for batch in expired {
-            self.send_batch(batch).await;
-        }
-    }
-
-    async fn flush_all(&mut self) {
-        let mut all: Vec<OpenBatch> = self.open.drain().map(|(_, b)| b).collect();
-        all.sort_by_key(|b| b.deadline);
-        for batch in all {
-            self.send_batch(batch).await;
         }
     }
 
@@ -551,8 +416,8 @@ impl Worker {
         Ok((conn, self.lanes[index].clone()))
     }
 
-    async fn send_batch(&mut self, batch: OpenBatch) {
-        let OpenBatch { key, records, waiters, .. } = batch;
+    async fn send_batch(&mut self, batch: Batch) {
+        let Batch { key, records, completion, .. } = batch;
         let cluster = self.ctx.client.shared.cluster.clone();
         let mode = self.ctx.settings.ack_mode;
         let (conn, lane) = match self.lane(key.as_ref()).await {
@@ -564,23 +429,23 @@ impl Worker {
                     if is_unreachable(&e) {
                         cluster.invalidate(&self.ctx.stream);
                         let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
-                            return fail(waiters, ClientError::Closed);
+                            return completion.resolve(BatchResult::Failed(ClientError::Closed));
                         };
                         let resend = Resend { stream: self.ctx.stream.clone(), key, records, mode };
                         let first = Err(unavailable(&self.ctx.stream, None));
                         tokio::spawn(async move {
                             let _permit = permit;
                             let answer = resend.follow(&cluster, first).await;
-                            resolve(waiters, resend.records.len(), answer);
+                            resolve(completion, resend.records.len(), answer);
                         });
                         return;
                     }
                 }
-                return fail(waiters, e);
+                return completion.resolve(BatchResult::Failed(e));
             }
         };
         let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
-            return fail(waiters, ClientError::Closed);
+            return completion.resolve(BatchResult::Failed(ClientError::Closed));
         };
         let id = if mode == AckMode::None { RequestId(0) } else { conn.next_request_id() };
         let count = records.len();
@@ -592,7 +457,7 @@ impl Worker {
         });
         let bytes = match conn.encode_checked(&frame) {
             Ok(b) => b,
-            Err(e) => return fail(waiters, e),
+            Err(e) => return completion.resolve(BatchResult::Failed(e)),
         };
         // In a cluster, an acked batch is kept until its ack: a broker that refuses it with
         // NotOwner or ShardUnavailable stored nothing, and it is sent again.
@@ -602,22 +467,19 @@ impl Worker {
             }
             _ => None,
         };
-        let rx = match lane.send_request(id, &bytes).await {
+        let rx = match lane.send_request(id, bytes).await {
             Ok(rx) => rx,
             Err(e) => {
                 self.lanes.clear();
                 if let Some(c) = &cluster {
                     c.invalidate(&self.ctx.stream);
                 }
-                return fail(waiters, e);
+                return completion.resolve(BatchResult::Failed(e));
             }
         };
         if mode == AckMode::None {
             drop(permit);
-            for w in waiters {
-                let _ = w.send(Ok(None));
-            }
-            return;
+            return completion.resolve(BatchResult::Written);
         }
         let waiter = lane.waiter();
         let limit = conn.ack_timeout();
@@ -631,7 +493,7 @@ impl Worker {
                 }
                 answer = resend.follow(&cluster, answer).await;
             }
-            resolve(waiters, count, answer);
+            resolve(completion, count, answer);
         });
     }
 }
@@ -675,32 +537,20 @@ impl Resend {
     }
 }
 
-/// Resolves the waiters of a batch of `count` records with its ack (or failure).
-fn resolve(
-    waiters: Vec<oneshot::Sender<PublishResult>>,
-    count: usize,
-    answer: Result<Frame, ClientError>,
-) {
-    match answer {
+/// Resolves a batch of `count` records with its ack (or failure).
+fn resolve(completion: Completion, count: usize, answer: Result<Frame, ClientError>) {
+    let result = match answer {
         Ok(Frame::PublishAck(ack)) if ack.count as usize == count => {
-            for (i, w) in waiters.into_iter().enumerate() {
-                let offset = Offset(ack.base_offset.0 + i as u64);
-                let _ = w.send(Ok(Some(Receipt { shard: ack.shard, offset })));
-            }
+            BatchResult::Acked { shard: ack.shard, base: ack.base_offset }
         }
-        Ok(Frame::PublishAck(ack)) => fail(
-            waiters,
-            ClientError::Protocol(format!("ack for {} records of {count}", ack.count)),
-        ),
+        Ok(Frame::PublishAck(ack)) => BatchResult::Failed(ClientError::Protocol(format!(
+            "ack for {} records of {count}",
+            ack.count
+        ))),
         Ok(other) => {
-            fail(waiters, crate::conn::unexpected(&other, felix_proto::FrameType::PublishAck))
+            BatchResult::Failed(crate::conn::unexpected(&other, felix_proto::FrameType::PublishAck))
         }
-        Err(e) => fail(waiters, e),
-    }
-}
-
-fn fail(waiters: Vec<oneshot::Sender<PublishResult>>, e: ClientError) {
-    for w in waiters {
-        let _ = w.send(Err(e.clone()));
-    }
+        Err(e) => BatchResult::Failed(e),
+    };
+    completion.resolve(result);
 }

@@ -77,6 +77,12 @@ pub(crate) fn client_config(
     let mut mtud = quinn::MtuDiscoveryConfig::default();
     mtud.upper_bound(max_udp_payload);
     transport.mtu_discovery_config(Some(mtud));
+    let mut acks = quinn::AckFrequencyConfig::default();
+    acks.ack_eliciting_threshold(crate::config::ACK_ELICITING_THRESHOLD_PACKETS.into())
+        .max_ack_delay(Some(std::time::Duration::from_micros(
+            crate::config::REQUESTED_MAX_ACK_DELAY_US,
+        )));
+    transport.ack_frequency_config(Some(acks));
     quic.transport_config(Arc::new(transport));
     Ok(TlsSetup { quic, rejection })
 }

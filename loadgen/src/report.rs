@@ -18,6 +18,46 @@ pub const RESULT_VERSION: u32 = 1;
 pub const GENERATOR_BUSY_WARN_PCT: f64 = 80.0;
 /// The broker storing less than this share of what was sent is warned about.
 pub const STORED_SHARE_WARN: f64 = 0.98;
+/// A side this busy (% of the CPUs it may use), and busier than the other, bounded the run.
+pub const BOUND_BUSY_PCT: f64 = 80.0;
+
+/// Which side bounded a run's throughput, from the two processes' busy fractions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Bound {
+    /// The broker was at least [`BOUND_BUSY_PCT`] busy, and busier than the generator: the
+    /// run measured the broker.
+    Broker,
+    /// The generator was at least [`BOUND_BUSY_PCT`] busy, and at least as busy as the broker:
+    /// the run measured the generator.
+    Generator,
+    /// Neither was: a fixed rate, or both waited on something else (disk, flow control).
+    Neither,
+}
+
+impl Bound {
+    /// The bound of a run whose generator was `generator_busy_pct` and broker
+    /// `broker_busy_pct` busy (each % of the CPUs it may use).
+    pub fn of(generator_busy_pct: f64, broker_busy_pct: f64) -> Self {
+        let busiest = generator_busy_pct.max(broker_busy_pct);
+        if busiest < BOUND_BUSY_PCT {
+            Self::Neither
+        } else if generator_busy_pct >= broker_busy_pct {
+            Self::Generator
+        } else {
+            Self::Broker
+        }
+    }
+
+    /// Its name, as in the JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Broker => "broker",
+            Self::Generator => "generator",
+            Self::Neither => "neither",
+        }
+    }
+}
 
 /// A latency histogram with its percentiles, in microseconds.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -209,6 +249,16 @@ pub struct RunResult {
     pub sent_mb_s: f64,
     /// Stored MB per broker CPU-second.
     pub stored_mb_per_broker_cpu_s: Option<f64>,
+    /// Stored MB per generator CPU-second (the generator's cost of the same bytes).
+    #[serde(default)]
+    pub stored_mb_per_generator_cpu_s: Option<f64>,
+    /// Broker CPU as % of its cores (CPU of `--broker-pid` over the core count its `/metrics`
+    /// reports; `None` without both, or with several metrics addresses).
+    #[serde(default)]
+    pub broker_busy_pct: Option<f64>,
+    /// Which side bounded the run ([`Bound::of`] the generator's and broker's busy %).
+    #[serde(default)]
+    pub bound_by: Option<Bound>,
     /// Publish-to-ack latency of every worker together.
     pub ack: Latency,
     /// Publish-to-delivery latency of every worker together.
@@ -323,8 +373,18 @@ impl RunResult {
         }
         let _ = writeln!(
             o,
-            "generator CPU {:.1}% of a core, {:.1}% of its {} CPU(s)",
-            self.generator_cpu_pct, self.generator_busy_pct, self.generator_cpus
+            "generator CPU {:.1}% of a core, {:.1}% of its {} CPU(s), {} MB per generator CPU-second",
+            self.generator_cpu_pct,
+            self.generator_busy_pct,
+            self.generator_cpus,
+            fmt_opt(self.stored_mb_per_generator_cpu_s)
+        );
+        let _ = writeln!(
+            o,
+            "bound by: {} (broker {}% busy, generator {:.1}% busy; threshold {BOUND_BUSY_PCT}%)",
+            self.bound_by.map_or("-", Bound::name),
+            fmt_opt(self.broker_busy_pct),
+            self.generator_busy_pct
         );
         let _ = writeln!(o, "publish-to-ack latency (us):");
         let _ = writeln!(
@@ -468,6 +528,16 @@ fn fmt_opt(v: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_busier_side_over_the_threshold_is_the_bound() {
+        assert_eq!(Bound::of(97.0, 72.0), Bound::Generator);
+        assert_eq!(Bound::of(60.0, 93.0), Bound::Broker);
+        assert_eq!(Bound::of(40.0, 30.0), Bound::Neither, "a fixed rate bounds neither");
+        assert_eq!(Bound::of(BOUND_BUSY_PCT, BOUND_BUSY_PCT), Bound::Generator, "a tie");
+        assert_eq!(serde_json::to_string(&Bound::Broker).unwrap(), "\"broker\"");
+        assert_eq!(Bound::Neither.name(), "neither");
+    }
 
     #[test]
     fn latency_round_trips_through_hdr() {

@@ -13,7 +13,9 @@ use hdrhistogram::Histogram;
 
 use crate::config::RunConfig;
 use crate::metrics::{self, BrokerSample};
-use crate::report::{BrokerResult, Latency, RunResult, Second, WorkerResult, RESULT_VERSION};
+use crate::report::{
+    Bound, BrokerResult, Latency, RunResult, Second, WorkerResult, RESULT_VERSION,
+};
 use crate::sys;
 use crate::worker::{self, new_histogram, RunFlags, WorkerShared};
 
@@ -376,6 +378,22 @@ impl<'a> Sampler<'a> {
         let gen_cpu_s = end.generator_cpu_s - start.generator_cpu_s;
         let gen_pct = 100.0 * gen_cpu_s / window_s;
         let cpus = sys::allowed_cpus();
+        let gen_busy_pct = gen_pct / cpus as f64;
+        let per_gen_cpu_s = match &broker {
+            Some(b) if gen_cpu_s > 0.0 => Some(b.stored_bytes as f64 / 1e6 / gen_cpu_s),
+            _ => None,
+        };
+        // The broker's cores from its own per-core series; with several brokers, the pid is
+        // one of them and its share of the cores is not known.
+        let one_broker =
+            self.config.metrics.as_deref().is_some_and(|m| metrics::addresses(m).len() == 1);
+        let broker_busy_pct = match &broker {
+            Some(b) if one_broker && !b.stored_bytes_per_core.is_empty() => {
+                b.cpu_pct.map(|p| p / b.stored_bytes_per_core.len() as f64)
+            }
+            _ => None,
+        };
+        let bound_by = broker_busy_pct.map(|b| Bound::of(gen_busy_pct, b));
         let last_errors = self
             .workers
             .iter()
@@ -407,11 +425,14 @@ impl<'a> Sampler<'a> {
             generator_cpu_s: gen_cpu_s,
             generator_cpu_pct: gen_pct,
             generator_cpus: cpus,
-            generator_busy_pct: gen_pct / cpus as f64,
+            generator_busy_pct: gen_busy_pct,
             broker,
             stored_mb_s,
             sent_mb_s: total.sent_bytes as f64 / 1e6 / window_s,
             stored_mb_per_broker_cpu_s: per_cpu_s,
+            stored_mb_per_generator_cpu_s: per_gen_cpu_s,
+            broker_busy_pct,
+            bound_by,
             ack: Latency::of(&all_ack),
             delivery: Latency::of(&all_delivery),
             workers,

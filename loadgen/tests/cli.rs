@@ -172,6 +172,12 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
     let key_shards = r["key_shards"].as_u64().expect("keys mapped to shards");
     assert_eq!(key_shards, 2, "4 keys use both shards of the stream");
     assert!(r["broker"]["cpu_pct"].as_f64().is_some(), "broker CPU sampled from /proc");
+    let per_gen = r["stored_mb_per_generator_cpu_s"].as_f64().expect("MB per generator CPU-s");
+    assert!(per_gen > 0.0, "stored bytes over generator CPU");
+    assert!(r["broker_busy_pct"].as_f64().is_some(), "broker busy over its one core");
+    let bound = r["bound_by"].as_str().expect("bound_by");
+    assert!(["broker", "generator", "neither"].contains(&bound), "bound_by {bound}");
+    assert!(stdout.contains("bound by: "), "the text report names the bound:\n{stdout}");
     for f in ["throughput.svg", "latency.svg", "per_core_throughput.svg", "per_core_p99.svg"] {
         assert!(plots.join(f).exists(), "{f} drawn");
     }

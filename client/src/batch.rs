@@ -1,0 +1,545 @@
+//! Batches being filled: the queue between [`crate::Publisher::send`] and a publisher worker,
+//! and the outcome a batch's records share.
+//!
+//! `send` adds a record to its key's open batch under the queue's lock and gets back a
+//! [`PublishTicket`]: the batch's shared [`BatchOutcome`] and the record's index in it (one
+//! allocation per batch, no channel per record). A batch that is full moves to the queue's
+//! ready list at once; the worker moves a lingering one there when its deadline comes, and
+//! takes the ready list in order, so one key's batches leave in the order they were filled.
+//!
+//! Call order: [`WorkerQueue::push`] (callers), [`WorkerQueue::take_ready`] then
+//! [`WorkerQueue::poll_deadline`] (the worker), [`WorkerQueue::flush`], [`WorkerQueue::close`].
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use bytes::Bytes;
+use felix_proto::{Offset, Payload, Record, ShardId, HEADER_LEN};
+use tokio::sync::{oneshot, Notify, Semaphore, TryAcquireError};
+use tokio::time::Instant;
+
+use crate::error::ClientError;
+
+/// Records queued per worker (in open or ready batches) before [`crate::Publisher::send`]
+/// waits (backpressure).
+pub const WORKER_QUEUE_RECORDS: usize = 8192;
+/// The most distinct keys with an open batch per worker; the oldest is made ready when a new
+/// key would exceed it.
+pub const OPEN_BATCHES_MAX: usize = 1024;
+/// How early a batch may leave before its linger deadline, in microseconds: half of tokio's
+/// timer tick (1 ms), which rounds every sleep up to the next tick. The worker sleeps until the
+/// earliest deadline less this and takes every batch due within it, so a batch leaves within
+/// half a tick of its deadline either way, instead of up to a whole tick late.
+pub const LINGER_TIMER_SLACK_US: u64 = 500;
+/// The records a fresh batch has room for before its vectors grow.
+const BATCH_RECORDS_PREALLOC: usize = 64;
+
+/// Where an acked record was stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Receipt {
+    /// The shard.
+    pub shard: ShardId,
+    /// The record's offset in the shard.
+    pub offset: Offset,
+}
+
+/// What a record's publish resolved to: `Some(receipt)` when acked, `None` with `AckMode::None`
+/// (the batch was written to the connection, nothing more is known).
+pub type PublishResult = Result<Option<Receipt>, ClientError>;
+
+/// Resolves when the record's batch is acked (or written, with `AckMode::None`).
+#[derive(Debug)]
+pub struct PublishTicket {
+    batch: Arc<BatchOutcome>,
+    index: u32,
+}
+
+impl Future for PublishTicket {
+    type Output = PublishResult;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<PublishResult> {
+        self.batch.poll_record(self.index, cx)
+    }
+}
+
+/// What a whole batch came to.
+#[derive(Clone, Debug)]
+pub(crate) enum BatchResult {
+    /// Stored in `shard` from `base` on, one offset per record in order.
+    Acked { shard: ShardId, base: Offset },
+    /// Written to the connection (`AckMode::None`).
+    Written,
+    /// Failed; every record of the batch gets the error.
+    Failed(ClientError),
+}
+
+impl BatchResult {
+    fn record(&self, index: u32) -> PublishResult {
+        match self {
+            Self::Acked { shard, base } => {
+                Ok(Some(Receipt { shard: *shard, offset: Offset(base.0 + u64::from(index)) }))
+            }
+            Self::Written => Ok(None),
+            Self::Failed(e) => Err(e.clone()),
+        }
+    }
+}
+
+/// The outcome of one batch, shared by its records' tickets.
+#[derive(Debug, Default)]
+struct BatchOutcome {
+    state: Mutex<OutcomeState>,
+}
+
+#[derive(Debug, Default)]
+struct OutcomeState {
+    done: Option<BatchResult>,
+    /// The waker of each record's ticket, by index, while it waits.
+    wakers: Vec<Option<Waker>>,
+}
+
+impl BatchOutcome {
+    fn lock(&self) -> MutexGuard<'_, OutcomeState> {
+        // Single assignments under the lock: a poisoned state is still consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn poll_record(&self, index: u32, cx: &mut Context<'_>) -> Poll<PublishResult> {
+        let mut state = self.lock();
+        if let Some(done) = &state.done {
+            return Poll::Ready(done.record(index));
+        }
+        let i = index as usize;
+        if state.wakers.len() <= i {
+            state.wakers.resize_with(i + 1, || None);
+        }
+        match &mut state.wakers[i] {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            slot => *slot = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+
+    /// Sets the outcome (the first one wins) and wakes the waiting tickets.
+    fn resolve(&self, result: BatchResult) {
+        let wakers = {
+            let mut state = self.lock();
+            if state.done.is_some() {
+                return;
+            }
+            state.done = Some(result);
+            std::mem::take(&mut state.wakers)
+        };
+        for w in wakers.into_iter().flatten() {
+            w.wake();
+        }
+    }
+}
+
+/// The sending side of a batch's outcome. Dropped without [`Completion::resolve`] (a worker
+/// gone, a batch abandoned), it fails the batch with `ClientError::Closed`, so no ticket waits
+/// for ever.
+#[derive(Debug)]
+pub(crate) struct Completion(Arc<BatchOutcome>);
+
+impl Completion {
+    /// Resolves every record of the batch.
+    pub(crate) fn resolve(self, result: BatchResult) {
+        self.0.resolve(result);
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        self.0.resolve(BatchResult::Failed(ClientError::Closed));
+    }
+}
+
+/// A batch of one key's records.
+#[derive(Debug)]
+pub(crate) struct Batch {
+    pub key: Option<Bytes>,
+    pub records: Vec<Payload>,
+    pub completion: Completion,
+    /// The Publish frame's size so far (header included).
+    frame_bytes: usize,
+    /// Payload plus key bytes per record: what the broker stores (its batch limit).
+    stored_bytes: usize,
+    deadline: Instant,
+}
+
+/// What the worker takes from the queue, in order.
+#[derive(Debug)]
+pub(crate) enum Ready {
+    /// A batch to send.
+    Batch(Batch),
+    /// Everything before it has been taken: reply once it is all acked.
+    Flush(oneshot::Sender<()>),
+}
+
+/// The limits a batch is filled to.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct BatchCaps {
+    /// Records per batch (the publisher's and the broker's limit, at least 1).
+    pub records_max: usize,
+    /// The broker's `max_frame_bytes`.
+    pub frame_bytes_max: usize,
+    /// The publisher's `batch_bytes_max` (payload plus key bytes).
+    pub stored_bytes_max: usize,
+    /// How long a batch waits for more records.
+    pub linger: Duration,
+    /// The stream name's length (it is in every Publish frame).
+    pub stream_len: usize,
+}
+
+/// The queue between the senders of one connection slot and its worker.
+#[derive(Debug)]
+pub(crate) struct WorkerQueue {
+    caps: BatchCaps,
+    state: Mutex<QueueState>,
+    /// Wakes the worker: a batch became ready, a new deadline, a flush, the close.
+    wake: Notify,
+    /// One permit per record that may still be queued.
+    room: Semaphore,
+}
+
+#[derive(Debug, Default)]
+struct QueueState {
+    open: HashMap<Option<Bytes>, Batch>,
+    ready: VecDeque<Ready>,
+    /// Set when the publisher is gone (take everything, then stop) or the worker is.
+    closed: bool,
+}
+
+impl WorkerQueue {
+    pub(crate) fn new(caps: BatchCaps) -> Self {
+        Self {
+            caps,
+            state: Mutex::new(QueueState::default()),
+            wake: Notify::new(),
+            room: Semaphore::new(WORKER_QUEUE_RECORDS),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        // Every change under the lock leaves the maps consistent: a poisoned one is usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds `record` to its key's open batch, waiting while the queue is full; fails with
+    /// `Closed` once the worker is gone.
+    pub(crate) async fn push(&self, record: Record) -> Result<PublishTicket, ClientError> {
+        match self.room.try_acquire() {
+            Ok(permit) => permit.forget(),
+            Err(TryAcquireError::NoPermits) => {
+                self.room.acquire().await.map_err(|_| ClientError::Closed)?.forget()
+            }
+            Err(TryAcquireError::Closed) => return Err(ClientError::Closed),
+        }
+        let (ticket, wake) = {
+            let mut state = self.lock();
+            if state.closed {
+                return Err(ClientError::Closed);
+            }
+            state.add(record, &self.caps)
+        };
+        if wake {
+            self.wake.notify_one();
+        }
+        Ok(ticket)
+    }
+
+    /// Moves the batches due within [`LINGER_TIMER_SLACK_US`] (all of them once closed) to the
+    /// ready list and takes it. Returns the items, in order, and whether the queue is closed.
+    /// The records taken leave room for as many new ones.
+    pub(crate) fn take_ready(&self) -> (Vec<Ready>, bool) {
+        let (items, closed) = {
+            let mut state = self.lock();
+            let horizon = if state.closed {
+                None
+            } else {
+                Some(Instant::now() + Duration::from_micros(LINGER_TIMER_SLACK_US))
+            };
+            state.make_ready(horizon);
+            (state.ready.drain(..).collect::<Vec<_>>(), state.closed)
+        };
+        let records: usize = items
+            .iter()
+            .map(|i| match i {
+                Ready::Batch(b) => b.records.len(),
+                Ready::Flush(_) => 0,
+            })
+            .sum();
+        self.room.add_permits(records);
+        (items, closed)
+    }
+
+    /// Waits until there may be something to take: a wake-up, or the earliest open batch's
+    /// deadline less [`LINGER_TIMER_SLACK_US`].
+    pub(crate) async fn poll_deadline(&self) {
+        let notified = self.wake.notified();
+        let deadline = self.lock().open.values().map(|b| b.deadline).min();
+        match deadline {
+            Some(d) => {
+                let slack = Duration::from_micros(LINGER_TIMER_SLACK_US);
+                let at = d.checked_sub(slack).unwrap_or(d);
+                tokio::select! {
+                    _ = notified => {}
+                    _ = tokio::time::sleep_until(at) => {}
+                }
+            }
+            None => notified.await,
+        }
+    }
+
+    /// Makes every open batch ready, oldest first, then a flush marker answered on `done`.
+    pub(crate) fn flush(&self, done: oneshot::Sender<()>) {
+        {
+            let mut state = self.lock();
+            state.make_ready(None);
+            state.ready.push_back(Ready::Flush(done));
+        }
+        self.wake.notify_one();
+    }
+
+    /// The publisher is gone: the worker takes everything left, then stops.
+    pub(crate) fn close(&self) {
+        self.lock().closed = true;
+        self.wake.notify_one();
+    }
+
+    /// The worker is gone: fail what is queued (its completions fail with `Closed`) and refuse
+    /// new records.
+    pub(crate) fn shut(&self) {
+        let dropped = {
+            let mut state = self.lock();
+            state.closed = true;
+            let open: Vec<Batch> = state.open.drain().map(|(_, b)| b).collect();
+            (open, std::mem::take(&mut state.ready))
+        };
+        self.room.close();
+        drop(dropped);
+    }
+}
+
+impl QueueState {
+    /// Adds `record`; returns its ticket and whether the worker should look at the queue.
+    fn add(&mut self, record: Record, caps: &BatchCaps) -> (PublishTicket, bool) {
+        let Record { key, value } = record;
+        let frame_record_bytes = 4 + value.len();
+        let stored_record_bytes = value.len() + key.as_ref().map_or(0, Bytes::len);
+        let mut wake = false;
+        let full = self.open.get(&key).is_some_and(|b| {
+            b.records.len() >= caps.records_max
+                || b.frame_bytes + frame_record_bytes > caps.frame_bytes_max
+                || b.stored_bytes + stored_record_bytes > caps.stored_bytes_max
+        });
+        if full {
+            if let Some(batch) = self.open.remove(&key) {
+                self.ready.push_back(Ready::Batch(batch));
+                wake = true;
+            }
+        }
+        if !self.open.contains_key(&key) {
+            if self.open.len() >= OPEN_BATCHES_MAX {
+                let oldest =
+                    self.open.iter().min_by_key(|(_, b)| b.deadline).map(|(k, _)| k.clone());
+                if let Some(batch) = oldest.and_then(|k| self.open.remove(&k)) {
+                    self.ready.push_back(Ready::Batch(batch));
+                }
+            }
+            // A new deadline, maybe the earliest.
+            wake = true;
+        }
+        let batch = self.open.entry(key.clone()).or_insert_with(|| {
+            let prealloc = caps.records_max.min(BATCH_RECORDS_PREALLOC);
+            Batch {
+                frame_bytes: frame_fixed_bytes(caps.stream_len, key.as_ref()),
+                key: key.clone(),
+                records: Vec::with_capacity(prealloc),
+                completion: Completion(Arc::default()),
+                stored_bytes: 0,
+                deadline: Instant::now() + caps.linger,
+            }
+        });
+        let ticket =
+            PublishTicket { batch: batch.completion.0.clone(), index: batch.records.len() as u32 };
+        batch.records.push(value);
+        batch.frame_bytes += frame_record_bytes;
+        batch.stored_bytes += stored_record_bytes;
+        if batch.records.len() >= caps.records_max
+            || batch.frame_bytes >= caps.frame_bytes_max
+            || batch.stored_bytes >= caps.stored_bytes_max
+        {
+            if let Some(batch) = self.open.remove(&key) {
+                self.ready.push_back(Ready::Batch(batch));
+                wake = true;
+            }
+        }
+        (ticket, wake)
+    }
+
+    /// Moves the open batches due by `horizon` (all of them when `None`) to the ready list,
+    /// oldest first.
+    fn make_ready(&mut self, horizon: Option<Instant>) {
+        if self.open.is_empty() {
+            return;
+        }
+        let due = |b: &Batch| horizon.is_none_or(|h| b.deadline <= h);
+        let mut expired: Vec<Batch> = Vec::new();
+        let keys: Vec<Option<Bytes>> =
+            self.open.iter().filter(|(_, b)| due(b)).map(|(k, _)| k.clone()).collect();
+        for k in keys {
+            if let Some(b) = self.open.remove(&k) {
+                expired.push(b);
+            }
+        }
+        expired.sort_by_key(|b| b.deadline);
+        self.ready.extend(expired.into_iter().map(Ready::Batch));
+    }
+}
+
+/// Bytes of a Publish frame besides its records: header, ack prefix, key, stream, count.
+pub(crate) fn frame_fixed_bytes(stream_len: usize, key: Option<&Bytes>) -> usize {
+    HEADER_LEN + 9 + key.map_or(0, |k| 2 + k.len()) + 2 + stream_len + 4
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::task::Wake;
+
+    struct Count(std::sync::atomic::AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+
+    fn caps(records_max: usize, linger_ms: u64) -> BatchCaps {
+        BatchCaps {
+            records_max,
+            frame_bytes_max: 1 << 20,
+            stored_bytes_max: 1 << 20,
+            linger: Duration::from_millis(linger_ms),
+            stream_len: 5,
+        }
+    }
+
+    fn keyed(key: &'static [u8], v: u8) -> Record {
+        Record::keyed(Bytes::from_static(key), Bytes::from(vec![v; 10]))
+    }
+
+    fn batches(items: Vec<Ready>) -> Vec<(Option<Bytes>, Vec<u8>)> {
+        items
+            .into_iter()
+            .filter_map(|i| match i {
+                Ready::Batch(mut b) => {
+                    let firsts = b.records.iter().map(|r| r.to_bytes()[0]).collect();
+                    let key = b.key.take();
+                    b.completion.resolve(BatchResult::Written);
+                    Some((key, firsts))
+                }
+                Ready::Flush(_) => None,
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn full_batches_are_ready_at_once_in_fill_order_per_key() {
+        let q = WorkerQueue::new(caps(2, 60_000));
+        for v in 0..5 {
+            q.push(keyed(b"a", v)).await.unwrap();
+        }
+        q.push(keyed(b"b", 9)).await.unwrap();
+        let (items, closed) = q.take_ready();
+        assert!(!closed);
+        let a = Some(Bytes::from_static(b"a"));
+        assert_eq!(batches(items), vec![(a.clone(), vec![0, 1]), (a.clone(), vec![2, 3])]);
+        // The lingering ones leave with a flush, oldest first, before the flush marker.
+        let (tx, _rx) = oneshot::channel();
+        q.flush(tx);
+        let (items, _) = q.take_ready();
+        assert!(matches!(items.last(), Some(Ready::Flush(_))));
+        let b = Some(Bytes::from_static(b"b"));
+        assert_eq!(batches(items), vec![(a, vec![4]), (b, vec![9])]);
+    }
+
+    #[tokio::test]
+    async fn tickets_resolve_per_record_from_one_batch_outcome() {
+        let q = WorkerQueue::new(caps(3, 60_000));
+        let mut tickets = Vec::new();
+        for v in 0..3 {
+            tickets.push(q.push(keyed(b"k", v)).await.unwrap());
+        }
+        let counter = Arc::new(Count(0.into()));
+        let waker = Waker::from(counter.clone());
+        let mut cx = Context::from_waker(&waker);
+        for t in &mut tickets {
+            assert!(Pin::new(t).poll(&mut cx).is_pending());
+        }
+        let (mut items, _) = q.take_ready();
+        let Some(Ready::Batch(batch)) = items.pop() else { panic!("no batch ready") };
+        batch.completion.resolve(BatchResult::Acked { shard: ShardId(7), base: Offset(100) });
+        assert_eq!(counter.0.load(std::sync::atomic::Ordering::Relaxed), 3, "each ticket woken");
+        for (i, t) in tickets.into_iter().enumerate() {
+            let r = t.await.unwrap().unwrap();
+            assert_eq!(r, Receipt { shard: ShardId(7), offset: Offset(100 + i as u64) });
+        }
+    }
+
+    #[tokio::test]
+    async fn a_dropped_batch_fails_its_tickets_and_a_shut_queue_refuses_records() {
+        let q = WorkerQueue::new(caps(10, 60_000));
+        let t = q.push(keyed(b"k", 1)).await.unwrap();
+        q.shut();
+        assert_eq!(t.await, Err(ClientError::Closed));
+        assert!(matches!(q.push(keyed(b"k", 2)).await, Err(ClientError::Closed)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lingering_batch_is_ready_within_the_slack_of_its_deadline() {
+        let q = WorkerQueue::new(caps(10, 5));
+        // Off the timer's millisecond ticks, as a record's arrival is.
+        tokio::time::advance(Duration::from_micros(300)).await;
+        let start = Instant::now();
+        q.push(keyed(b"k", 1)).await.unwrap();
+        // As the worker does: take, wait, take again (a wake-up may come before the deadline).
+        let items = loop {
+            let (items, _) = q.take_ready();
+            if !items.is_empty() {
+                break items;
+            }
+            q.poll_deadline().await;
+        };
+        let waited = start.elapsed();
+        assert_eq!(items.len(), 1);
+        let slack = Duration::from_micros(LINGER_TIMER_SLACK_US);
+        assert!(waited + slack >= Duration::from_millis(5), "{waited:?} too early");
+        assert!(waited <= Duration::from_millis(5), "{waited:?} after the deadline");
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_waits_until_the_worker_takes_records() {
+        let q = Arc::new(WorkerQueue::new(caps(1024, 60_000)));
+        for v in 0..WORKER_QUEUE_RECORDS {
+            q.push(keyed(b"k", v as u8)).await.unwrap();
+        }
+        let q2 = q.clone();
+        let mut blocked = tokio::spawn(async move { q2.push(keyed(b"k", 0)).await.map(|_| ()) });
+        tokio::task::yield_now().await;
+        assert!(
+            tokio::time::timeout(Duration::from_millis(50), &mut blocked).await.is_err(),
+            "the 8193rd record must wait"
+        );
+        let (tx, _rx) = oneshot::channel();
+        q.flush(tx);
+        let _ = q.take_ready();
+        blocked.await.unwrap().unwrap();
+    }
+}

@@ -61,8 +61,13 @@ impl Reader {
         if len > self.remaining {
             return Err(DecodeError::Truncated { what });
         }
+        self.skip_empty();
+        if let Some(part) = self.parts.get_mut(self.at).filter(|p| p.len() >= len) {
+            self.remaining -= len;
+            return Ok(Payload::from(part.split_to(len)));
+        }
         self.remaining -= len;
-        let mut out = Payload::new();
+        let mut out = Vec::new();
         let mut left = len;
         while left > 0 {
             let part = &mut self.parts[self.at];
@@ -71,11 +76,13 @@ impl Reader {
                 left = 0;
             } else {
                 left -= part.len();
-                out.push(std::mem::take(part));
+                if !part.is_empty() {
+                    out.push(std::mem::take(part));
+                }
                 self.at += 1;
             }
         }
-        Ok(out)
+        Ok(Payload::from_vec(&mut out))
     }
 
     /// A reader over the next `len` bytes; this reader moves past them (rustls' `Reader::sub`).

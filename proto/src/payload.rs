@@ -7,45 +7,41 @@
 //! [`Payload::to_bytes`], which copies only when there is more than one part.
 
 use std::fmt;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
 /// The bytes of one record: one or more `Bytes` parts, in order.
 ///
-/// Equality compares the bytes, not how they are split. Parts after the first are never empty.
+/// Equality compares the bytes, not how they are split. Parts are never empty (an empty
+/// payload has one empty part). A clone costs two reference counts however many parts there
+/// are: the parts after the first are shared.
 #[derive(Clone, Default)]
 pub struct Payload {
     head: Bytes,
-    rest: Vec<Bytes>,
+    rest: Option<Arc<[Bytes]>>,
     len: usize,
 }
 
 impl Payload {
     /// An empty payload.
     pub const fn new() -> Self {
-        Self { head: Bytes::new(), rest: Vec::new(), len: 0 }
+        Self { head: Bytes::new(), rest: None, len: 0 }
     }
 
     /// A payload of `parts`, in order; empty parts are dropped.
     pub fn from_parts(parts: impl IntoIterator<Item = Bytes>) -> Self {
-        let mut out = Self::new();
-        for part in parts {
-            out.push(part);
-        }
-        out
+        let mut parts: Vec<Bytes> = parts.into_iter().filter(|p| !p.is_empty()).collect();
+        Self::from_vec(&mut parts)
     }
 
-    /// Appends `part` to the payload.
-    pub fn push(&mut self, part: Bytes) {
-        if part.is_empty() {
-            return;
-        }
-        self.len += part.len();
-        if self.head.is_empty() {
-            self.head = part;
-        } else {
-            self.rest.push(part);
-        }
+    /// A payload of the non-empty `parts`, in order, which it takes (leaving `parts` empty).
+    pub(crate) fn from_vec(parts: &mut Vec<Bytes>) -> Self {
+        debug_assert!(parts.iter().all(|p| !p.is_empty()), "parts are never empty");
+        let len = parts.iter().map(Bytes::len).sum();
+        let rest = (parts.len() > 1).then(|| parts.drain(1..).collect());
+        let head = parts.pop().unwrap_or_default();
+        Self { head, rest, len }
     }
 
     /// The payload's length in bytes.
@@ -60,22 +56,22 @@ impl Payload {
 
     /// The parts, in order (an empty payload has one empty part).
     pub fn parts(&self) -> impl Iterator<Item = &Bytes> + '_ {
-        std::iter::once(&self.head).chain(&self.rest)
+        std::iter::once(&self.head).chain(self.rest.iter().flat_map(|r| r.iter()))
     }
 
     /// How many parts the payload holds.
     pub fn part_count(&self) -> usize {
-        1 + self.rest.len()
+        1 + self.rest.as_ref().map_or(0, |r| r.len())
     }
 
     /// The bytes as one slice, when they are in one part.
     pub fn as_contiguous(&self) -> Option<&[u8]> {
-        self.rest.is_empty().then_some(&self.head[..])
+        self.rest.is_none().then_some(&self.head[..])
     }
 
     /// The bytes as one `Bytes`: the part itself when there is one, else a copy.
     pub fn to_bytes(&self) -> Bytes {
-        if self.rest.is_empty() {
+        if self.rest.is_none() {
             return self.head.clone();
         }
         let mut out = BytesMut::with_capacity(self.len);
@@ -87,7 +83,7 @@ impl Payload {
 
     /// The bytes as one `Bytes`, copying only when there is more than one part.
     pub fn into_bytes(self) -> Bytes {
-        if self.rest.is_empty() {
+        if self.rest.is_none() {
             self.head
         } else {
             self.to_bytes()
@@ -166,7 +162,7 @@ impl PartialEq<Bytes> for Payload {
 
 impl fmt::Debug for Payload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.rest.is_empty() {
+        if self.rest.is_none() {
             return fmt::Debug::fmt(&self.head, f);
         }
         // The bytes as one `Bytes` prints them as `Bytes` does, whatever the split.
@@ -176,7 +172,7 @@ impl fmt::Debug for Payload {
 
 impl From<Bytes> for Payload {
     fn from(bytes: Bytes) -> Self {
-        Self { len: bytes.len(), head: bytes, rest: Vec::new() }
+        Self { len: bytes.len(), head: bytes, rest: None }
     }
 }
 
@@ -229,12 +225,12 @@ mod tests {
     fn split(bytes: &[u8], cuts: &[usize]) -> Payload {
         let whole = Bytes::copy_from_slice(bytes);
         let mut at = 0;
-        let mut out = Payload::new();
+        let mut parts = Vec::new();
         for &cut in cuts.iter().chain(std::iter::once(&bytes.len())) {
-            out.push(whole.slice(at..cut));
+            parts.push(whole.slice(at..cut));
             at = cut;
         }
-        out
+        Payload::from_parts(parts)
     }
 
     #[test]
@@ -270,5 +266,16 @@ mod tests {
         assert_eq!((p.len(), p.part_count()), (1, 1));
         assert!(Payload::new().is_empty());
         assert_eq!(Payload::new(), Payload::from(Vec::new()));
+        assert_eq!(Payload::from_parts([]).part_count(), 1);
+    }
+
+    #[test]
+    fn clones_share_the_parts() {
+        let p = split(b"abcdef", &[2, 4]);
+        let q = p.clone();
+        let (a, b): (Vec<_>, Vec<_>) =
+            (p.parts().map(|x| x.as_ptr()).collect(), q.parts().map(|x| x.as_ptr()).collect());
+        assert_eq!(a, b);
+        assert_eq!(q.part_count(), 3);
     }
 }

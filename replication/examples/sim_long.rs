@@ -28,7 +28,7 @@ fn main() {
     let opts = SimOptions { bugs: bugs_from_env(), ..SimOptions::default() };
     let started = Instant::now();
     let stop = AtomicBool::new(false);
-    let results: Vec<Result<SweepReport, Violation>> = std::thread::scope(|scope| {
+    let results: Vec<(SweepReport, Option<Violation>)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 let (opts, stop) = (&opts, &stop);
@@ -39,23 +39,21 @@ fn main() {
     });
     let mut total = SweepReport::default();
     let mut failed = None;
-    for result in results {
-        match result {
-            Ok(r) => {
-                total.seeds += r.seeds;
-                total.events += r.events;
-                total.acked_batches += r.acked_batches;
-                total.epochs += r.epochs;
-                total.crashes += r.crashes;
-                total.sim_ms += r.sim_ms;
-            }
-            Err(v) => failed = Some(v),
-        }
+    for (r, violation) in results {
+        total.seeds += r.seeds;
+        total.events += r.events;
+        total.acked_batches += r.acked_batches;
+        total.epochs += r.epochs;
+        total.crashes += r.crashes;
+        total.sim_ms += r.sim_ms;
+        total.unavailable += r.unavailable;
+        failed = failed.or(violation);
     }
     let secs = started.elapsed().as_secs_f64();
     println!(
         "seeds {}..{}: {} covered in {secs:.1} s ({:.0} seeds/s, {threads} threads): {} events, \
-         {} durable acks, {} epochs, {} crashes, {:.1} h simulated",
+         {} durable acks, {} epochs, {} crashes, {:.1} h simulated, {} seeds ended with every \
+         in-sync replica lost",
         first,
         first + seeds,
         total.seeds,
@@ -64,7 +62,8 @@ fn main() {
         total.acked_batches,
         total.epochs,
         total.crashes,
-        total.sim_ms as f64 / 3_600_000.0
+        total.sim_ms as f64 / 3_600_000.0,
+        total.unavailable
     );
     if let Some(violation) = failed {
         println!("{violation}");
@@ -72,7 +71,8 @@ fn main() {
     }
 }
 
-/// Runs seeds `first + t, first + t + threads, ...` below `first + seeds`.
+/// Runs seeds `first + t, first + t + threads, ...` below `first + seeds`; returns what passed
+/// and the violation that stopped it, if any.
 fn run_share(
     first: u64,
     seeds: u64,
@@ -80,7 +80,7 @@ fn run_share(
     threads: u64,
     opts: &SimOptions,
     stop: &AtomicBool,
-) -> Result<SweepReport, Violation> {
+) -> (SweepReport, Option<Violation>) {
     let mut total = SweepReport::default();
     let mut seed = first + t;
     while seed < first + seeds && !stop.load(Ordering::Relaxed) {
@@ -92,18 +92,19 @@ fn run_share(
                 total.epochs += r.epochs;
                 total.crashes += u64::from(r.crashes);
                 total.sim_ms += r.sim_ms;
+                total.unavailable += u64::from(r.unavailable);
                 if total.seeds % PROGRESS_EVERY_SEEDS == 0 {
                     eprintln!("thread {t}: {} seeds passed (last {seed})", total.seeds);
                 }
             }
             Err(v) => {
                 stop.store(true, Ordering::Relaxed);
-                return Err(v);
+                return (total, Some(v));
             }
         }
         seed += threads;
     }
-    Ok(total)
+    (total, None)
 }
 
 /// `FELIX_SIM_BUG`: a comma-separated list of bugs to inject (to watch the checker work).

@@ -24,6 +24,8 @@ struct Harness {
     auto_disk: Vec<bool>,
     /// Whether a node is cut off (its messages are dropped).
     cut: Vec<bool>,
+    /// Whether proposals to the controller are lost.
+    drop_proposals: bool,
     messages: VecDeque<(NodeId, NodeId, Message)>,
     answers: Vec<Output>,
 }
@@ -47,6 +49,7 @@ impl Harness {
             disk: vec![Vec::new(); n as usize],
             auto_disk: vec![true; n as usize],
             cut: vec![false; n as usize],
+            drop_proposals: false,
             messages: VecDeque::new(),
             answers: Vec::new(),
         };
@@ -141,7 +144,7 @@ impl Harness {
             }
             Output::Disk(op) => self.disk[i].push(op_id(&op)),
             Output::Propose(proposal) => {
-                if !self.cut[i] && self.group.apply_isr(&proposal).is_ok() {
+                if !self.cut[i] && !self.drop_proposals && self.group.apply_isr(&proposal).is_ok() {
                     self.publish_group();
                 }
             }
@@ -340,4 +343,18 @@ fn a_follower_only_names_another_node_as_leader() {
     h.nodes[0].handle_controller(h.now, h.group.clone());
     h.append(0, 2, None, AckMode::Durable);
     assert_eq!(h.rejected(2), Some(AppendError::NotLeader { leader: None }));
+}
+
+#[test]
+fn a_lost_shrink_proposal_is_sent_again() {
+    let mut h = Harness::new(3);
+    h.cut[2] = true;
+    h.drop_proposals = true;
+    h.append(0, 1, None, AckMode::Durable);
+    h.advance(ReplicaConfig::default().isr_lag_max_ms + 100);
+    assert!(h.group.isr.contains(&NodeId(2)), "the proposal was lost");
+    h.drop_proposals = false;
+    h.advance(ReplicaConfig::default().propose_retry_ms + 100);
+    assert!(!h.group.isr.contains(&NodeId(2)), "resent while the laggard is still behind");
+    assert_eq!(h.acked(1), Some((Offset(0), 2)));
 }

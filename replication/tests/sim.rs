@@ -19,7 +19,7 @@ fn sim_sweep() {
     let first = env_u64("FELIX_SIM_FIRST_SEED").unwrap_or(0);
     match sim::sweep(first, count, &SimOptions::default()) {
         Ok(report) => eprintln!(
-            "{} seeds in {:.1} s ({:.0} seeds/s): {} events, {} durable acks, {} epochs, {} crashes, {} s simulated; {:?}",
+            "{} seeds in {:.1} s ({:.0} seeds/s): {} events, {} durable acks, {} epochs, {} crashes, {} s simulated, {} unavailable (every in-sync replica lost); {:?}",
             report.seeds,
             report.elapsed.as_secs_f64(),
             report.seeds as f64 / report.elapsed.as_secs_f64(),
@@ -28,6 +28,7 @@ fn sim_sweep() {
             report.epochs,
             report.crashes,
             report.sim_ms / 1000,
+            report.unavailable,
             report.stats
         ),
         Err(violation) => panic!("{violation}"),

@@ -293,6 +293,7 @@ impl Replica {
             self.send_fetch_reply(node, from);
         }
         self.maybe_shrink_isr(now);
+        self.retry_proposal(now);
         self.process_waiters(now);
     }
 
@@ -310,8 +311,6 @@ impl Replica {
         if !laggards.is_empty() {
             let isr = group.isr.iter().filter(|n| !laggards.contains(n)).copied().collect();
             self.propose(now, isr);
-        } else {
-            self.retry_proposal(now);
         }
     }
 

@@ -78,6 +78,9 @@ pub struct SeedReport {
     pub crashes: u32,
     /// The replicas' counters, summed (crashed incarnations included).
     pub stats: ReplicaStats,
+    /// Every in-sync replica was lost for good, so the producers could not finish (allowed:
+    /// there is no unclean election).
+    pub unavailable: bool,
 }
 
 /// A seed that broke an invariant (or did not finish after healing).
@@ -120,6 +123,8 @@ pub struct SweepReport {
     pub sim_ms: u64,
     /// The replicas' counters over all seeds.
     pub stats: ReplicaStats,
+    /// Seeds that ended unavailable because every in-sync replica was lost.
+    pub unavailable: u64,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -146,6 +151,7 @@ pub fn sweep(first: u64, count: u64, opts: &SimOptions) -> Result<SweepReport, V
         total.crashes += u64::from(report.crashes);
         total.sim_ms += report.sim_ms;
         total.stats = add_stats(total.stats, report.stats);
+        total.unavailable += u64::from(report.unavailable);
     }
     total.elapsed = started.elapsed();
     Ok(total)

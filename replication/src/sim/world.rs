@@ -73,6 +73,8 @@ pub(super) struct World {
     crashes: u32,
     /// Counters of replicas that crashed.
     retired: ReplicaStats,
+    /// A node lost for good (crashed, never restarted), if any.
+    lost: Option<usize>,
 }
 
 impl World {
@@ -99,6 +101,7 @@ impl World {
             events: 0,
             crashes: 0,
             retired: ReplicaStats::default(),
+            lost: None,
             now: Time(0),
             rng,
             opts,
@@ -149,6 +152,9 @@ impl World {
             if healed && self.producers.iter().all(Producer::done) {
                 return Ok(self.report());
             }
+            if self.now >= deadline && self.isr_lost() {
+                return Ok(SeedReport { unavailable: true, ..self.report() });
+            }
             if self.now >= deadline || self.events >= EVENTS_MAX {
                 return Err(self.stuck());
             }
@@ -170,7 +176,15 @@ impl World {
             committed_batches: self.checker.committed_batches() as u64,
             epochs: self.etcd.group.epoch.0,
             crashes: self.crashes,
+            unavailable: false,
         }
+    }
+
+    /// Whether every in-sync replica is the lost node: then the shard may not serve again, by
+    /// design (no unclean election), and a stall is not a liveness failure.
+    fn isr_lost(&self) -> bool {
+        let isr = &self.etcd.group.isr;
+        self.lost.is_some_and(|n| isr.iter().all(|m| m.0 as usize == n))
     }
 
     fn stuck(&self) -> String {
@@ -534,7 +548,7 @@ impl World {
                 self.crash(n)?;
                 format!("crash {id}")
             }
-            10..=29 => {
+            10..=29 if Some(n) != self.lost => {
                 self.restart(n)?;
                 format!("restart {id}")
             }
@@ -554,6 +568,11 @@ impl World {
                 self.faults.restore_etcd();
                 "reconnect etcd".to_string()
             }
+            72 if self.lost.is_none() => {
+                self.crash(n)?;
+                self.lost = Some(n);
+                format!("{id} lost for good")
+            }
             66..=71 => {
                 let pause_ms = self.rng.gen_range(LEASE_TTL_MS / 2..=LEASE_TTL_MS * 2);
                 self.nodes[n].paused_until = self.now.plus_ms(pause_ms);
@@ -568,11 +587,14 @@ impl World {
     }
 
     /// Ends the fault phase: every node up, no partition, no drops or duplicates.
+    /// Ends the fault phase: no partition, no drops or duplicates, every node up but a lost one.
     fn heal(&mut self) -> Result<(), String> {
         self.faults.heal_all();
         for n in 0..self.nodes.len() {
             self.nodes[n].paused_until = Time(0);
-            self.restart(n)?;
+            if Some(n) != self.lost {
+                self.restart(n)?;
+            }
         }
         Ok(())
     }

@@ -13,6 +13,44 @@
 //! epoch, then pull with long polls. A batch is committed (visible, and acked when `Durable`)
 //! once fdatasync'd on every in-sync replica; a leader acks only while its lease holds.
 //!
+//! A driver's loop, reduced to one replica (replication factor 1) with a disk that completes at
+//! once:
+//!
+//! ```
+//! use bytes::Bytes;
+//! use felix_replication::*;
+//!
+//! let me = NodeId(0);
+//! let mut replica = Replica::new(me, ReplicaConfig::for_replicas(1), ReplicaLog::default());
+//! let now = Time(0);
+//! // From etcd: this process's lease, then the group record naming it leader under that lease.
+//! replica.handle_lease(now, LeaseId(7), now.plus_ms(5_000));
+//! let mut group = GroupState::new(vec![me]);
+//! group.elect(me, LeaseId(7), &[me].into_iter().collect()).unwrap();
+//! replica.handle_controller(now, group);
+//! // A client's durable append.
+//! let append = AppendRequest {
+//!     request: RequestId(1),
+//!     producer: None,
+//!     records: 3,
+//!     payload: Bytes::from_static(b"three records"),
+//!     mode: AckMode::Durable,
+//! };
+//! replica.handle_append(now, append);
+//! let mut acked = None;
+//! while acked.is_none() {
+//!     match replica.poll() {
+//!         // A real driver writes, fdatasyncs (in order) and reports later.
+//!         Some(Output::Disk(op)) => replica.handle_disk_done(now, op.id()),
+//!         Some(Output::Ack { base, records, .. }) => acked = Some((base, records)),
+//!         Some(other) => panic!("unexpected {other:?}"),
+//!         None => panic!("no ack"),
+//!     }
+//! }
+//! assert_eq!(acked, Some((Offset(0), 3)));
+//! assert_eq!(replica.committed(), Offset(3));
+//! ```
+//!
 //! [`sim`] (feature `sim`, on by default) runs 3-5 replicas, a model of etcd and producers on a
 //! seeded PRNG with message faults, partitions, crashes that lose unsynced bytes and restarts,
 //! and checks the invariants after every step.

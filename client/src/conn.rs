@@ -49,6 +49,24 @@ pub(crate) struct Conn {
     pub(crate) unacked_errors: Arc<AtomicU64>,
 }
 
+/// Receive buffer asked for on each endpoint's UDP socket (the kernel caps it at
+/// `net.core.rmem_max`). A subscription's data arrives as fast as the broker's congestion window
+/// allows; the default buffer (about 208 KiB) overflows whenever the client's thread is busy
+/// for a millisecond or two, and every datagram dropped there halves the broker's window.
+pub const SOCKET_RECV_BUFFER_BYTES: usize = 8 << 20;
+
+/// A client endpoint bound to `bind`, its socket's receive buffer raised to
+/// [`SOCKET_RECV_BUFFER_BYTES`] (best effort: a smaller buffer is not an error).
+fn client_endpoint(bind: SocketAddr) -> std::io::Result<quinn::Endpoint> {
+    let socket = std::net::UdpSocket::bind(bind)?;
+    let state = quinn::udp::UdpSocketState::new((&socket).into())?;
+    if let Err(e) = state.set_recv_buffer_size((&socket).into(), SOCKET_RECV_BUFFER_BYTES) {
+        tracing::debug!(error = %e, "cannot raise the UDP receive buffer");
+    }
+    let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
+    quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, runtime)
+}
+
 /// Connection parameters that do not change across reconnects.
 #[derive(Clone)]
 pub(crate) struct ConnParams {
@@ -79,8 +97,7 @@ impl Conn {
         } else {
             (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
         };
-        let endpoint =
-            quinn::Endpoint::client(bind).map_err(|e| ClientError::Connect(e.to_string()))?;
+        let endpoint = client_endpoint(bind).map_err(|e| ClientError::Connect(e.to_string()))?;
         let connecting = endpoint
             .connect_with(p.quic.clone(), p.addr, &p.server_name)
             .map_err(|e| ClientError::Connect(e.to_string()))?;

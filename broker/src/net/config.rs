@@ -35,6 +35,16 @@ pub const STREAM_RECEIVE_WINDOW_BYTES: u32 = 1 << 20;
 pub const CONN_RECEIVE_WINDOW_BYTES: u32 = 8 << 20;
 /// Per-connection send window (bytes): the most unacknowledged data a connection buffers.
 pub const CONN_SEND_WINDOW_BYTES: u64 = 8 << 20;
+/// Most UDP payload bytes one GSO send may carry: the kernel refuses a larger one with
+/// `EMSGSIZE` (a UDP datagram's length field is 16 bits), and quinn-udp drops such a send after
+/// logging it, so every segment of it is lost.
+pub const GSO_BYTES_MAX: usize = 65_507;
+
+/// How many segments of `segment_bytes` one GSO send may carry: the socket's own limit
+/// (`kernel_segments_max`, 64 on Linux) bounded by [`GSO_BYTES_MAX`]; at least one.
+pub fn gso_segments_max(kernel_segments_max: usize, segment_bytes: u16) -> usize {
+    kernel_segments_max.min(GSO_BYTES_MAX / usize::from(segment_bytes.max(1))).max(1)
+}
 
 /// Where the TLS certificate comes from.
 #[derive(Clone, Debug)]

@@ -473,7 +473,8 @@ impl Outbox {
         self.transmits.extend(cs.blocked.drain(..));
         while queued < MAX_TRANSMITS_PER_DRIVE {
             let mut buf = self.take_buf();
-            let Some(t) = cs.conn.poll_transmit(now, max_gso_segments, &mut buf) else {
+            let segments = super::config::gso_segments_max(max_gso_segments, cs.conn.current_mtu());
+            let Some(t) = cs.conn.poll_transmit(now, segments, &mut buf) else {
                 self.recycle(buf);
                 return false;
             };

@@ -1,19 +1,9 @@
-//! One core's QUIC state, sans-IO: [`CoreState`] owns the core's quinn-proto `Endpoint`, its
-//! connection table, the handshake budget and the accept queue. It reads no clock (every input
-//! takes `now`), touches no socket and starts no task: what it wants done goes into its outbox
+//! One core's QUIC state, sans-IO: [`CoreState`] owns the core's quinn-proto `Endpoint`, the
+//! handshake budget, the limits and the accept queue, and shares the connection table with the
+//! application's handles ([`super::conn::ConnTable`]). It reads no clock (every input takes
+//! `now`), touches no socket and starts no task: what it wants done goes into its outbox
 //! (transmits, datagrams for other cores, connection tasks to start), which the glommio shell
 //! ([`super::driver`]) or the in-memory test pair drains.
-//!
-//! Call order:
-//! 1. inputs: [`CoreState::handle_datagram`] for each datagram the socket received,
-//!    [`CoreState::handle_forwarded`] for each one another core forwarded,
-//!    [`CoreState::drive`] for a connection whose task was woken or whose timer passed,
-//!    [`CoreState::begin_shutdown`] once;
-//! 2. outputs, after each input: [`CoreState::poll_transmit`] until `None` (a transmit the
-//!    socket refused goes back through [`CoreState::handle_send_blocked`], a sent one through
-//!    [`CoreState::recycle`]), [`CoreState::poll_forward`] and [`CoreState::poll_new_conn`]
-//!    until `None`;
-//! 3. after `drive` and its transmits: [`CoreState::poll_timeout`], when to drive it next.
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
@@ -86,6 +76,17 @@ pub(crate) enum DriveOutcome {
 }
 
 /// Everything one core owns for networking.
+///
+/// Call order:
+/// 1. inputs: [`CoreState::handle_datagram`] for each datagram the socket received,
+///    [`CoreState::handle_forwarded`] for each one another core forwarded,
+///    [`CoreState::drive`] for a connection whose task was woken or whose timer passed,
+///    [`CoreState::begin_shutdown`] once;
+/// 2. outputs, after each input: [`CoreState::poll_transmit`] until `None` (a sent transmit
+///    goes back through [`CoreState::recycle`], one the socket refused through
+///    [`CoreState::handle_send_blocked`]), then [`CoreState::poll_forward`] and
+///    [`CoreState::poll_new_conn`] until `None`;
+/// 3. after `drive` and its transmits: [`CoreState::poll_timeout`], when to drive it next.
 pub(crate) struct CoreState {
     core: CoreId,
     cores: usize,
@@ -373,6 +374,10 @@ impl CoreState {
         match t.conn.and_then(|ch| table.conns.get_mut(&ch)) {
             Some(cs) => {
                 cs.blocked.push_back(t);
+                debug_assert!(
+                    cs.blocked.len() <= MAX_TRANSMITS_PER_DRIVE,
+                    "a connection keeps at most one run's transmits"
+                );
                 cs.retry_at = Some(now + Duration::from_micros(SEND_RETRY_US));
             }
             None => self.outbox.recycle(t.contents),

@@ -1,11 +1,12 @@
-//! The per-core QUIC endpoint: SO_REUSEPORT sockets, connection-ID steering and the sans-IO
-//! quinn-proto driver.
+//! The per-core QUIC endpoint: SO_REUSEPORT sockets, connection-ID steering, one sans-IO core
+//! state per executor around quinn-proto (`core`) and the glommio shell that does its I/O
+//! (`driver`). See `docs/net.md`.
 
 pub mod cid;
 pub mod config;
 pub mod conn;
-pub mod core;
-pub mod driver;
+pub(crate) mod core;
+pub(crate) mod driver;
 pub mod server;
 pub mod stats;
 pub mod steering;

@@ -256,3 +256,35 @@ fn a_send_the_socket_refuses_is_retried_after_the_back_off() {
     assert!(p.clients[&ch].lost().is_none());
     assert_eq!(p.client(ch).stats().path.lost_packets, 0, "the client lost nothing");
 }
+
+#[test]
+fn shutdown_closes_every_connection_and_refuses_new_ones() {
+    let mut p = Pair::new(1, |_| {});
+    let queued = p.connect_and_wait(client_addr(7800));
+    let taken = p.connect_and_wait(client_addr(7801));
+    let conn = p.cores[0].accept().expect("connection");
+    let now = p.now;
+    let never_accepted = p.cores[0].state.begin_shutdown(now);
+    assert_eq!(never_accepted.len(), 1, "one connection was still in the accept queue");
+    assert!(matches!(
+        poll_once(std::future::poll_fn(|cx| p.cores[0].state.poll_accept(cx))),
+        Poll::Ready(None)
+    ));
+
+    let late = p.connect(client_addr(7802));
+    assert!(p.run_until(Duration::from_secs(2), |p| p.cores[0].state.is_finished()));
+    for ch in [queued, taken] {
+        assert!(
+            matches!(
+                p.clients[&ch].lost(),
+                Some(ConnectionError::ApplicationClosed(close))
+                    if close.error_code == VarInt::from_u32(0) && &close.reason[..] == b"shutdown"
+            ),
+            "{:?}",
+            p.clients[&ch].lost()
+        );
+    }
+    assert!(p.clients[&late].lost().is_some(), "a handshake after shutdown is refused");
+    assert_eq!(p.cores[0].stats().refused_conn_limit, 1);
+    assert!(matches!(poll_once(conn.closed()), Poll::Ready(_)));
+}

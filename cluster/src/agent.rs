@@ -1,7 +1,10 @@
 //! The cluster agent: one per broker, on a control thread of its own with a current-thread
 //! tokio runtime. It holds the broker's membership lease, campaigns for the controller role,
-//! places the shards of new streams while it is the controller, and keeps a [`ClusterView`]
-//! up to date from one etcd watch over the cluster's keys.
+//! places the shards of new streams while it is the controller (with a replica-group record per
+//! shard of a replicated stream, [`crate::groups`]), runs an election for every group it is an
+//! in-sync replica of whose leader's lease is gone, proposes its in-sync-set changes
+//! ([`AgentClient::propose_isr`]), and keeps a [`ClusterView`] up to date from one etcd watch
+//! over the cluster's keys.
 //!
 //! Call order: [`Agent::start`] returns an [`AgentHandle`]; [`AgentHandle::views`] gives a
 //! latest-value channel of views (bounded: one slot, newest wins) that data cores poll on a
@@ -24,9 +27,10 @@ use etcd_client::{
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::ClusterError;
+use crate::groups::{self, ShardGroup};
 use crate::keys;
-use crate::placement::{self, StreamPlacement};
-use crate::view::{ClusterView, Member, StreamDef};
+use crate::placement::{self, PlacementError, StreamPlacement};
+use crate::view::{ClusterView, Member, StreamDef, StreamRecord};
 use crate::NodeId;
 
 /// How long the agent waits before it retries etcd after an error.
@@ -134,8 +138,50 @@ impl AgentClient {
         name: &str,
         def: StreamDef,
     ) -> Result<(StreamDef, StreamPlacement), ClusterError> {
+        self.create_replicated_stream(name, def, 1).await
+    }
+
+    /// [`AgentHandle::create_stream`] with `replicas` (1..=[`placement::REPLICAS_MAX`])
+    /// replicas per shard on distinct brokers; with more than one, the controller creates each
+    /// shard's replica-group record with the placement, its first replica leading epoch 1.
+    pub async fn create_replicated_stream(
+        &self,
+        name: &str,
+        def: StreamDef,
+        replicas: u8,
+    ) -> Result<(StreamDef, StreamPlacement), ClusterError> {
+        if replicas == 0 || replicas > placement::REPLICAS_MAX {
+            return Err(PlacementError::BadReplicas(replicas).into());
+        }
         let (reply, rx) = oneshot::channel();
-        let cmd = Command::CreateStream { name: name.to_owned(), def, reply };
+        let cmd = Command::CreateStream { name: name.to_owned(), def, replicas, reply };
+        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
+        rx.await.map_err(|_| ClusterError::Stopped)?
+    }
+
+    /// As the leader of `epoch` of the group of `shard` of `stream`, changes its in-sync set
+    /// to `isr` (which must contain this broker), based on the group's version
+    /// `expected_version` (`ShardGroup::version` as read in a view). A compare-and-swap in
+    /// etcd ([`groups::propose_isr`]), on this agent's current lease: refused with
+    /// `Cas(StaleVersion)`, `Cas(NotLeader)`, `Cas(InvalidIsr)` or `Fenced` (this broker's
+    /// lease is not the one it was elected on, or expired). Returns the new record.
+    pub async fn propose_isr(
+        &self,
+        stream: &str,
+        shard: u32,
+        expected_version: i64,
+        epoch: u64,
+        isr: Vec<NodeId>,
+    ) -> Result<ShardGroup, ClusterError> {
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::ProposeIsr {
+            stream: stream.to_owned(),
+            shard,
+            expected_version,
+            epoch,
+            isr,
+            reply,
+        };
         self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
         rx.await.map_err(|_| ClusterError::Stopped)?
     }
@@ -157,7 +203,20 @@ type CreateReply = oneshot::Sender<Result<(StreamDef, StreamPlacement), ClusterE
 
 #[derive(Debug)]
 enum Command {
-    CreateStream { name: String, def: StreamDef, reply: CreateReply },
+    CreateStream {
+        name: String,
+        def: StreamDef,
+        replicas: u8,
+        reply: CreateReply,
+    },
+    ProposeIsr {
+        stream: String,
+        shard: u32,
+        expected_version: i64,
+        epoch: u64,
+        isr: Vec<NodeId>,
+        reply: oneshot::Sender<Result<ShardGroup, ClusterError>>,
+    },
 }
 
 impl AgentHandle {
@@ -193,6 +252,28 @@ impl AgentHandle {
         def: StreamDef,
     ) -> Result<(StreamDef, StreamPlacement), ClusterError> {
         self.client().create_stream(name, def).await
+    }
+
+    /// See [`AgentClient::create_replicated_stream`].
+    pub async fn create_replicated_stream(
+        &self,
+        name: &str,
+        def: StreamDef,
+        replicas: u8,
+    ) -> Result<(StreamDef, StreamPlacement), ClusterError> {
+        self.client().create_replicated_stream(name, def, replicas).await
+    }
+
+    /// See [`AgentClient::propose_isr`].
+    pub async fn propose_isr(
+        &self,
+        stream: &str,
+        shard: u32,
+        expected_version: i64,
+        epoch: u64,
+        isr: Vec<NodeId>,
+    ) -> Result<ShardGroup, ClusterError> {
+        self.client().propose_isr(stream, shard, expected_version, epoch, isr).await
     }
 
     /// Stops the agent: resigns the controller role, revokes the lease (so the others see
@@ -357,6 +438,7 @@ async fn session(
                 tracing::info!(node = %st.config.member.node, "cluster agent: elected controller");
                 leader = Some(key);
                 place_new_streams(st, &mut client, leader.as_ref()).await?;
+                st.publish();
             }
             resp = events.message() => {
                 let Some(resp) = resp? else {
@@ -375,22 +457,33 @@ async fn session(
                     st.view.revision = h.revision();
                 }
                 st.publish();
+                run_elections(st, &mut client).await?;
                 place_new_streams(st, &mut client, leader.as_ref()).await?;
                 st.answer_waiting();
             }
             cmd = commands.recv() => {
                 let Some(cmd) = cmd else { return Ok(()) };
                 match cmd {
-                    Command::CreateStream { name, def, reply } => {
-                        match define_stream(st, &mut client, &name, def).await {
+                    Command::CreateStream { name, def, replicas, reply } => {
+                        match define_stream(st, &mut client, &name, def, replicas).await {
                             Ok(()) => st.waiting.push((name, Instant::now(), reply)),
                             Err(e) => { let _ = reply.send(Err(e)); }
                         }
                         st.answer_waiting();
                     }
+                    Command::ProposeIsr { stream, shard, expected_version, epoch, isr, reply } => {
+                        let r = propose_isr(st, &mut client, &stream, shard, expected_version, epoch, &isr)
+                            .await;
+                        if let Ok(g) = &r {
+                            st.view.groups.insert((stream, shard), g.clone());
+                            st.publish();
+                        }
+                        let _ = reply.send(r);
+                    }
                 }
             }
             _ = placement_tick.tick() => {
+                run_elections(st, &mut client).await?;
                 place_new_streams(st, &mut client, leader.as_ref()).await?;
                 st.answer_waiting();
             }
@@ -473,18 +566,33 @@ pub(crate) fn apply(
         let node = NodeId::new(name).map_err(|e| corrupt(e.to_string()))?;
         if deleted {
             view.members.remove(&node);
+            view.member_leases.remove(&node);
         } else {
             let m: Member =
                 serde_json::from_slice(kv.value()).map_err(|e| corrupt(e.to_string()))?;
+            view.member_leases.insert(node.clone(), kv.lease());
             view.members.insert(node, m);
         }
     } else if let Some(name) = keys::name_under(&key, &keys::streams(cluster)) {
         if deleted {
             view.streams.remove(name);
+            view.replication.remove(name);
         } else {
-            let d: StreamDef =
+            let r: StreamRecord =
                 serde_json::from_slice(kv.value()).map_err(|e| corrupt(e.to_string()))?;
-            view.streams.insert(name.to_owned(), d);
+            view.streams.insert(name.to_owned(), r.def);
+            if r.replicas > 1 {
+                view.replication.insert(name.to_owned(), r.replicas);
+            }
+        }
+    } else if let Some(name) = keys::name_under(&key, &keys::groups(cluster)) {
+        let (stream, shard) =
+            keys::group_of(name).ok_or_else(|| corrupt("not groups/<stream>/<shard>".into()))?;
+        let at = (stream.to_owned(), shard);
+        if deleted {
+            view.groups.remove(&at);
+        } else {
+            view.groups.insert(at, ShardGroup::from_kv(kv)?);
         }
     } else if let Some(name) = keys::name_under(&key, &keys::placements(cluster)) {
         if deleted {
@@ -510,15 +618,18 @@ pub(crate) fn apply(
     Ok(())
 }
 
-/// Defines `name` unless it exists (the first definition wins).
+/// Defines `name` with `replicas` replicas per shard unless it exists (the first definition
+/// wins).
 async fn define_stream(
     st: &State,
     client: &mut Client,
     name: &str,
     def: StreamDef,
+    replicas: u8,
 ) -> Result<(), ClusterError> {
     let key = keys::stream(&st.config.cluster, name);
-    let value = serde_json::to_vec(&def).expect("a definition serializes");
+    let value =
+        serde_json::to_vec(&StreamRecord { def, replicas }).expect("a definition serializes");
     let txn = Txn::new()
         .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
         .and_then([TxnOp::put(key.as_str(), value, None)]);
@@ -528,7 +639,9 @@ async fn define_stream(
 
 /// While this broker is the controller: places every defined stream that has no placement.
 /// Each write is conditional on this broker still holding the election key (fencing: a
-/// deposed controller's write fails) and on the placement still being absent.
+/// deposed controller's write fails) and on the placement still being absent. A replicated
+/// stream's group records go in the same transaction, each shard's first replica elected for
+/// epoch 1 on the lease its member key is on (compared too).
 async fn place_new_streams(
     st: &mut State,
     client: &mut Client,
@@ -545,7 +658,9 @@ async fn place_new_streams(
     for (name, def) in unplaced {
         let live: BTreeSet<NodeId> = st.view.members.keys().cloned().collect();
         let load = placement::load(st.view.placements.values());
-        let p = match placement::assign(def.shards, &live, &load) {
+        let leaders = placement::leaders(st.view.placements.values());
+        let replicas = st.view.replication.get(&name).copied().unwrap_or(1);
+        let p = match placement::assign_replicas(def.shards, replicas, &live, &load, &leaders) {
             Ok(p) => p,
             Err(e) => {
                 tracing::warn!(stream = %name, error = %e, "cannot place stream yet");
@@ -554,16 +669,26 @@ async fn place_new_streams(
         };
         let key = keys::placement(&st.config.cluster, &name);
         let leader_key = String::from_utf8_lossy(leader.key()).into_owned();
-        let txn = Txn::new()
-            .when([
-                Compare::create_revision(leader_key.as_str(), CompareOp::Equal, leader.rev()),
-                Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
-            ])
-            .and_then([TxnOp::put(
-                key.as_str(),
-                serde_json::to_vec(&p).expect("serializes"),
-                None,
-            )]);
+        let mut when = vec![
+            Compare::create_revision(leader_key.as_str(), CompareOp::Equal, leader.rev()),
+            Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+        ];
+        let mut ops =
+            vec![TxnOp::put(key.as_str(), serde_json::to_vec(&p).expect("serializes"), None)];
+        let mut compared = BTreeSet::new();
+        for (shard, set) in p.replicas.iter().enumerate() {
+            let first = &set[0];
+            let lease = st.view.member_leases.get(first).copied();
+            if let Some(lease) = lease.filter(|_| compared.insert(first.clone())) {
+                let member = keys::member(&st.config.cluster, first.as_str());
+                when.push(Compare::lease(member, CompareOp::Equal, lease));
+            }
+            let group = ShardGroup::initial(set.clone(), lease);
+            let gkey = keys::group(&st.config.cluster, &name, shard as u32);
+            when.push(Compare::create_revision(gkey.as_str(), CompareOp::Equal, 0));
+            ops.push(TxnOp::put(gkey, group.to_json(), None));
+        }
+        let txn = Txn::new().when(when).and_then(ops);
         if client.txn(txn).await?.succeeded() {
             tracing::info!(stream = %name, owners = ?p.owners, "placed stream");
             // The watch brings it too; record it now so the next stream sees this load.
@@ -571,6 +696,59 @@ async fn place_new_streams(
         }
     }
     Ok(())
+}
+
+/// Runs an election for every group this broker is an in-sync replica of whose leader's lease
+/// is gone (or that has no leader): it proposes itself ([`groups::elect`]); of racing
+/// candidates the transaction lets exactly one win. Only while this broker's own lease holds.
+async fn run_elections(st: &mut State, client: &mut Client) -> Result<(), ClusterError> {
+    let Some(lease) = st.lease else { return Ok(()) };
+    let me = st.config.member.node.clone();
+    if !st.view.lease_holds(Instant::now()) || st.view.member_leases.get(&me) != Some(&lease) {
+        return Ok(());
+    }
+    let live: BTreeSet<NodeId> = st.view.members.keys().cloned().collect();
+    let due: Vec<((String, u32), ShardGroup)> = st
+        .view
+        .groups
+        .iter()
+        .filter(|(_, g)| g.isr.contains(&me) && !g.leader_alive(&st.view.member_leases))
+        .map(|(at, g)| (at.clone(), g.clone()))
+        .collect();
+    let mut changed = false;
+    for ((stream, shard), g) in due {
+        let cluster = st.config.cluster.clone();
+        match groups::elect(client, &cluster, &stream, shard, &g, &me, lease, &live).await {
+            Ok(next) => {
+                tracing::info!(%stream, shard, epoch = next.epoch, "elected shard leader");
+                st.view.groups.insert((stream, shard), next);
+                changed = true;
+            }
+            Err(ClusterError::Etcd(e)) => return Err(e.into()),
+            Err(e) => tracing::debug!(%stream, shard, error = %e, "election not won"),
+        }
+    }
+    if changed {
+        st.publish();
+    }
+    Ok(())
+}
+
+/// [`groups::propose_isr`] as this broker, on its current lease.
+async fn propose_isr(
+    st: &State,
+    client: &mut Client,
+    stream: &str,
+    shard: u32,
+    expected_version: i64,
+    epoch: u64,
+    isr: &[NodeId],
+) -> Result<ShardGroup, ClusterError> {
+    let Some(lease) = st.lease else { return Err(ClusterError::Fenced) };
+    let me = &st.config.member.node;
+    let cluster = &st.config.cluster;
+    groups::propose_isr(client, cluster, stream, shard, me, lease, expected_version, epoch, isr)
+        .await
 }
 
 impl State {

@@ -32,4 +32,28 @@ pub enum ClusterError {
     /// A request to the agent did not finish in time.
     #[error("timed out after {0} ms")]
     TimedOut(u64),
+    /// A replica-group compare-and-swap was refused by the replication rules
+    /// (`felix_replication::GroupState`): a stale version, a proposer that does not lead the
+    /// epoch, an invalid in-sync set, or no live in-sync candidate. Node numbers in it are the
+    /// group's replica positions.
+    #[error("replica group: {0}")]
+    Cas(#[from] felix_replication::CasError),
+    /// Fencing: the proposer's lease is not the one the group's leader was elected on, or is
+    /// no longer alive in etcd (or this agent holds no lease now).
+    #[error("fenced: the proposer's lease is not the leader's, or has expired")]
+    Fenced,
+    /// An election was refused because the leader's lease still holds.
+    #[error("the leader's lease still holds")]
+    LeaderAlive,
+    /// The node is not a replica of the group.
+    #[error("node {0} is not a replica of the group")]
+    NotReplica(crate::NodeId),
+    /// The stream's shard has no replica-group record (not replicated, or not placed yet).
+    #[error("no replica group for shard {shard} of {stream}")]
+    NoGroup {
+        /// The stream.
+        stream: String,
+        /// The shard.
+        shard: u32,
+    },
 }

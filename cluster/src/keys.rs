@@ -6,6 +6,7 @@
 //! | `controller/<lease>` | the candidate's node id (etcd election API) | every node |
 //! | `streams/<stream>` | [`crate::StreamDef`] as JSON | the broker that created it |
 //! | `placement/<stream>` | [`crate::StreamPlacement`] as JSON | the controller |
+//! | `groups/<stream>/<shard>` | [`crate::groups::GroupRecord`] as JSON (replicated streams) | the controller creates it; elections and the leader change it, each by a compare-and-swap on its mod revision |
 //!
 //! Records never go to etcd, and nothing here is on the per-record path.
 
@@ -49,6 +50,23 @@ pub fn placement(cluster: &str, stream: &str) -> String {
     format!("{}{stream}", placements(cluster))
 }
 
+/// Prefix of the replica-group records.
+pub fn groups(cluster: &str) -> String {
+    format!("{}groups/", root(cluster))
+}
+
+/// The group key of `shard` of `stream`.
+pub fn group(cluster: &str, stream: &str, shard: u32) -> String {
+    format!("{}{stream}/{shard}", groups(cluster))
+}
+
+/// The stream and shard of a group key's name (what follows [`groups`]).
+pub fn group_of(name: &str) -> Option<(&str, u32)> {
+    let (stream, shard) = name.rsplit_once('/')?;
+    let shard = shard.parse().ok()?;
+    (!stream.is_empty()).then_some((stream, shard))
+}
+
 /// The name after `prefix` in `key`, if `key` is under it.
 pub fn name_under<'a>(key: &'a str, prefix: &str) -> Option<&'a str> {
     key.strip_prefix(prefix).filter(|rest| !rest.is_empty())
@@ -65,5 +83,10 @@ mod tests {
         assert_eq!(name_under(&placement("c", "t/n/s"), &placements("c")), Some("t/n/s"));
         assert_eq!(name_under("/felix/c/placement/", &placements("c")), None);
         assert_eq!(name_under("/felix/d/placement/x", &placements("c")), None);
+        let g = group("c", "t/n/s", 7);
+        assert_eq!(g, "/felix/c/groups/t/n/s/7");
+        assert_eq!(name_under(&g, &groups("c")).and_then(group_of), Some(("t/n/s", 7)));
+        assert_eq!(group_of("t/n/s/x"), None);
+        assert_eq!(group_of("/3"), None);
     }
 }

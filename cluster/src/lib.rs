@@ -3,7 +3,9 @@
 //!
 //! Owns: the etcd key layout ([`keys`]), the placement rule ([`placement`], pure), and the
 //! agent ([`agent`]) that holds a broker's membership lease, campaigns for the controller
-//! role, assigns the shards of new streams, and watches what the others wrote.
+//! role, assigns the shards of new streams, keeps each replicated shard's group record
+//! ([`groups`]: leader, epoch, in-sync set, changed only by compare-and-swap; elections when a
+//! leader's lease is gone), and watches what the others wrote.
 //! Never does: touch a record, a data core or glommio. The agent runs on a control thread of
 //! its own with a small tokio runtime (etcd clients are tokio); the broker's data cores learn
 //! what it knows from bounded messages and never wait on etcd.
@@ -11,6 +13,7 @@
 
 pub mod agent;
 mod error;
+pub mod groups;
 pub mod keys;
 pub mod placement;
 mod status;
@@ -19,8 +22,9 @@ mod view;
 
 pub use agent::{Agent, AgentClient, AgentConfig, AgentHandle};
 pub use error::ClusterError;
+pub use groups::ShardGroup;
 pub use placement::{PlacementError, StreamPlacement};
-pub use status::{cluster_status, ClusterStatus, MemberStatus, StreamStatus};
+pub use status::{cluster_status, ClusterStatus, GroupStatus, MemberStatus, StreamStatus};
 pub use view::{ClusterView, Member, Route, StreamDef};
 
 use serde::{Deserialize, Serialize};

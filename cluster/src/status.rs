@@ -49,6 +49,32 @@ pub struct StreamStatus {
     pub placement: Option<StreamPlacement>,
     /// Owners (node ids) of its shards that are not live: those shards are unavailable.
     pub down: Vec<NodeId>,
+    /// Replication factor (1: one copy, no groups).
+    pub replicas: u8,
+    /// For a replicated stream, each shard's replica group, by shard.
+    pub groups: Vec<GroupStatus>,
+}
+
+/// One shard's replica group, as its etcd record holds it. Replication lag (records, bytes)
+/// is not here: it is known only to the replication runtime on the leader, which is not wired
+/// to the broker yet.
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupStatus {
+    /// The shard.
+    pub shard: u32,
+    /// The leader of `epoch`, if one is elected.
+    pub leader: Option<NodeId>,
+    /// Whether the leader's lease still holds (its member key is on the lease it was elected
+    /// on). False: an election is due.
+    pub leader_live: bool,
+    /// The leader epoch.
+    pub epoch: u64,
+    /// The in-sync replicas.
+    pub isr: Vec<NodeId>,
+    /// Every replica.
+    pub replicas: Vec<NodeId>,
+    /// The record's version (etcd mod revision).
+    pub version: i64,
 }
 
 /// Reads the status of cluster `cluster` from etcd at `endpoints`.
@@ -93,7 +119,21 @@ pub async fn cluster_status(
                 .collect();
             down.sort();
             down.dedup();
-            StreamStatus { name: name.clone(), def: *def, placement, down }
+            let groups = view
+                .groups
+                .range((name.clone(), 0)..=(name.clone(), u32::MAX))
+                .map(|((_, shard), g)| GroupStatus {
+                    shard: *shard,
+                    leader: g.leader.clone(),
+                    leader_live: g.leader_alive(&view.member_leases),
+                    epoch: g.epoch,
+                    isr: g.isr.clone(),
+                    replicas: g.replicas.clone(),
+                    version: g.version,
+                })
+                .collect();
+            let replicas = view.replication.get(name).copied().unwrap_or(1);
+            StreamStatus { name: name.clone(), def: *def, placement, down, replicas, groups }
         })
         .collect();
     Ok(ClusterStatus {

@@ -6,6 +6,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use crate::groups::ShardGroup;
 use crate::placement::StreamPlacement;
 use crate::NodeId;
 
@@ -33,12 +34,28 @@ pub struct StreamDef {
     pub retention_ms: u64,
 }
 
+/// A stream key's value: the definition plus the replication factor (absent in keys written
+/// before replication: 1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct StreamRecord {
+    #[serde(flatten)]
+    pub def: StreamDef,
+    #[serde(default = "one_replica")]
+    pub replicas: u8,
+}
+
+fn one_replica() -> u8 {
+    1
+}
+
 /// Where a request for one shard must go.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Route<'a> {
-    /// The owner is live.
+    /// The owner (for a replicated shard: the leader of its current epoch) is live.
     Owner(&'a Member),
-    /// The owner is not live: the shard is unavailable until it returns.
+    /// The owner is not live (a replicated shard: its leader's lease is gone, or no leader is
+    /// elected yet, named by its leader or first replica): unavailable until it returns or an
+    /// election.
     Unavailable(&'a NodeId),
     /// The stream is defined but the controller has not placed it yet.
     Unplaced,
@@ -59,6 +76,14 @@ pub struct ClusterView {
     pub streams: BTreeMap<String, StreamDef>,
     /// Placements of the streams the controller placed.
     pub placements: BTreeMap<String, StreamPlacement>,
+    /// Replication factor of each stream defined with more than one replica.
+    pub replication: BTreeMap<String, u8>,
+    /// The replica group of each shard of a replicated stream, by (stream, shard): leader,
+    /// epoch, in-sync set, replicas, and the version (mod revision) to propose against.
+    pub groups: BTreeMap<(String, u32), ShardGroup>,
+    /// The etcd lease each live member's key is on (a restarted broker's differs from the one
+    /// it led an epoch on).
+    pub member_leases: BTreeMap<NodeId, i64>,
     /// Until when this broker's own lease is known to hold (sent time of the last answered
     /// keep-alive plus the TTL); `None` while it holds none. Past it, the broker must not
     /// acknowledge writes (fencing).
@@ -72,6 +97,17 @@ impl ClusterView {
             return Route::Unknown;
         }
         let Some(p) = self.placements.get(stream) else { return Route::Unplaced };
+        if let Some(g) = self.groups.get(&(stream.to_owned(), shard)) {
+            let named = g.leader.as_ref().or(g.replicas.first());
+            return match named {
+                Some(l) if g.leader_alive(&self.member_leases) => match self.members.get(l) {
+                    Some(m) => Route::Owner(m),
+                    None => Route::Unavailable(l),
+                },
+                Some(l) => Route::Unavailable(l),
+                None => Route::Unknown,
+            };
+        }
         match p.owner(shard) {
             None => Route::Unknown,
             Some(node) => match self.members.get(node) {
@@ -79,6 +115,11 @@ impl ClusterView {
                 None => Route::Unavailable(node),
             },
         }
+    }
+
+    /// The replica group of `shard` of `stream`, if the stream is replicated.
+    pub fn group(&self, stream: &str, shard: u32) -> Option<&ShardGroup> {
+        self.groups.get(&(stream.to_owned(), shard))
     }
 
     /// Whether this broker's lease holds at `now`.

@@ -10,6 +10,7 @@
 //! Call order: [`WorkerQueue::push`] (callers), [`WorkerQueue::take_ready`] then
 //! [`WorkerQueue::poll_deadline`] (the worker), [`WorkerQueue::flush`], [`WorkerQueue::close`].
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
@@ -51,18 +52,37 @@ pub struct Receipt {
 /// (the batch was written to the connection, nothing more is known).
 pub type PublishResult = Result<Option<Receipt>, ClientError>;
 
-/// Resolves when the record's batch is acked (or written, with `AckMode::None`).
+/// Resolves when the record's batch is acked (or written, with `AckMode::None`). A clone
+/// resolves the same.
 #[derive(Debug)]
 pub struct PublishTicket {
     batch: Arc<BatchOutcome>,
     index: u32,
+    /// Where this ticket's waker is kept in the outcome, once it has waited.
+    waker_slot: Option<usize>,
+}
+
+impl Clone for PublishTicket {
+    fn clone(&self) -> Self {
+        // A clone may wait in another task: it registers its own waker.
+        Self { batch: self.batch.clone(), index: self.index, waker_slot: None }
+    }
+}
+
+impl PublishTicket {
+    /// Whether `other` is a ticket of the same batch (it resolves at the same moment, with the
+    /// same outcome): a caller with many records in flight may wait on one ticket per batch.
+    pub fn same_batch(&self, other: &PublishTicket) -> bool {
+        Arc::ptr_eq(&self.batch, &other.batch)
+    }
 }
 
 impl Future for PublishTicket {
     type Output = PublishResult;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<PublishResult> {
-        self.batch.poll_record(self.index, cx)
+        let this = self.get_mut();
+        this.batch.poll_record(this.index, &mut this.waker_slot, cx)
     }
 }
 
@@ -98,8 +118,8 @@ struct BatchOutcome {
 #[derive(Debug, Default)]
 struct OutcomeState {
     done: Option<BatchResult>,
-    /// The waker of each record's ticket, by index, while it waits.
-    wakers: Vec<Option<Waker>>,
+    /// The wakers of the tickets that wait, each in the slot its ticket was given.
+    wakers: Vec<Waker>,
 }
 
 impl BatchOutcome {
@@ -108,18 +128,23 @@ impl BatchOutcome {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn poll_record(&self, index: u32, cx: &mut Context<'_>) -> Poll<PublishResult> {
+    fn poll_record(
+        &self,
+        index: u32,
+        slot: &mut Option<usize>,
+        cx: &mut Context<'_>,
+    ) -> Poll<PublishResult> {
         let mut state = self.lock();
         if let Some(done) = &state.done {
             return Poll::Ready(done.record(index));
         }
-        let i = index as usize;
-        if state.wakers.len() <= i {
-            state.wakers.resize_with(i + 1, || None);
-        }
-        match &mut state.wakers[i] {
+        match slot.and_then(|i| state.wakers.get_mut(i)) {
             Some(w) if w.will_wake(cx.waker()) => {}
-            slot => *slot = Some(cx.waker().clone()),
+            Some(w) => *w = cx.waker().clone(),
+            None => {
+                *slot = Some(state.wakers.len());
+                state.wakers.push(cx.waker().clone());
+            }
         }
         Poll::Pending
     }
@@ -134,7 +159,7 @@ impl BatchOutcome {
             state.done = Some(result);
             std::mem::take(&mut state.wakers)
         };
-        for w in wakers.into_iter().flatten() {
+        for w in wakers {
             w.wake();
         }
     }
@@ -355,19 +380,27 @@ impl QueueState {
             // A new deadline, maybe the earliest.
             wake = true;
         }
-        let batch = self.open.entry(key.clone()).or_insert_with(|| {
-            let prealloc = caps.records_max.min(BATCH_RECORDS_PREALLOC);
-            Batch {
-                frame_bytes: frame_fixed_bytes(caps.stream_len, key.as_ref()),
-                key: key.clone(),
-                records: Vec::with_capacity(prealloc),
-                completion: Completion(Arc::default()),
-                stored_bytes: 0,
-                deadline: Instant::now() + caps.linger,
+        let mut entry = match self.open.entry(key) {
+            Entry::Occupied(e) => e,
+            Entry::Vacant(v) => {
+                let prealloc = caps.records_max.min(BATCH_RECORDS_PREALLOC);
+                let batch = Batch {
+                    frame_bytes: frame_fixed_bytes(caps.stream_len, v.key().as_ref()),
+                    key: v.key().clone(),
+                    records: Vec::with_capacity(prealloc),
+                    completion: Completion(Arc::default()),
+                    stored_bytes: 0,
+                    deadline: Instant::now() + caps.linger,
+                };
+                v.insert_entry(batch)
             }
-        });
-        let ticket =
-            PublishTicket { batch: batch.completion.0.clone(), index: batch.records.len() as u32 };
+        };
+        let batch = entry.get_mut();
+        let ticket = PublishTicket {
+            batch: batch.completion.0.clone(),
+            index: batch.records.len() as u32,
+            waker_slot: None,
+        };
         batch.records.push(value);
         batch.frame_bytes += frame_record_bytes;
         batch.stored_bytes += stored_record_bytes;
@@ -375,10 +408,8 @@ impl QueueState {
             || batch.frame_bytes >= caps.frame_bytes_max
             || batch.stored_bytes >= caps.stored_bytes_max
         {
-            if let Some(batch) = self.open.remove(&key) {
-                self.ready.push_back(Ready::Batch(batch));
-                wake = true;
-            }
+            self.ready.push_back(Ready::Batch(entry.remove()));
+            wake = true;
         }
         (ticket, wake)
     }
@@ -491,6 +522,39 @@ mod tests {
             let r = t.await.unwrap().unwrap();
             assert_eq!(r, Receipt { shard: ShardId(7), offset: Offset(100 + i as u64) });
         }
+    }
+
+    #[tokio::test]
+    async fn tickets_know_their_batch() {
+        let q = WorkerQueue::new(caps(2, 60_000));
+        let a0 = q.push(keyed(b"a", 0)).await.unwrap();
+        let b0 = q.push(keyed(b"b", 0)).await.unwrap();
+        let a1 = q.push(keyed(b"a", 1)).await.unwrap();
+        let a2 = q.push(keyed(b"a", 2)).await.unwrap();
+        assert!(a0.same_batch(&a1), "one batch of key a");
+        assert!(!a0.same_batch(&b0), "another key, another batch");
+        assert!(!a1.same_batch(&a2), "a full batch left: a new one began");
+    }
+
+    #[tokio::test]
+    async fn a_ticket_and_its_clone_waiting_in_two_tasks_are_both_woken() {
+        let q = WorkerQueue::new(caps(10, 60_000));
+        let t = q.push(keyed(b"k", 0)).await.unwrap();
+        let mut clone = t.clone();
+        let (first, second) = (Arc::new(Count(0.into())), Arc::new(Count(0.into())));
+        let (w1, w2) = (Waker::from(first.clone()), Waker::from(second.clone()));
+        let mut t = t;
+        assert!(Pin::new(&mut t).poll(&mut Context::from_waker(&w1)).is_pending());
+        assert!(Pin::new(&mut clone).poll(&mut Context::from_waker(&w2)).is_pending());
+        let (tx, _rx) = oneshot::channel();
+        q.flush(tx);
+        let (mut items, _) = q.take_ready();
+        items.pop(); // the flush marker
+        let Some(Ready::Batch(batch)) = items.pop() else { panic!("no batch ready") };
+        batch.completion.resolve(BatchResult::Written);
+        let woken = |c: &Arc<Count>| c.0.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!((woken(&first), woken(&second)), (1, 1));
+        assert_eq!((t.await, clone.await), (Ok(None), Ok(None)));
     }
 
     #[tokio::test]

@@ -6,13 +6,16 @@
 //! run's `go` flag, read the counters and drain the histograms ([`WorkerShared::take_intervals`])
 //! while it runs, set `stop`, join.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use felix_client::{Client, ClientError, Publisher, Record, StartAt, SubscribeOptions};
+use felix_client::{
+    Client, ClientError, PublishTicket, Publisher, Record, StartAt, SubscribeOptions,
+};
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use hdrhistogram::Histogram;
@@ -30,6 +33,8 @@ pub const ERROR_PAUSE: Duration = Duration::from_millis(50);
 const FLAG_POLL: Duration = Duration::from_millis(1);
 /// Records a paced publisher sends in one go at most.
 const PACE_BURST_MAX: u64 = 256;
+/// Records whose payloads one arena allocation holds.
+const ARENA_RECORDS: usize = 256;
 
 /// What a worker shares with the run: cumulative counters and interval histograms.
 #[derive(Debug)]
@@ -208,9 +213,10 @@ async fn run(
 /// One publisher task: records of `payload_bytes` with the send time in front, keys
 /// round-robin (starting at `seed`, so tasks interleave), paced when a rate is set.
 ///
-/// The task itself waits for its records' acks (a `FuturesUnordered` of tickets polled beside
-/// the sending), so a record costs no task of its own: a spawned task per record was 3-4 % of
-/// the generator's CPU (tokio's task list) at saturation.
+/// The task itself waits for its records' acks, one future per batch (tickets of one batch
+/// resolve together: [`PublishTicket::same_batch`]) in a `FuturesUnordered` polled beside the
+/// sending, so a record costs neither a task nor a future of its own; record payloads are cut
+/// from an arena of [`ARENA_RECORDS`] records (no allocation per record).
 async fn publish(
     publisher: Publisher,
     config: Arc<RunConfig>,
@@ -224,6 +230,9 @@ async fn publish(
     let started = Instant::now();
     let mut sent = 0u64;
     let mut key_index = seed;
+    let mut arena = BytesMut::new();
+    // The batch each key's last record went into, with the send times of its records.
+    let mut open: HashMap<usize, (PublishTicket, SendTimes)> = HashMap::new();
     let mut acks = FuturesUnordered::new();
     'send: while !flags.stop.load(Ordering::Relaxed) {
         let due = match config.rate_per_task {
@@ -233,7 +242,7 @@ async fn publish(
                     // Nothing due: wait for acks (or the pacing tick).
                     tokio::select! {
                         Some(done) = acks.next(), if !acks.is_empty() => {
-                            ack_done(&shared, done);
+                            acks_done(&shared, &window, done);
                         }
                         _ = tokio::time::sleep(FLAG_POLL) => {}
                     }
@@ -247,31 +256,34 @@ async fn publish(
             // Take the acks that are in without waiting, then a window permit (waiting for
             // acks while the window is full).
             while let Some(Some(done)) = acks.next().now_or_never() {
-                ack_done(&shared, done);
+                acks_done(&shared, &window, done);
             }
-            let permit = match &window {
-                Some(w) => loop {
+            if let Some(w) = &window {
+                loop {
                     tokio::select! {
                         biased;
                         Some(done) = acks.next(), if !acks.is_empty() => {
-                            ack_done(&shared, done);
+                            acks_done(&shared, &window, done);
                         }
-                        p = w.clone().acquire_owned() => match p {
-                            Ok(p) => break Some(p),
+                        p = w.acquire() => match p {
+                            // Given back, for the batch, when it resolves.
+                            Ok(p) => break p.forget(),
                             Err(_) => break 'send,
                         },
                     }
-                },
-                None => None,
-            };
-            let mut value = BytesMut::with_capacity(config.payload_bytes);
-            value.extend_from_slice(&sys::unix_us().to_le_bytes());
-            value.extend_from_slice(&filler);
-            let record = if keys.is_empty() {
-                Record::unkeyed(value.freeze())
+                }
+            }
+            if arena.capacity() < config.payload_bytes {
+                arena = BytesMut::with_capacity(config.payload_bytes * ARENA_RECORDS);
+            }
+            arena.extend_from_slice(&sys::unix_us().to_le_bytes());
+            arena.extend_from_slice(&filler);
+            let value = arena.split().freeze();
+            let (record, group) = if keys.is_empty() {
+                (Record::unkeyed(value), 0)
             } else {
                 key_index = (key_index + 1) % keys.len();
-                Record::keyed(keys[key_index].clone(), value.freeze())
+                (Record::keyed(keys[key_index].clone(), value), key_index)
             };
             let bytes = (record.value.len() + record.key.as_ref().map_or(0, |k| k.len())) as u64;
             let t0 = Instant::now();
@@ -280,14 +292,22 @@ async fn publish(
                     sent += 1;
                     shared.sent_records.fetch_add(1, Ordering::Relaxed);
                     shared.sent_bytes.fetch_add(bytes, Ordering::Relaxed);
-                    acks.push(async move {
-                        let result = ticket.await;
-                        drop(permit);
-                        (t0, result.map(|_| ()))
-                    });
+                    match open.get(&group) {
+                        Some((last, times)) if last.same_batch(&ticket) => lock(times).push(t0),
+                        _ => {
+                            let times: SendTimes = Arc::new(Mutex::new(vec![t0]));
+                            let wait = ticket.clone();
+                            let recorded = times.clone();
+                            acks.push(async move { (wait.await.map(|_| ()), recorded) });
+                            open.insert(group, (ticket, times));
+                        }
+                    }
                 }
                 Err(e) => {
                     shared.error(e);
+                    if let Some(w) = &window {
+                        w.add_permits(1); // nothing was sent for it
+                    }
                     tokio::time::sleep(ERROR_PAUSE).await;
                     break;
                 }
@@ -298,20 +318,46 @@ async fn publish(
         }
     }
     // Stopped: the rest of the acks still count (the run's drain waits for them).
+    drop(open);
     while let Some(done) = acks.next().await {
-        ack_done(&shared, done);
+        acks_done(&shared, &window, done);
     }
 }
 
-/// Records one record's ack: its latency from `t0`, or its error.
-fn ack_done(shared: &WorkerShared, (t0, result): (Instant, Result<(), ClientError>)) {
-    match result {
+/// The send times of the records of one batch.
+type SendTimes = Arc<Mutex<Vec<Instant>>>;
+
+fn lock(times: &SendTimes) -> std::sync::MutexGuard<'_, Vec<Instant>> {
+    // Pushes only: a poisoned list is still a list.
+    times.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Records the acks of one batch: each record's latency from its send time, or one error per
+/// record; gives the records' window permits back.
+fn acks_done(
+    shared: &WorkerShared,
+    window: &Option<Arc<Semaphore>>,
+    (result, times): (Result<(), ClientError>, SendTimes),
+) {
+    let times = std::mem::take(&mut *lock(&times));
+    match &result {
         Ok(()) => {
-            let us = t0.elapsed().as_micros() as u64;
-            WorkerShared::record(&shared.ack_us, us);
-            shared.acked_records.fetch_add(1, Ordering::Relaxed);
+            let now = Instant::now();
+            if let Ok(mut h) = shared.ack_us.lock() {
+                for t0 in &times {
+                    h.saturating_record((now.duration_since(*t0).as_micros() as u64).max(1));
+                }
+            }
+            shared.acked_records.fetch_add(times.len() as u64, Ordering::Relaxed);
         }
-        Err(e) => shared.error(e),
+        Err(e) => {
+            for _ in &times {
+                shared.error(e);
+            }
+        }
+    }
+    if let Some(w) = window {
+        w.add_permits(times.len());
     }
 }
 

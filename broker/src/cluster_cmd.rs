@@ -141,7 +141,41 @@ fn render(out: &Output<'_>) -> String {
         };
         t.push_str(&format!("{:<40} {:>6}  {placement}{down}\n", st.name, st.def.shards));
     }
+    render_groups(s, &mut t);
     t
+}
+
+/// Each replicated shard's group: leader (`?` while its lease is gone and an election is due),
+/// epoch, in-sync replicas, replicas. Lag needs the replication runtime, not wired yet: `n/a`.
+fn render_groups(s: &ClusterStatus, t: &mut String) {
+    if s.streams.iter().all(|st| st.groups.is_empty()) {
+        return;
+    }
+    t.push_str(&format!(
+        "\n{:<40} {:>5} {:<16} {:>6} {:<24} {:<24} LAG\n",
+        "STREAM", "SHARD", "LEADER", "EPOCH", "IN_SYNC", "REPLICAS"
+    ));
+    let names = |ns: &[felix_cluster::NodeId]| {
+        ns.iter().map(ToString::to_string).collect::<Vec<_>>().join(",")
+    };
+    for st in &s.streams {
+        for g in &st.groups {
+            let leader = match (&g.leader, g.leader_live) {
+                (Some(l), true) => l.to_string(),
+                (Some(l), false) => format!("{l}?"),
+                (None, _) => "none".to_owned(),
+            };
+            t.push_str(&format!(
+                "{:<40} {:>5} {:<16} {:>6} {:<24} {:<24} n/a\n",
+                st.name,
+                g.shard,
+                leader,
+                g.epoch,
+                names(&g.isr),
+                names(&g.replicas)
+            ));
+        }
+    }
 }
 
 /// `b1:0,3 b2:1,4` — each owner and its shards.

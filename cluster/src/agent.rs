@@ -472,10 +472,10 @@ async fn session(
                         st.answer_waiting();
                     }
                     Command::ProposeIsr { stream, shard, expected_version, epoch, isr, reply } => {
-                        let r = propose_isr(st, &mut client, &stream, shard, expected_version, epoch, &isr)
-                            .await;
+                        let (base, at) = (expected_version, (stream, shard));
+                        let r = propose_isr(st, &mut client, &at.0, at.1, base, epoch, &isr).await;
                         if let Ok(g) = &r {
-                            st.view.groups.insert((stream, shard), g.clone());
+                            st.view.groups.insert(at, g.clone());
                             st.publish();
                         }
                         let _ = reply.send(r);

@@ -4,9 +4,13 @@
 //! |---|---|---|
 //! | `members/<node>` | [`crate::Member`] as JSON, attached to the node's lease | the node |
 //! | `controller/<lease>` | the candidate's node id (etcd election API) | every node |
-//! | `streams/<stream>` | [`crate::StreamDef`] as JSON | the broker that created it |
+//! | `streams/<stream>` | [`crate::StreamDef`], `replicas`, as JSON | the broker that made it |
 //! | `placement/<stream>` | [`crate::StreamPlacement`] as JSON | the controller |
-//! | `groups/<stream>/<shard>` | [`crate::groups::GroupRecord`] as JSON (replicated streams) | the controller creates it; elections and the leader change it, each by a compare-and-swap on its mod revision |
+//! | `groups/<stream>/<shard>` | [`crate::ShardGroup`] as JSON (replicated streams) | see below |
+//!
+//! A group key is created by the controller with the placement, then changed only by
+//! elections and its leader's in-sync-set proposals, each a compare-and-swap on its mod
+//! revision ([`crate::groups`]).
 //!
 //! Records never go to etcd, and nothing here is on the per-record path.
 

@@ -261,6 +261,14 @@ fn agents_elect_a_live_isr_member_within_ttl_when_the_leader_dies_and_fence_the_
     assert!(!g.isr.contains(&leader), "the dead leader left the in-sync set: {g:?}");
     // The other shard's leader lives on: its epoch did not move.
     assert_eq!(v.group(STREAM, 1).unwrap().epoch, 1);
+    // `felix cluster status` reads the same from etcd.
+    let endpoints = std::slice::from_ref(&etcd.client_url);
+    let status = block_on(felix_cluster::cluster_status(endpoints, "g4")).unwrap();
+    let st = status.streams.iter().find(|s| s.name == STREAM).unwrap();
+    assert_eq!((st.replicas, st.groups.len()), (3, 2));
+    let s0 = &st.groups[0];
+    assert_eq!((s0.shard, &s0.leader, s0.epoch, &s0.isr), (0, &g.leader, 2, &g.isr));
+    assert!(s0.leader_live);
 
     // Through the agents: a follower's proposal and a stale one are refused, the leader's
     // passes.

@@ -41,6 +41,9 @@ pub const CONNECT_TIMEOUT_MS: u64 = 2_000;
 pub const REQUEST_TIMEOUT_MS: u64 = 3_000;
 /// Default membership lease TTL.
 pub const LEASE_TTL_S_DEFAULT: u32 = 5;
+/// Replica-group records written per etcd transaction when a replicated stream is placed
+/// (etcd's default `--max-txn-ops` is 128).
+pub const GROUP_PUTS_PER_TXN: usize = 64;
 /// Shortest lease TTL accepted (etcd's own minimum is larger than a keep-alive round trip).
 pub const LEASE_TTL_S_MIN: u32 = 2;
 /// Requests queued to the agent before callers wait.
@@ -640,8 +643,8 @@ async fn define_stream(
 /// While this broker is the controller: places every defined stream that has no placement.
 /// Each write is conditional on this broker still holding the election key (fencing: a
 /// deposed controller's write fails) and on the placement still being absent. A replicated
-/// stream's group records go in the same transaction, each shard's first replica elected for
-/// epoch 1 on the lease its member key is on (compared too).
+/// stream's group records are written first, on the same conditions, each shard's first
+/// replica elected for epoch 1 on the lease its member key is on.
 async fn place_new_streams(
     st: &mut State,
     client: &mut Client,
@@ -669,26 +672,40 @@ async fn place_new_streams(
         };
         let key = keys::placement(&st.config.cluster, &name);
         let leader_key = String::from_utf8_lossy(leader.key()).into_owned();
-        let mut when = vec![
-            Compare::create_revision(leader_key.as_str(), CompareOp::Equal, leader.rev()),
-            Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
-        ];
-        let mut ops =
-            vec![TxnOp::put(key.as_str(), serde_json::to_vec(&p).expect("serializes"), None)];
-        let mut compared = BTreeSet::new();
-        for (shard, set) in p.replicas.iter().enumerate() {
-            let first = &set[0];
-            let lease = st.view.member_leases.get(first).copied();
-            if let Some(lease) = lease.filter(|_| compared.insert(first.clone())) {
-                let member = keys::member(&st.config.cluster, first.as_str());
-                when.push(Compare::lease(member, CompareOp::Equal, lease));
+        let held = || {
+            vec![
+                Compare::create_revision(leader_key.as_str(), CompareOp::Equal, leader.rev()),
+                Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+            ]
+        };
+        // The groups first, in transactions of GROUP_PUTS_PER_TXN (etcd caps the operations
+        // of one); each only while this broker is the controller and the stream unplaced.
+        // Nothing serves or elects an unplaced stream's groups, so a deposed controller's
+        // partial set is simply overwritten by the next one's.
+        let mut all_groups = true;
+        for (chunk, sets) in p.replicas.chunks(GROUP_PUTS_PER_TXN).enumerate() {
+            let ops: Vec<TxnOp> = sets
+                .iter()
+                .enumerate()
+                .map(|(i, set)| {
+                    let shard = (chunk * GROUP_PUTS_PER_TXN + i) as u32;
+                    // The first replica leads epoch 1 on the lease its member key is on now;
+                    // if that lease is gone by then, the agents elect another at once.
+                    let lease = st.view.member_leases.get(&set[0]).copied();
+                    let group = ShardGroup::initial(set.clone(), lease);
+                    TxnOp::put(keys::group(&st.config.cluster, &name, shard), group.to_json(), None)
+                })
+                .collect();
+            if !client.txn(Txn::new().when(held()).and_then(ops)).await?.succeeded() {
+                all_groups = false;
+                break;
             }
-            let group = ShardGroup::initial(set.clone(), lease);
-            let gkey = keys::group(&st.config.cluster, &name, shard as u32);
-            when.push(Compare::create_revision(gkey.as_str(), CompareOp::Equal, 0));
-            ops.push(TxnOp::put(gkey, group.to_json(), None));
         }
-        let txn = Txn::new().when(when).and_then(ops);
+        if !all_groups {
+            continue;
+        }
+        let put = TxnOp::put(key.as_str(), serde_json::to_vec(&p).expect("serializes"), None);
+        let txn = Txn::new().when(held()).and_then([put]);
         if client.txn(txn).await?.succeeded() {
             tracing::info!(stream = %name, owners = ?p.owners, "placed stream");
             // The watch brings it too; record it now so the next stream sees this load.
@@ -698,9 +715,10 @@ async fn place_new_streams(
     Ok(())
 }
 
-/// Runs an election for every group this broker is an in-sync replica of whose leader's lease
-/// is gone (or that has no leader): it proposes itself ([`groups::elect`]); of racing
-/// candidates the transaction lets exactly one win. Only while this broker's own lease holds.
+/// Runs an election for every group of a placed stream this broker is an in-sync replica of
+/// whose leader's lease is gone (or that has no leader): it proposes itself
+/// ([`groups::elect`]); of racing candidates the transaction lets exactly one win. Only while
+/// this broker's own lease holds.
 async fn run_elections(st: &mut State, client: &mut Client) -> Result<(), ClusterError> {
     let Some(lease) = st.lease else { return Ok(()) };
     let me = st.config.member.node.clone();
@@ -712,7 +730,11 @@ async fn run_elections(st: &mut State, client: &mut Client) -> Result<(), Cluste
         .view
         .groups
         .iter()
-        .filter(|(_, g)| g.isr.contains(&me) && !g.leader_alive(&st.view.member_leases))
+        .filter(|((stream, _), g)| {
+            st.view.placements.contains_key(stream)
+                && g.isr.contains(&me)
+                && !g.leader_alive(&st.view.member_leases)
+        })
         .map(|(at, g)| (at.clone(), g.clone()))
         .collect();
     let mut changed = false;

@@ -47,7 +47,9 @@ pub struct StreamStatus {
     pub def: StreamDef,
     /// Its placement, once the controller made it.
     pub placement: Option<StreamPlacement>,
-    /// Owners (node ids) of its shards that are not live: those shards are unavailable.
+    /// Owners (node ids) of its shards that are not live: those shards are unavailable (for a
+    /// replicated stream: its replicas that are not live; a shard stays available while an
+    /// in-sync replica of it lives).
     pub down: Vec<NodeId>,
     /// Replication factor (1: one copy, no groups).
     pub replicas: u8,
@@ -113,7 +115,7 @@ pub async fn cluster_status(
             let placement = view.placements.get(name).cloned();
             let mut down: Vec<NodeId> = placement
                 .iter()
-                .flat_map(|p| p.owners.iter())
+                .flat_map(|p| (0..p.shards()).flat_map(|s| p.replicas_of(s)))
                 .filter(|o| !view.members.contains_key(*o))
                 .cloned()
                 .collect();

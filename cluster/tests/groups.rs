@@ -320,3 +320,18 @@ fn a_leader_restarted_before_its_lease_expires_does_not_resume_its_epoch() {
     assert_ne!(g.leader_lease, old.leader_lease, "epoch 2 belongs to a live lease: {g:?}");
     assert_eq!(g.epoch, old.epoch + 1);
 }
+
+#[test]
+fn a_replicated_stream_with_more_shards_than_one_etcd_transaction_holds_is_placed() {
+    let Some(etcd) = Etcd::start() else { return };
+    let all = [agent(&etcd, "g6", "b1"), agent(&etcd, "g6", "b2")];
+    let refs: Vec<&AgentHandle> = all.iter().collect();
+    until(SETTLE, &refs, "two members", |v| v.members.len() == 2 && v.controller.is_some());
+    // etcd allows 128 operations per transaction (--max-txn-ops): one per group would not fit.
+    let shards = 300;
+    let (_, p) = block_on(all[0].create_replicated_stream(STREAM, def(shards), 2)).unwrap();
+    assert_eq!(p.replicas.len(), shards as usize);
+    until(SETTLE, &refs, "every group led at epoch 1", |v| {
+        (0..shards).all(|s| v.group(STREAM, s).is_some_and(|g| g.epoch == 1 && g.isr.len() == 2))
+    });
+}

@@ -13,26 +13,22 @@ fn env_u64(name: &str) -> Option<u64> {
         .map(|v| v.parse().unwrap_or_else(|_| panic!("{name} must be a number")))
 }
 
+/// Threads the CI sweep uses: the machine's, at most 4 (the totals do not depend on it).
+fn sweep_threads() -> u64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(4) as u64)
+}
+
 #[test]
 fn sim_sweep() {
     let count = env_u64("FELIX_SIM_SEEDS").unwrap_or(CI_SEEDS);
     let first = env_u64("FELIX_SIM_FIRST_SEED").unwrap_or(0);
-    match sim::sweep(first, count, &SimOptions::default()) {
-        Ok(report) => eprintln!(
-            "{} seeds in {:.1} s ({:.0} seeds/s): {} events, {} durable acks, {} epochs, {} crashes, {} s simulated, {} unavailable (every in-sync replica lost); {:?}",
-            report.seeds,
-            report.elapsed.as_secs_f64(),
-            report.seeds as f64 / report.elapsed.as_secs_f64(),
-            report.events,
-            report.acked_batches,
-            report.epochs,
-            report.crashes,
-            report.sim_ms / 1000,
-            report.unavailable,
-            report.stats
-        ),
-        Err(violation) => panic!("{violation}"),
+    let threads = env_u64("FELIX_SIM_THREADS").unwrap_or_else(sweep_threads);
+    let (report, violation) = sim::sweep(first, count, threads, &SimOptions::default());
+    eprintln!("{report} ({threads} threads)");
+    if let Some(violation) = violation {
+        panic!("{violation}");
     }
+    assert_eq!(report.seeds, count);
 }
 
 #[test]

@@ -20,6 +20,7 @@ mod producer;
 mod world;
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
@@ -43,6 +44,8 @@ pub struct SimOptions {
     pub batches_per_producer_max: u32,
     /// Print every event to stderr.
     pub trace: bool,
+    /// In a sweep, each thread reports to stderr every this many seeds (0: never).
+    pub progress_every_seeds: u64,
 }
 
 impl Default for SimOptions {
@@ -53,6 +56,7 @@ impl Default for SimOptions {
             heal_deadline_ms: 20_000,
             batches_per_producer_max: 25,
             trace: false,
+            progress_every_seeds: 0,
         }
     }
 }
@@ -138,23 +142,109 @@ pub fn run_seed(seed: u64, opts: &SimOptions) -> Result<SeedReport, Violation> {
     world.run().map_err(|(events, what)| Violation { seed, events, what, bugs: bug_env(opts.bugs) })
 }
 
-/// Runs `count` seeds from `first` on; stops at the first violation.
-pub fn sweep(first: u64, count: u64, opts: &SimOptions) -> Result<SweepReport, Violation> {
+/// Runs seeds `first..first + count` on `threads` threads (seed `first + i` on thread
+/// `i % threads`); all stop at the first violation. Returns the totals of the seeds that passed
+/// and the violation, if any. Every seed is deterministic, so the totals of a passing sweep do
+/// not depend on `threads`.
+pub fn sweep(
+    first: u64,
+    count: u64,
+    threads: u64,
+    opts: &SimOptions,
+) -> (SweepReport, Option<Violation>) {
     let started = Instant::now();
+    let threads = threads.max(1);
+    let stop = AtomicBool::new(false);
+    let shares: Vec<(SweepReport, Option<Violation>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let seeds = (first + t..first + count).step_by(threads as usize);
+                let stop = &stop;
+                scope.spawn(move || sweep_share(seeds, opts, stop))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a sweep thread panicked")).collect()
+    });
     let mut total = SweepReport::default();
-    for seed in first..first + count {
-        let report = run_seed(seed, opts)?;
-        total.seeds += 1;
-        total.events += report.events;
-        total.acked_batches += report.acked_batches;
-        total.epochs += report.epochs;
-        total.crashes += u64::from(report.crashes);
-        total.sim_ms += report.sim_ms;
-        total.stats = add_stats(total.stats, report.stats);
-        total.unavailable += u64::from(report.unavailable);
+    let mut failed: Option<Violation> = None;
+    for (share, violation) in shares {
+        total.add(&share);
+        failed = match (failed, violation) {
+            (Some(a), Some(b)) => Some(if b.seed < a.seed { b } else { a }),
+            (a, b) => a.or(b),
+        };
     }
     total.elapsed = started.elapsed();
-    Ok(total)
+    (total, failed)
+}
+
+/// One thread's seeds.
+fn sweep_share(
+    seeds: impl Iterator<Item = u64>,
+    opts: &SimOptions,
+    stop: &AtomicBool,
+) -> (SweepReport, Option<Violation>) {
+    let mut total = SweepReport::default();
+    for seed in seeds {
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        match run_seed(seed, opts) {
+            Ok(report) => total.add_seed(&report),
+            Err(violation) => {
+                stop.store(true, Ordering::Relaxed);
+                return (total, Some(violation));
+            }
+        }
+        if opts.progress_every_seeds > 0 && total.seeds % opts.progress_every_seeds == 0 {
+            eprintln!("{} seeds passed on this thread (last {seed})", total.seeds);
+        }
+    }
+    (total, None)
+}
+
+impl SweepReport {
+    fn add_seed(&mut self, report: &SeedReport) {
+        self.seeds += 1;
+        self.events += report.events;
+        self.acked_batches += report.acked_batches;
+        self.epochs += report.epochs;
+        self.crashes += u64::from(report.crashes);
+        self.sim_ms += report.sim_ms;
+        self.stats = add_stats(self.stats, report.stats);
+        self.unavailable += u64::from(report.unavailable);
+    }
+
+    fn add(&mut self, other: &SweepReport) {
+        self.seeds += other.seeds;
+        self.events += other.events;
+        self.acked_batches += other.acked_batches;
+        self.epochs += other.epochs;
+        self.crashes += other.crashes;
+        self.sim_ms += other.sim_ms;
+        self.stats = add_stats(self.stats, other.stats);
+        self.unavailable += other.unavailable;
+    }
+}
+
+impl fmt::Display for SweepReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = self.elapsed.as_secs_f64();
+        write!(
+            f,
+            "{} seeds in {secs:.1} s ({:.0} seeds/s): {} events, {} durable acks, {} epochs, {} \
+             crashes, {:.1} h simulated, {} ended unavailable (every in-sync replica lost); {:?}",
+            self.seeds,
+            self.seeds as f64 / secs.max(1e-9),
+            self.events,
+            self.acked_batches,
+            self.epochs,
+            self.crashes,
+            self.sim_ms as f64 / 3_600_000.0,
+            self.unavailable,
+            self.stats
+        )
+    }
 }
 
 /// ` FELIX_SIM_BUG=a,b` for the injected bugs, or "".

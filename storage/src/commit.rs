@@ -293,7 +293,7 @@ pub(crate) fn fail_queue(inner: &Inner, taken: Vec<Pending>, e: &StorageError) {
 /// An fsync (or truncate) failed: the file's state is unknown, refuse all further work.
 /// The appends failed now learn the cause when it is a full disk (`NoSpace`), so that the
 /// client hears "storage full"; every later call gets `Poisoned`.
-fn poison(inner: &Inner, what: &str, cause: &StorageError) {
+pub(crate) fn poison(inner: &Inner, what: &str, cause: &StorageError) {
     let reason = format!("{what}: {cause}");
     tracing::error!(stream = %inner.name, %reason, "stream log poisoned");
     let mut st = inner.state.borrow_mut();

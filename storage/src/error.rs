@@ -102,6 +102,36 @@ pub enum StorageError {
         /// The first failure.
         reason: String,
     },
+    /// `StreamLog::truncate_shard` was asked to cut outside the shard's stored range.
+    #[error("cannot truncate {shard} at {requested}: it holds offsets {start}..{next}")]
+    TruncateOutOfRange {
+        /// The shard.
+        shard: ShardId,
+        /// The offset asked for.
+        requested: Offset,
+        /// The shard's first stored offset.
+        start: Offset,
+        /// The shard's next offset.
+        next: Offset,
+    },
+    /// A truncation and appends of the same shard overlapped: `truncate_shard` was called
+    /// while appends of the shard were queued or being written, or an append was offered
+    /// while the shard was being truncated. The caller serializes them (replication
+    /// truncates a follower's shard before it accepts data).
+    #[error("{shard} is busy: {reason}")]
+    ShardBusy {
+        /// The shard.
+        shard: ShardId,
+        /// Which of the two overlaps happened.
+        reason: &'static str,
+    },
+    /// The log's truncation marker file is full (`TRUNCATION_MARKERS_MAX`); markers before
+    /// the oldest segment are dropped when the log is reopened.
+    #[error("too many truncations retained in one log (limit {limit})")]
+    TooManyTruncations {
+        /// `TRUNCATION_MARKERS_MAX`.
+        limit: usize,
+    },
     /// The log was closed (or dropped) before the operation completed.
     #[error("stream log closed")]
     Closed,

@@ -128,6 +128,26 @@ impl ShardIndex {
         }
     }
 
+    /// Logical truncation: forget every offset at or after `offset`. Entries that start
+    /// there or later are dropped; an entry that holds `offset` keeps only the records
+    /// before it (readers trim the batch to the entry's `record_count`). The shard's next
+    /// offset becomes `offset`; its start moves down to `offset` if it was above (recovery
+    /// meets this when retention deleted the segments before a truncation's position).
+    /// Nothing happens if `offset` is at or past the next offset.
+    pub fn truncate(&mut self, offset: u64) {
+        if offset >= self.next_offset {
+            return;
+        }
+        trim_entries(&mut self.recent, offset);
+        let keep = self.sparse.partition_point(|e| e.base_offset < offset);
+        self.sparse.truncate(keep);
+        if let Some(last) = self.sparse.last_mut() {
+            trim_entry(last, offset);
+        }
+        self.next_offset = offset;
+        self.start_offset = self.start_offset.min(offset);
+    }
+
     /// Retention deleted every log position below `position`; the shard now starts at
     /// `start_offset` (from the next segment's header).
     pub fn drop_before(&mut self, position: u64, start_offset: u64) {
@@ -136,6 +156,25 @@ impl ShardIndex {
             self.recent.pop_front();
         }
         self.start_offset = start_offset.min(self.next_offset);
+    }
+}
+
+/// Drop the entries of `entries` (in offset order) at or after `offset`; trim the one that
+/// holds it.
+fn trim_entries(entries: &mut VecDeque<IndexEntry>, offset: u64) {
+    while entries.back().is_some_and(|e| e.base_offset >= offset) {
+        entries.pop_back();
+    }
+    if let Some(last) = entries.back_mut() {
+        trim_entry(last, offset);
+    }
+}
+
+/// Keep only the records of `entry` before `offset`.
+fn trim_entry(entry: &mut IndexEntry, offset: u64) {
+    if entry.next_offset() > offset {
+        debug_assert!(entry.base_offset < offset, "entries at or after offset were dropped");
+        entry.record_count = (offset - entry.base_offset) as u32;
     }
 }
 
@@ -166,6 +205,43 @@ mod tests {
     fn a_gap_is_refused() {
         let mut ix = ShardIndex::new(0);
         ix.push(entry(5, 0));
+    }
+
+    #[test]
+    fn truncate_drops_the_suffix_and_trims_the_batch_holding_the_offset() {
+        let mut ix = ShardIndex::new(0);
+        for i in 0..5 {
+            ix.push(entry(i * 10, i * 1000));
+        }
+        ix.truncate(25);
+        assert_eq!(ix.next_offset(), 25);
+        assert_eq!(ix.lookup(25, 1 << 20), Lookup::AtEnd);
+        let Lookup::Recent(es) = ix.lookup(0, 1 << 20) else { panic!("expected dense entries") };
+        assert_eq!(
+            es.iter().map(|e| (e.base_offset, e.record_count)).collect::<Vec<_>>(),
+            vec![(0, 10), (10, 10), (20, 5)]
+        );
+        // New batches continue at the truncation point; truncating past the end does nothing.
+        ix.push(entry(25, 9000));
+        ix.truncate(100);
+        assert_eq!(ix.next_offset(), 35);
+        ix.truncate(0);
+        assert_eq!((ix.start_offset(), ix.next_offset(), ix.entries()), (0, 0, 0));
+        assert_eq!(ix.lookup(0, 1), Lookup::AtEnd);
+    }
+
+    #[test]
+    fn truncate_reaches_into_sparse_entries() {
+        let mut ix = ShardIndex::new(0);
+        let n = INDEX_RECENT_MAX as u64 + 200;
+        for i in 0..n {
+            ix.push(entry(i * 10, i * 1000));
+        }
+        ix.truncate(645);
+        assert_eq!(ix.next_offset(), 645);
+        assert_eq!(ix.entries(), 2, "sparse entries at 0 and 640 remain");
+        assert_eq!(ix.lookup(641, 1), Lookup::Scan { from_position: Some(64_000), until: None });
+        assert_eq!(ix.lookup(645, 1), Lookup::AtEnd);
     }
 
     #[test]

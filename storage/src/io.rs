@@ -209,6 +209,12 @@ pub(crate) async fn sync_dir(path: &Path) -> Result<()> {
     dir.close().await.map_err(err)
 }
 
+/// Rename `from` to `to`, replacing `to` (a blocking rename: only used when opening a log);
+/// the caller fsyncs the directory.
+pub(crate) fn rename(from: &Path, to: &Path) -> Result<()> {
+    std::fs::rename(from, to).map_err(|e| StorageError::io("renaming", from.to_owned(), e))
+}
+
 /// Names of the entries of a directory (a blocking readdir: only used when opening a log).
 pub(crate) fn list_dir(path: &Path) -> Result<Vec<String>> {
     let err = |e| StorageError::io("listing directory", path.to_owned(), e);

@@ -10,9 +10,10 @@
 //! offsets to log positions and is rebuilt on recovery.
 //!
 //! Code map: [`format`] and [`index`] are pure; `state` is a log's shared state; `log`
-//! (appends, reads), `commit` (writer and group commit), `recovery` and `retention` hold
-//! the logic; `io` is the only module that touches glommio, files and clocks; `sys` wraps
-//! the syscalls glommio does not offer (`statvfs`). The crate has no `unsafe`.
+//! (appends, reads), `commit` (writer and group commit), `recovery`, `retention` and
+//! `truncate` (logical truncation of one shard, durable markers) hold the logic; `io` is
+//! the only module that touches glommio, files and clocks; `sys` wraps the syscalls
+//! glommio does not offer (`statvfs`). The crate has no `unsafe`.
 
 #![forbid(unsafe_code)]
 
@@ -31,6 +32,7 @@ mod stats;
 mod store;
 mod sync;
 mod sys;
+mod truncate;
 
 pub use config::{
     stream_dir_name, RetentionConfig, StorageConfig, BATCH_BYTES_LIMIT, SEGMENT_GROW_BYTES,
@@ -43,3 +45,4 @@ pub use recovery::{RecoveryReport, RepairReport, SEGMENT_SUFFIX};
 pub use stats::StorageStats;
 pub use store::{CoreStore, BACKGROUND_SHARES};
 pub use sys::{fs_space, FsSpace};
+pub use truncate::{Marker, MARKER_BLOCK_BYTES, TRUNCATIONS_FILE, TRUNCATION_MARKERS_MAX};

@@ -119,6 +119,7 @@ impl StreamLog {
             durable_waiters: VecDeque::new(),
             poisoned: None,
             stats,
+            truncations: rec.truncations,
         };
         let inner = Rc::new(Inner {
             name: name.to_owned(),
@@ -203,6 +204,9 @@ impl StreamLog {
             });
         }
         let s = owned_shard(&self.inner.name, &mut st.shards, shard)?;
+        if s.truncating {
+            return Err(StorageError::ShardBusy { shard, reason: "the shard is being truncated" });
+        }
         let base_offset = s.next_offset;
         s.next_offset += records.len() as u64;
         let (tx, rx) = match ack {
@@ -292,7 +296,10 @@ impl StreamLog {
                 if header.shard != shard || header.base_offset.0 != e.base_offset {
                     return Err(corrupt("batch does not match the index".into()));
                 }
-                out.push(stored(&bytes, &header).map_err(|e| corrupt(e.to_string()))?);
+                let mut batch = stored(&bytes, &header).map_err(|e| corrupt(e.to_string()))?;
+                // A truncation may have cut the batch (the index entry holds fewer records).
+                batch.records.truncate(e.record_count as usize);
+                out.push(batch);
             }
             i = j;
         }
@@ -307,9 +314,11 @@ impl StreamLog {
         from_position: Option<u64>,
         until: Option<u64>,
     ) -> Result<Vec<StoredBatch>> {
-        let segments: Vec<(u64, u64, Rc<LogFile>)> = {
+        let (segments, truncations): (Vec<(u64, u64, Rc<LogFile>)>, _) = {
             let st = self.inner.state.borrow();
-            st.segments.iter().map(|s| (s.base_position, s.end, s.file.clone())).collect()
+            let segments =
+                st.segments.iter().map(|s| (s.base_position, s.end, s.file.clone())).collect();
+            (segments, st.truncations.of_shard(shard))
         };
         let start = from_position.unwrap_or(segments.first().map_or(0, |s| s.0));
         let until = until.unwrap_or(u64::MAX);
@@ -327,8 +336,14 @@ impl StreamLog {
             }
             let from_rel = start.saturating_sub(*base).max(SEGMENT_HEADER_BYTES);
             let to_rel = (*end).min(until.saturating_sub(*base));
-            let done = scan_segment(file, from_rel, to_rel, limit, |_, h, bytes| {
-                if h.shard != shard || h.next_offset() <= from.0 {
+            let done = scan_segment(file, from_rel, to_rel, limit, |pos, h, bytes| {
+                if h.shard != shard {
+                    return ControlFlow::Continue(());
+                }
+                // Records a later truncation removed are skipped (`truncate::limit_at`).
+                let cut = crate::truncate::limit_at(&truncations, base + pos);
+                let visible_end = cut.map_or(h.next_offset(), |c| c.min(h.next_offset()));
+                if visible_end <= from.0 || visible_end <= h.base_offset.0 {
                     return ControlFlow::Continue(());
                 }
                 if !out.is_empty() && bytes_out + bytes.len() > max_bytes {
@@ -337,7 +352,10 @@ impl StreamLog {
                 }
                 bytes_out += bytes.len();
                 match stored(&Bytes::copy_from_slice(bytes), h) {
-                    Ok(b) => out.push(b),
+                    Ok(mut b) => {
+                        b.records.truncate((visible_end - h.base_offset.0) as usize);
+                        out.push(b)
+                    }
                     Err(e) => failed = Some(e),
                 }
                 ControlFlow::Continue(())

@@ -16,6 +16,7 @@ use crate::index::{IndexEntry, ShardIndex};
 use crate::io::{self, LogFile};
 use crate::scan::{scan_segment, valid_batch_beyond_window, ScanEnd};
 use crate::state::{Inner, Segment, ShardState};
+use crate::truncate::{MarkerWalk, Truncations};
 
 /// Suffix of segment files; the stem is the segment's base log position, 20 digits.
 pub const SEGMENT_SUFFIX: &str = ".log";
@@ -54,6 +55,7 @@ pub(crate) struct Recovered {
     pub(crate) report: RecoveryReport,
     pub(crate) flushes: u64,
     pub(crate) segments_created: u64,
+    pub(crate) truncations: Truncations,
 }
 
 pub(crate) fn segment_path(dir: &Path, base_position: u64) -> PathBuf {
@@ -129,7 +131,9 @@ pub(crate) async fn recover(
     let mut bases: Vec<u64> =
         io::list_dir(dir)?.iter().filter_map(|n| parse_segment_name(n)).collect();
     bases.sort_unstable();
+    let truncations = crate::truncate::load(dir, bases.first().copied().unwrap_or(0)).await?;
     let mut rec = Recovery {
+        walk: MarkerWalk::new(truncations.markers()),
         dir,
         config,
         limit: config.batch_bytes_max.max(crate::config::BATCH_BYTES_LIMIT),
@@ -144,7 +148,9 @@ pub(crate) async fn recover(
             Walk::Stop => break,
         }
     }
-    rec.finish(owned).await
+    let mut recovered = rec.finish(owned).await?;
+    recovered.truncations = truncations;
+    Ok(recovered)
 }
 
 /// The walk over a log's segments, oldest first.
@@ -158,6 +164,8 @@ struct Recovery<'a> {
     segments: Vec<Segment>,
     /// fdatasyncs (and directory fsyncs counted as flushes) done so far.
     flushes: u64,
+    /// The truncation markers, applied to `indexes` as the walk passes their positions.
+    walk: MarkerWalk<'a>,
 }
 
 /// Whether the walk goes on to the next segment.
@@ -187,7 +195,16 @@ impl Recovery<'_> {
         let Some(header) = self.read_header(&file, &path, base, is_last, size).await? else {
             return Ok(Walk::Stop);
         };
+        // Truncations before this segment are applied first (the first segment: they concern
+        // deleted segments only); a marker exactly at its base may be older or newer than
+        // its header (a truncation and a roll at the same position), see check_start_offsets.
+        if self.segments.is_empty() {
+            self.walk.skip_before(base);
+        } else {
+            apply_markers(&mut self.indexes, &mut self.walk, base, false);
+        }
         self.check_start_offsets(&path, &header)?;
+        apply_markers(&mut self.indexes, &mut self.walk, base, true);
         let scanned = self.index_batches(&file, base, size, header.created_ms).await?;
         self.report.batches += scanned.batches;
         let mut valid_end = scanned.valid_end;
@@ -245,7 +262,14 @@ impl Recovery<'_> {
         }
         for (shard, next) in &header.next_offsets {
             let have = self.indexes.get(shard).map_or(0, |ix| ix.next_offset());
-            if have != next.0 {
+            // The header may have been written after a truncation at exactly its base.
+            let cut = self
+                .walk
+                .at(header.base_position)
+                .filter(|m| m.shard == *shard)
+                .map(|m| m.offset)
+                .min();
+            if have != next.0 && cut.map(|c| c.min(have)) != Some(next.0) {
                 return Err(corrupt(
                     path,
                     0,
@@ -266,11 +290,14 @@ impl Recovery<'_> {
         created_ms: u64,
     ) -> Result<Scanned> {
         let indexes = &mut self.indexes;
+        let walk = &mut self.walk;
         let mut last_ts = created_ms;
         let mut valid_end = SEGMENT_HEADER_BYTES;
         let mut batches = 0u64;
         let mut gap = None;
         let end = scan_segment(file, SEGMENT_HEADER_BYTES, size, self.limit, |pos, h, _| {
+            // Truncations at or before this batch's position happened before it was written.
+            apply_markers(indexes, walk, base + pos, true);
             let ix = indexes.entry(h.shard).or_insert_with(|| ShardIndex::new(0));
             if h.base_offset.0 != ix.next_offset() {
                 gap = Some((
@@ -353,6 +380,22 @@ impl Recovery<'_> {
     /// Add the owned shards that nothing was found for, check the shard limit, and make sure
     /// an active segment exists and what recovery saw is durable.
     async fn finish(mut self, owned: &[ShardId]) -> Result<Recovered> {
+        // Truncations after the last batch. A marker past the end of the log would mean that
+        // durable data is gone (markers point at flushed positions): refuse to open.
+        let end = self.segments.last().map_or(0, |s| s.base_position + s.end);
+        for m in self.walk.rest() {
+            if m.position > end {
+                return Err(corrupt(
+                    &self.dir.join(crate::truncate::TRUNCATIONS_FILE),
+                    0,
+                    format!(
+                        "truncation marker of {} at log position {} is past the end of the log ({end})",
+                        m.shard, m.position
+                    ),
+                ));
+            }
+            self.indexes.entry(m.shard).or_insert_with(|| ShardIndex::new(0)).truncate(m.offset);
+        }
         for shard in owned {
             self.indexes.entry(*shard).or_insert_with(|| ShardIndex::new(0));
         }
@@ -393,7 +436,20 @@ impl Recovery<'_> {
             report: self.report,
             flushes: self.flushes,
             segments_created,
+            truncations: Truncations::default(),
         })
+    }
+}
+
+/// Apply the markers at or before log position `position` (`inclusive`) or before it.
+fn apply_markers(
+    indexes: &mut BTreeMap<ShardId, ShardIndex>,
+    walk: &mut MarkerWalk<'_>,
+    position: u64,
+    inclusive: bool,
+) {
+    while let Some(m) = walk.next_through(position, inclusive) {
+        indexes.entry(m.shard).or_insert_with(|| ShardIndex::new(0)).truncate(m.offset);
     }
 }
 

@@ -19,6 +19,7 @@ use crate::index::ShardIndex;
 use crate::io::LogFile;
 use crate::stats::StorageStats;
 use crate::sync::{Completer, Completion, Signal};
+use crate::truncate::Truncations;
 
 /// One segment file of the log.
 pub(crate) struct Segment {
@@ -40,12 +41,20 @@ pub(crate) struct ShardState {
     /// Next offset to hand out (>= the index's next offset while batches are queued).
     pub(crate) next_offset: u64,
     pub(crate) index: ShardIndex,
+    /// `truncate_shard` is writing this shard's marker: appends of it are refused.
+    pub(crate) truncating: bool,
     tail_waiters: Vec<(u64, Completer<()>)>,
 }
 
 impl ShardState {
     pub(crate) fn new(owned: bool, index: ShardIndex) -> Self {
-        Self { owned, next_offset: index.next_offset(), index, tail_waiters: Vec::new() }
+        Self {
+            owned,
+            next_offset: index.next_offset(),
+            index,
+            truncating: false,
+            tail_waiters: Vec::new(),
+        }
     }
 
     /// Wake the tail readers waiting for an offset that is now written.
@@ -106,6 +115,8 @@ pub(crate) struct State {
     pub(crate) durable_waiters: VecDeque<(u64, Completer<Result<()>>)>,
     pub(crate) poisoned: Option<String>,
     pub(crate) stats: StorageStats,
+    /// Durable truncation markers (see `truncate`).
+    pub(crate) truncations: Truncations,
 }
 
 /// What every handle and background task of one log shares.

@@ -746,7 +746,10 @@ pub fn storage_error(e: &StorageError) -> WireError {
             tracing::warn!(error = %e, "stream log failed");
             (ErrorCode::StorageFailed, "the stream's log failed; see the broker's log".to_owned())
         }
-        StorageError::InvalidConfig { .. } => (ErrorCode::StorageFailed, e.to_string()),
+        StorageError::InvalidConfig { .. }
+        | StorageError::TruncateOutOfRange { .. }
+        | StorageError::ShardBusy { .. }
+        | StorageError::TooManyTruncations { .. } => (ErrorCode::StorageFailed, e.to_string()),
     };
     WireError::new(code, message)
 }

@@ -212,15 +212,17 @@ fn replicated_cluster(etcd: &Etcd, cluster: &str) -> Vec<AgentHandle> {
     until(SETTLE, &refs, "three members", |v| v.members.len() == 3 && v.controller.is_some());
     let (_, p) = block_on(all[1].create_replicated_stream(STREAM, def(2), 3)).unwrap();
     assert_eq!(p.replicas.len(), 2);
-    until(SETTLE, &refs, "groups led at epoch 1 everywhere", |v| {
-        (0..2).all(|s| {
-            v.group(STREAM, s).is_some_and(|g| {
-                g.epoch == 1
-                    && g.leader.as_ref() == Some(&p.owners[s as usize])
-                    && g.leader_alive(&v.member_leases)
-                    && g.isr.len() == 3
+    until(SETTLE, &refs, "placed, groups led at epoch 1 everywhere", |v| {
+        // Groups are written before the placement: wait for both.
+        v.placements.contains_key(STREAM)
+            && (0..2).all(|s| {
+                v.group(STREAM, s).is_some_and(|g| {
+                    g.epoch == 1
+                        && g.leader.as_ref() == Some(&p.owners[s as usize])
+                        && g.leader_alive(&v.member_leases)
+                        && g.isr.len() == 3
+                })
             })
-        })
     });
     let v = all[0].view();
     assert_eq!(v.replication.get(STREAM), Some(&3));

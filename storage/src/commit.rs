@@ -66,6 +66,12 @@ async fn issue_write(inner: &Rc<Inner>) -> bool {
         {
             return false;
         }
+        // A new segment's header holds every shard's next offset: it must not be taken while
+        // a truncation's marker is being written (the header would hold the offsets from
+        // before the marker's position); `truncate_shard` wakes the writer when it is done.
+        if needs_roll && st.truncations.busy {
+            return false;
+        }
         (needs_roll, reservation_target(&st, inner.config.segment_bytes_max))
     };
     if needs_roll {

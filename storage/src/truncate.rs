@@ -112,7 +112,10 @@ pub(crate) struct Truncations {
     file: Option<Rc<LogFile>>,
     /// Blocks in the file.
     blocks: u64,
-    /// A truncation is writing its marker; others wait (one marker at a time).
+    /// A truncation is under way: others wait (one marker at a time), and the writer starts
+    /// no segment roll, so a segment header never holds a shard's next offset from before a
+    /// marker whose position lies before the segment (recovery checks headers against the
+    /// indexes with the markers applied; retention takes start offsets from headers).
     pub(crate) busy: bool,
 }
 
@@ -261,7 +264,8 @@ impl StreamLog {
     /// nothing. Truncations of one log run one at a time; a second call waits for the first.
     ///
     /// Steps: flush the log (so that the marker's position is durable data), write and
-    /// fdatasync the marker, then cut the shard's index. An I/O error while writing the
+    /// fdatasync the marker, then cut the shard's index. Meanwhile the writer holds back
+    /// segment rolls (other shards' writes into the active segment go on). An I/O error while writing the
     /// marker poisons the log (the marker may or may not be on disk; reopening decides).
     pub async fn truncate_shard(&self, shard: ShardId, from: Offset) -> Result<()> {
         loop {
@@ -312,11 +316,15 @@ impl StreamLog {
             io::sleep(std::time::Duration::from_millis(1)).await;
         }
         let result = self.truncate_durably(shard, from.0).await;
-        let mut st = self.inner.state.borrow_mut();
-        st.truncations.busy = false;
-        if let Some(s) = st.shards.get_mut(&shard) {
-            s.truncating = false;
+        {
+            let mut st = self.inner.state.borrow_mut();
+            st.truncations.busy = false;
+            if let Some(s) = st.shards.get_mut(&shard) {
+                s.truncating = false;
+            }
         }
+        // The writer holds back segment rolls while a marker is written.
+        self.inner.writer.notify();
         result
     }
 

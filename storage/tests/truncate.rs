@@ -468,3 +468,300 @@ fn the_marker_limit_is_enforced_and_freed_by_retention() {
         check_shard(&log, ShardId(0), &m.records[0], 1 << 20).await;
     });
 }
+
+/// Crash test: a child process appends durably and truncates shards (one task per shard, so
+/// no append of a shard is in flight during its truncation) and is killed with SIGKILL at
+/// random moments, also between a truncation and the appends after it. After each kill the
+/// parent reopens the log and checks every shard densely: every durably acked record not
+/// removed by a truncation is there with its contents, and no record a truncation removed
+/// comes back (each truncation starts a new generation, written into the values, and every
+/// record at or after a truncation's offset must be of that generation or a later one).
+///
+/// The child is this test binary re-executed with `FELIX_TRUNC_CRASH_CHILD=<dir>`.
+/// `FELIX_CRASH_SEED` fixes the seed, `FELIX_CRASH_TRIALS` the number of kills (default 20).
+mod crash {
+    use std::collections::BTreeMap;
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    use std::time::Duration;
+
+    use super::*;
+
+    const CHILD_ENV: &str = "FELIX_TRUNC_CRASH_CHILD";
+    const CRASH_SHARDS: u32 = 4;
+    const CHILD_LIFETIME_MAX: Duration = Duration::from_secs(30);
+    /// Generations of one child: trial t uses t * GENERATIONS_PER_TRIAL and up.
+    const GENERATIONS_PER_TRIAL: u64 = 1_000_000;
+
+    fn shards() -> Vec<ShardId> {
+        (0..CRASH_SHARDS).map(ShardId).collect()
+    }
+
+    /// The value of (shard, offset, generation): its length and bytes depend on all three.
+    fn value(shard: u32, offset: u64, generation: u64) -> Bytes {
+        let tag = format!("s{shard}-o{offset}-g{generation}|");
+        // 0..28 KiB, so that the log rolls segments (4 MiB) every few trials.
+        let len = tag.len() + (offset.wrapping_mul(7919) % (28 << 10)) as usize;
+        Bytes::from(tag.bytes().cycle().take(len).collect::<Vec<u8>>())
+    }
+
+    /// The generation a stored value names, if it is a well-formed value of (shard, offset).
+    fn generation_of(shard: u32, offset: u64, v: &[u8]) -> Option<u64> {
+        let prefix = format!("s{shard}-o{offset}-g");
+        let rest = v.strip_prefix(prefix.as_bytes())?;
+        let end = rest.iter().position(|b| *b == b'|')?;
+        let g: u64 = std::str::from_utf8(&rest[..end]).ok()?.parse().ok()?;
+        (value(shard, offset, g) == v).then_some(g)
+    }
+
+    /// The child's body: per shard, append (durable) or truncate, printing
+    /// `A shard base count generation` after a durable ack, `t shard offset generation`
+    /// before a truncation and `T shard offset generation` after it returned.
+    #[test]
+    fn truncate_crash_child_process_entry() {
+        let Ok(dir) = std::env::var(CHILD_ENV) else { return };
+        let seed: u64 = std::env::var("FELIX_CRASH_CHILD_SEED").unwrap().parse().unwrap();
+        let gen_base: u64 = std::env::var("FELIX_CRASH_CHILD_GEN").unwrap().parse().unwrap();
+        run(move || async move {
+            let dir = std::path::PathBuf::from(dir);
+            let (log, _) = StreamLog::open(
+                "crash/trunc/s",
+                &dir,
+                &shards(),
+                &small_config(&dir),
+                RetentionConfig::default(),
+            )
+            .await
+            .expect("child opens the log");
+            println!("ready");
+            let deadline = std::time::Instant::now() + CHILD_LIFETIME_MAX;
+            let tasks: Vec<_> = (0..CRASH_SHARDS)
+                .map(|shard| {
+                    let log = log.clone();
+                    glommio::spawn_local(async move {
+                        let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ u64::from(shard));
+                        let mut generation = gen_base;
+                        let say = |line: String| {
+                            let mut o = std::io::stdout().lock();
+                            writeln!(o, "{line}").unwrap();
+                            o.flush().unwrap();
+                        };
+                        while std::time::Instant::now() < deadline {
+                            let id = ShardId(shard);
+                            let next = log.next_offset_assigned(id);
+                            let start = log.start_offset(id).unwrap().0;
+                            if next > start && rng.gen_range(0..8) == 0 {
+                                let at = match rng.gen_range(0..4) {
+                                    0 => next - 1,
+                                    1 => start,
+                                    _ => rng.gen_range(start..next),
+                                };
+                                generation += 1;
+                                say(format!("t {shard} {at} {generation}"));
+                                log.truncate_shard(id, Offset(at)).await.expect("truncate");
+                                say(format!("T {shard} {at} {generation}"));
+                                continue;
+                            }
+                            let n = rng.gen_range(1..8usize);
+                            let records: Vec<Record> = (0..n)
+                                .map(|i| Record::unkeyed(value(shard, next + i as u64, generation)))
+                                .collect();
+                            let out = log
+                                .append(id, &records, 1, AckMode::Durable)
+                                .await
+                                .expect("append");
+                            assert_eq!(out.base_offset.0, next);
+                            say(format!("A {shard} {next} {n} {generation}"));
+                        }
+                    })
+                })
+                .collect();
+            for t in tasks {
+                t.await;
+            }
+        });
+    }
+
+    /// What the parent knows of one shard.
+    #[derive(Default, Clone)]
+    struct Known {
+        /// offset -> generation of every durably acked record not truncated since.
+        acked: BTreeMap<u64, u64>,
+        /// (offset, generation) of every truncation known to have happened.
+        fences: Vec<(u64, u64)>,
+        /// A truncation that started and was not seen to return.
+        pending: Option<(u64, u64)>,
+        truncations: u64,
+    }
+
+    impl Known {
+        fn fence(&mut self, at: u64, generation: u64) {
+            self.acked.split_off(&at);
+            self.fences.push((at, generation));
+            self.truncations += 1;
+        }
+    }
+
+    #[test]
+    fn kill_9_during_truncations_and_appends_recovers_exactly() {
+        if std::env::var(CHILD_ENV).is_ok() {
+            return;
+        }
+        let seed: u64 = std::env::var("FELIX_CRASH_SEED")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(rand::random);
+        let trials: usize =
+            std::env::var("FELIX_CRASH_TRIALS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+        println!("truncation crash test seed {seed} (FELIX_CRASH_SEED={seed} to repeat), {trials} trials");
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let dir = tempfile::tempdir().unwrap();
+        let log_dir = dir.path().join("log");
+        let mut known: Vec<Known> = vec![Known::default(); CRASH_SHARDS as usize];
+        let mut pending_resolved = 0u64;
+        for trial in 0..trials {
+            let mut child = Command::new(std::env::current_exe().unwrap())
+                .args([
+                    "crash::truncate_crash_child_process_entry",
+                    "--exact",
+                    "--nocapture",
+                    "--test-threads=1",
+                ])
+                .env(CHILD_ENV, &log_dir)
+                .env("FELIX_CRASH_CHILD_SEED", rng.gen::<u64>().to_string())
+                .env(
+                    "FELIX_CRASH_CHILD_GEN",
+                    ((trial as u64 + 1) * GENERATIONS_PER_TRIAL).to_string(),
+                )
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn child");
+            let stdout = child.stdout.take().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel::<String>();
+            let reader = std::thread::spawn(move || {
+                for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            let ready = rx.iter().any(|l| l.ends_with("ready"));
+            assert!(ready, "seed {seed} trial {trial}: child never became ready");
+            std::thread::sleep(Duration::from_millis(rng.gen_range(5..300)));
+            child.kill().expect("SIGKILL child");
+            child.wait().unwrap();
+            reader.join().unwrap();
+            for line in rx.try_iter() {
+                let f: Vec<&str> = line.split(' ').collect();
+                let n: Vec<u64> = f.iter().skip(1).filter_map(|p| p.parse().ok()).collect();
+                match (f.first().copied(), n.as_slice()) {
+                    (Some("A"), [s, base, count, g]) => {
+                        for o in *base..base + count {
+                            known[*s as usize].acked.insert(o, *g);
+                        }
+                    }
+                    (Some("t"), [s, at, g]) => known[*s as usize].pending = Some((*at, *g)),
+                    (Some("T"), [s, at, g]) => {
+                        let k = &mut known[*s as usize];
+                        assert_eq!(k.pending.take(), Some((*at, *g)), "seed {seed}: child output");
+                        k.fence(*at, *g);
+                    }
+                    _ => {} // a line cut by the kill
+                }
+            }
+            let dir2 = log_dir.clone();
+            let snapshot = known.clone();
+            let (nexts, report) = run(move || async move {
+                let (log, report) = StreamLog::open(
+                    "crash/trunc/s",
+                    &dir2,
+                    &shards(),
+                    &small_config(&dir2),
+                    RetentionConfig::default(),
+                )
+                .await
+                .unwrap_or_else(|e| panic!("seed {seed} trial {trial}: reopen failed: {e}"));
+                let mut nexts = Vec::new();
+                for shard in 0..CRASH_SHARDS {
+                    nexts.push(log.next_offset(ShardId(shard)).unwrap().0);
+                }
+                let mut seen = Vec::new();
+                for shard in 0..CRASH_SHARDS {
+                    let next = nexts[shard as usize];
+                    let mut gens = Vec::new();
+                    let mut at = 0;
+                    while at < next {
+                        let batches = log.read(ShardId(shard), Offset(at), 1 << 20).await.unwrap();
+                        assert!(
+                            !batches.is_empty(),
+                            "seed {seed} trial {trial}: shard {shard} empty at {at}"
+                        );
+                        for b in batches {
+                            assert_eq!(
+                                b.base_offset.0, at,
+                                "seed {seed}: offsets not dense in shard {shard}"
+                            );
+                            for r in &b.records {
+                                let g = generation_of(shard, at, &r.value.to_bytes()).unwrap_or_else(|| {
+                                    panic!("seed {seed} trial {trial}: shard {shard} offset {at}: bad value")
+                                });
+                                gens.push(g);
+                                at += 1;
+                            }
+                        }
+                    }
+                    seen.push(gens);
+                }
+                drop(snapshot);
+                ((nexts, seen, log.segment_count()), report)
+            });
+            let (nexts, seen, segments) = nexts;
+            for shard in 0..CRASH_SHARDS as usize {
+                let k = &mut known[shard];
+                let next = nexts[shard];
+                // A truncation cut short by the kill happened iff the shard ends at its offset
+                // (its appends were all acked before it started, so otherwise the shard is longer).
+                if let Some((at, g)) = k.pending.take() {
+                    if next == at {
+                        k.fence(at, g);
+                        pending_resolved += 1;
+                    } else {
+                        assert!(
+                            next > at,
+                            "seed {seed} trial {trial}: shard {shard} ends at {next} < {at}"
+                        );
+                    }
+                }
+                for (o, g) in &k.acked {
+                    assert!(
+                        *o < next,
+                        "seed {seed} trial {trial}: acked shard {shard} offset {o} lost (next {next}); recovery {report:?}"
+                    );
+                    assert_eq!(
+                        seen[shard][*o as usize], *g,
+                        "seed {seed} trial {trial}: shard {shard} offset {o} holds another generation"
+                    );
+                }
+                for (o, g) in seen[shard].iter().enumerate() {
+                    for (at, fence_g) in &k.fences {
+                        assert!(
+                            (o as u64) < *at || g >= fence_g,
+                            "seed {seed} trial {trial}: shard {shard} offset {o} of generation {g} \
+                             came back after the truncation at {at} (generation {fence_g})"
+                        );
+                    }
+                }
+            }
+            println!(
+                "trial {trial}: next offsets {nexts:?}, truncations {:?}, {segments} segments, torn bytes {}",
+                known.iter().map(|k| k.truncations).collect::<Vec<_>>(),
+                report.torn_bytes_dropped
+            );
+        }
+        let truncations: u64 = known.iter().map(|k| k.truncations).sum();
+        let acked: usize = known.iter().map(|k| k.acked.len()).sum();
+        println!("{truncations} truncations ({pending_resolved} cut short by a kill), {acked} acked records kept");
+        assert!(truncations > 0 && acked > 0, "seed {seed}: the child did too little");
+    }
+}

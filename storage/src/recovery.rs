@@ -56,6 +56,8 @@ pub(crate) struct Recovered {
     pub(crate) flushes: u64,
     pub(crate) segments_created: u64,
     pub(crate) truncations: Truncations,
+    /// A repair cut the log below some markers' positions: move them to this end.
+    clamp_markers_to: Option<u64>,
 }
 
 pub(crate) fn segment_path(dir: &Path, base_position: u64) -> PathBuf {
@@ -149,7 +151,10 @@ pub(crate) async fn recover(
         }
     }
     let mut recovered = rec.finish(owned).await?;
-    recovered.truncations = truncations;
+    recovered.truncations = match recovered.clamp_markers_to {
+        Some(end) => crate::truncate::clamp(dir, truncations, end).await?,
+        None => truncations,
+    };
     Ok(recovered)
 }
 
@@ -380,11 +385,17 @@ impl Recovery<'_> {
     /// Add the owned shards that nothing was found for, check the shard limit, and make sure
     /// an active segment exists and what recovery saw is durable.
     async fn finish(mut self, owned: &[ShardId]) -> Result<Recovered> {
-        // Truncations after the last batch. A marker past the end of the log would mean that
-        // durable data is gone (markers point at flushed positions): refuse to open.
+        // Truncations after the last batch. A marker past the end of the log means that
+        // durable data is gone (markers point at flushed positions): refuse to open, unless
+        // the operator asked for a repair; then the marker still applies (the records it
+        // removed stay removed) and its position moves to the end, where the next write goes.
         let end = self.segments.last().map_or(0, |s| s.base_position + s.end);
+        let mut clamp_markers_to = None;
         for m in self.walk.rest() {
-            if m.position > end {
+            if m.position > end && self.config.repair {
+                tracing::warn!(shard = %m.shard, position = m.position, end, "truncation marker past the repaired end");
+                clamp_markers_to = Some(end);
+            } else if m.position > end {
                 return Err(corrupt(
                     &self.dir.join(crate::truncate::TRUNCATIONS_FILE),
                     0,
@@ -437,6 +448,7 @@ impl Recovery<'_> {
             flushes: self.flushes,
             segments_created,
             truncations: Truncations::default(),
+            clamp_markers_to,
         })
     }
 }

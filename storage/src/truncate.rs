@@ -206,6 +206,19 @@ pub(crate) async fn load(dir: &Path, first_position: u64) -> Result<Truncations>
     Ok(Truncations { markers, file: Some(Rc::new(file)), blocks, busy: false })
 }
 
+/// After a repair cut the log at `end`: move the markers past it to `end` and rewrite the
+/// file. Still sound: the records they removed lie before `end` or were cut, and every
+/// later write starts at or after `end`.
+pub(crate) async fn clamp(dir: &Path, truncations: Truncations, end: u64) -> Result<Truncations> {
+    let markers = truncations
+        .markers
+        .iter()
+        .map(|m| Marker { position: m.position.min(end), ..*m })
+        .collect();
+    drop(truncations);
+    rewrite(dir, markers).await
+}
+
 /// Replace the marker file by one holding `markers`: write a temporary file, fdatasync it,
 /// rename it over the old one, fsync the directory.
 async fn rewrite(dir: &Path, markers: Vec<Marker>) -> Result<Truncations> {

@@ -129,10 +129,10 @@ def publish_table(runs):
     return s
 
 
-def profile_summary(d):
+def profile_summary(d, symbolized=True):
     """One line about the profiles bench/run.sh left in scenario directory d (flame graphs and
     perf report's self-time lists): where they are, the memmove/memcpy share of the broker's
-    CPU and its top symbols. None without profiles."""
+    CPU (where its binary has symbols) and its top symbols. None without profiles."""
     if not os.path.exists(f"{d}/flame-broker.svg"):
         return None
     tops, copies, samples = [], 0.0, "?"
@@ -151,8 +151,10 @@ def profile_summary(d):
                     tops.append(f"{sym} {pct:.1f}%")
     except (OSError, ValueError):
         pass
-    return (f"`flame-broker.svg`, `flame-generator.svg`, `profile-*.txt`; memmove+memcpy "
-            f"{copies:.1f}% of the broker's {samples} samples; its top symbols: " + "; ".join(tops))
+    copied = (f"memmove+memcpy {copies:.1f}% of the broker's {samples} samples" if symbolized
+              else f"{samples} broker samples")
+    return (f"`flame-broker.svg`, `flame-generator.svg`, `profile-*.txt`; {copied}; its top "
+            "symbols: " + "; ".join(tops))
 
 
 def write(path, text):
@@ -258,7 +260,7 @@ def main():
                              f"{errs}; warnings: {warns}")
         profiles = []
         for name in pub:
-            line = profile_summary(f"{RES}/{DATE}-{name}")
+            line = profile_summary(f"{RES}/{DATE}-{name}", symbolized=name != PEER)
             if line and name == PEER:
                 line += " (Debian's nats-server is stripped: its Go frames show as addresses)"
             if line:

@@ -154,7 +154,7 @@ render_profiles() {
       continue
     fi
     perf script -i "$data" 2> /dev/null | inferno-collapse-perf > "$DATA_ROOT/perf-$side.folded" &&
-      inferno-flamegraph --title "$title: $side ($DATE, $(git rev-parse --short HEAD))" \
+      inferno-flamegraph --title "$title: $side ($DATE, $(git rev-parse --short HEAD 2> /dev/null))" \
         "$DATA_ROOT/perf-$side.folded" > "$out/flame-$side.svg" ||
       echo "  flame graph of the $side failed"
     { echo "# $title, $side: perf record -F $PERF_FREQ --call-graph $(perf_callgraph "$side")," \

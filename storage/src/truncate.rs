@@ -7,12 +7,13 @@
 //! shard at offsets >= T in batches that start before log position P are gone. Every batch
 //! of the shard written after the truncation starts at or after P, so recovery applies the
 //! markers by position while it walks the log (`recovery`), and reads below the dense index
-//! (which scan the log) apply them to each batch they see ([`Truncations::limit_at`]).
+//! (which scan the log) apply them to each batch they see (`limit_at`).
 //!
 //! The marker file is a sequence of 4096-byte blocks, one marker per block, each written
 //! once (O_DIRECT) and fdatasync'd before the truncation is acknowledged: a torn write can
 //! only damage the block being written, which recovery drops (the truncation was not
-//! acknowledged). Byte layout and crash analysis: docs/storage-format.md, section 3a.
+//! acknowledged). Byte layout, recovery rule and crash analysis: docs/storage-format.md
+//! ("Truncation marker file", step 7 of section 3, section 4).
 //!
 //! Pure part: [`Marker`] encoding and the position rules of [`Truncations`]. I/O goes through
 //! `io` only.
@@ -275,6 +276,8 @@ impl StreamLog {
     /// `ShardBusy` too. Appends and reads of other shards go on meanwhile. `from` must lie in
     /// `start_offset..=next_offset` (`TruncateOutOfRange`); `from == next_offset` does
     /// nothing. Truncations of one log run one at a time; a second call waits for the first.
+    /// A read that raced the truncation may have returned the old records; tail waiters keep
+    /// waiting for their offset (it is written again by later appends).
     ///
     /// Steps: flush the log (so that the marker's position is durable data), write and
     /// fdatasync the marker, then cut the shard's index. Meanwhile the writer holds back

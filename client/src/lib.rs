@@ -10,8 +10,8 @@
 //! `encode_checked`). `docs/client.md` is the user guide.
 #![forbid(unsafe_code)]
 
-pub mod cli;
 mod batch;
+pub mod cli;
 mod client;
 pub mod cluster;
 pub mod config;

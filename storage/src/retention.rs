@@ -39,8 +39,7 @@ impl StreamLog {
                         .iter()
                         .find(|(sid, _)| sid == id)
                         .map_or(s.index.start_offset(), |(_, o): &(_, Offset)| o.0);
-                    let start =
-                        st.truncations.start_after_drop(*id, next.base_position, start);
+                    let start = st.truncations.start_after_drop(*id, next.base_position, start);
                     s.index.drop_before(next.base_position, start);
                 }
                 st.stats.segments_deleted += 1;

@@ -160,6 +160,8 @@ fn metrics_carry_every_documented_name_in_openmetrics_text() {
         "--metrics",
         "off",
         "--no-pin",
+        "--min-free-bytes",
+        "16777216",
     ])
     .unwrap();
     let broker = felix_broker::app::Broker::start(&serve).expect("broker starts");

@@ -32,6 +32,7 @@ fn spawn_broker(dir: &std::path::Path) -> (Killed, String) {
         cmd.env_remove(k);
     }
     cmd.args(["serve", "--listen", &addr, "--cores", "2", "--no-pin", "--metrics", "off"])
+        .args(["--min-free-bytes", "16777216"])
         .arg("--data-dir")
         .arg(dir)
         .stdout(Stdio::null())

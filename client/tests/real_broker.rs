@@ -89,6 +89,7 @@ fn start_broker_on(
         cmd.env_remove(k);
     }
     cmd.args(["serve", "--listen", &addr, "--cores", "2", "--no-pin", "--metrics", "off"])
+        .args(["--min-free-bytes", "16777216"])
         .arg("--data-dir")
         .arg(data_dir.path())
         .stdout(Stdio::null())

@@ -108,7 +108,8 @@ fn start_broker(bin: &Path) -> Broker {
     drop((udp, tcp));
     let dir = tempfile::tempdir().expect("tempdir");
     let mut child = Command::new(bin)
-        .args(["serve", "--listen", &addr, "--cores", "1", "--metrics", &metrics, "--data-dir"])
+        .args(["serve", "--listen", &addr, "--cores", "1", "--metrics", &metrics])
+        .args(["--min-free-bytes", "16777216", "--data-dir"])
         .arg(dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -22,6 +22,9 @@ pub struct TestBroker {
     pub dir: PathBuf,
 }
 
+/// The free-space floor the tests' brokers run with (see `--min-free-bytes`).
+pub const TEST_FLOOR_BYTES: &str = "16777216";
+
 impl TestBroker {
     /// Starts a broker with `cores` cores on `dir` (extra flags appended).
     pub fn start(dir: &Path, cores: usize, extra: &[&str]) -> TestBroker {
@@ -38,6 +41,10 @@ impl TestBroker {
             "--metrics",
             "off",
             "--no-pin",
+            // Tests write megabytes: a floor of their own keeps them independent of how full
+            // the host's disk is (the default floor is 5 % of it, up to 4 GiB).
+            "--min-free-bytes",
+            TEST_FLOOR_BYTES,
         ];
         args.extend_from_slice(extra);
         let serve = config::parse_serve(&args).expect("config");

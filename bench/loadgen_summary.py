@@ -76,6 +76,7 @@ def run_row(r):
     b = r.get("broker") or {}
     p50 = b.get("ack_p50_us_per_core") or [None]
     p99 = b.get("ack_p99_us_per_core") or [None]
+    flush_p99 = b.get("flush_p99_us_per_core") or [None]
     # MB per generator CPU-s, the broker's busy % and the bound come in the JSON since
     # felix-loadgen reports them (nats_pub always has); older results get them computed here
     # from the CPU seconds and busy figures they do have.
@@ -99,6 +100,7 @@ def run_row(r):
         "p99": r["ack"]["p99_us"] / 1000,
         "broker_p50": max(p50) / 1000 if p50[0] is not None else None,
         "broker_p99": max(p99) / 1000 if p99[0] is not None else None,
+        "flush_p99": max(flush_p99) / 1000 if flush_p99[0] is not None else None,
         "flushes_per_gb": b.get("flushes_per_gb"),
         "stored_share": (b.get("stored_bytes", 0) / r["sent_bytes"] * 100) if r.get("sent_bytes") else None,
         "errors": r.get("errors", 0),
@@ -114,7 +116,8 @@ def publish_table(runs):
         ("stored_mb_s", "{:.1f}"), ("sent_mb_s", "{:.1f}"), ("per_cpu_s", "{:.0f}"),
         ("gen_per_cpu_s", "{:.0f}"), ("broker_cpu", "{:.0f}"), ("broker_busy", "{:.0f}"),
         ("gen_busy", "{:.0f}"), ("p50", "{:.2f}"), ("p99", "{:.2f}"),
-        ("broker_p50", "{:.2f}"), ("broker_p99", "{:.2f}"), ("flushes_per_gb", "{:.0f}"),
+        ("broker_p50", "{:.2f}"), ("broker_p99", "{:.2f}"), ("flush_p99", "{:.2f}"),
+        ("flushes_per_gb", "{:.0f}"),
         ("stored_share", "{:.1f}")]}
     loads = [x for row in rows for x in row["load"] if x is not None]
     s["load"] = f"{min(loads):.1f}-{max(loads):.1f}" if loads else "-"
@@ -199,14 +202,15 @@ def main():
     if pub:
         head = ("| scenario | stored MB/s | MB per broker CPU-s | MB per generator CPU-s | "
                 "broker CPU % | generator busy % | bound by | client p50 ms | client p99 ms | "
-                "broker p50 ms | broker p99 ms | flushes/GB | stored/sent % | runs | load avg |")
-        t = [head, "|" + "---|" * 15]
+                "broker p50 ms | broker p99 ms | flush p99 ms | flushes/GB | stored/sent % | runs | "
+                "load avg |")
+        t = [head, "|" + "---|" * 16]
         for name, s in pub.items():
             label = PEER_LABEL if name == PEER else name
             t.append(f"| {label} | {s['stored_mb_s'][0]} | {s['per_cpu_s'][0]} | "
                      f"{s['gen_per_cpu_s'][0]} | {s['broker_cpu'][0]} | {s['gen_busy'][0]} | "
                      f"{s['bound_by']} | {s['p50'][0]} | {s['p99'][0]} | {s['broker_p50'][0]} | "
-                     f"{s['broker_p99'][0]} | {s['flushes_per_gb'][0]} | {s['stored_share'][0]} | "
+                     f"{s['broker_p99'][0]} | {s['flush_p99'][0]} | {s['flushes_per_gb'][0]} | {s['stored_share'][0]} | "
                      f"{s['runs']} | {s['load']} |")
         ratios = ["", "Ratios to the limits measured in the same session (medians):", ""]
         for name, s in pub.items():

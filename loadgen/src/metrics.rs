@@ -1,6 +1,6 @@
 //! Scraping the broker's `/metrics` (Prometheus text) for the figures the report trusts: bytes
 //! stored, flushes, connections accepted and publish errors per core, and the broker's own
-//! publish-to-ack p99 per core. With several brokers (a cluster), [`scrape_all`] scrapes each
+//! publish-to-ack and flush (fdatasync) p50/p99 per core. With several brokers (a cluster), [`scrape_all`] scrapes each
 //! one and lays their cores end to end, so that totals count every broker.
 
 use std::collections::BTreeMap;
@@ -33,6 +33,12 @@ pub struct BrokerSample {
     pub ack_p50_us: Vec<u64>,
     /// `felix_publish_ack_latency_us{quantile="0.99"}` per core (the broker's histogram).
     pub ack_p99_us: Vec<u64>,
+    /// `felix_storage_flush_latency_us{quantile="0.5"}` per core (fdatasync, its histogram).
+    #[serde(default)]
+    pub flush_p50_us: Vec<u64>,
+    /// `felix_storage_flush_latency_us{quantile="0.99"}` per core.
+    #[serde(default)]
+    pub flush_p99_us: Vec<u64>,
 }
 
 impl BrokerSample {
@@ -68,6 +74,8 @@ impl BrokerSample {
                 &s.publish_errors,
                 &s.ack_p50_us,
                 &s.ack_p99_us,
+                &s.flush_p50_us,
+                &s.flush_p99_us,
             ];
             let cores = series.iter().map(|v| v.len()).max().unwrap_or(0);
             let put = |dst: &mut Vec<u64>, src: &[u64]| {
@@ -79,6 +87,8 @@ impl BrokerSample {
             put(&mut out.publish_errors, &s.publish_errors);
             put(&mut out.ack_p50_us, &s.ack_p50_us);
             put(&mut out.ack_p99_us, &s.ack_p99_us);
+            put(&mut out.flush_p50_us, &s.flush_p50_us);
+            put(&mut out.flush_p99_us, &s.flush_p99_us);
         }
         out
     }
@@ -140,6 +150,8 @@ pub fn parse(text: &str) -> BrokerSample {
         let key = match (name, label(labels, "quantile")) {
             ("felix_publish_ack_latency_us", Some("0.99")) => "ack_p99_us",
             ("felix_publish_ack_latency_us", Some("0.5")) => "ack_p50_us",
+            ("felix_storage_flush_latency_us", Some("0.99")) => "flush_p99_us",
+            ("felix_storage_flush_latency_us", Some("0.5")) => "flush_p50_us",
             ("felix_storage_append_bytes_total", None) => "append_bytes",
             ("felix_storage_flushes_total", None) => "flushes",
             ("felix_broker_connections_accepted_total", None) => "connections_accepted",
@@ -165,6 +177,8 @@ pub fn parse(text: &str) -> BrokerSample {
         publish_errors: take("publish_errors"),
         ack_p99_us: take("ack_p99_us"),
         ack_p50_us: take("ack_p50_us"),
+        flush_p50_us: take("flush_p50_us"),
+        flush_p99_us: take("flush_p99_us"),
     }
 }
 
@@ -191,6 +205,9 @@ felix_publish_ack_latency_us{core=\"0\",quantile=\"0.5\"} 80
 felix_publish_ack_latency_us{core=\"0\",quantile=\"0.99\"} 900
 felix_publish_ack_latency_us{core=\"1\",quantile=\"0.99\"} 1200
 felix_publish_ack_latency_us_count{core=\"0\"} 5
+felix_storage_flush_latency_us{core=\"0\",quantile=\"0.5\"} 300
+felix_storage_flush_latency_us{core=\"0\",quantile=\"0.99\"} 700
+felix_storage_flush_latency_us{core=\"1\",quantile=\"0.99\"} 650
 felix_net_datagrams_in{core=\"0\"} 77
 ";
 
@@ -203,6 +220,8 @@ felix_net_datagrams_in{core=\"0\"} 77
         assert_eq!(s.publish_errors, vec![0, 1], "missing core 0 reads as 0");
         assert_eq!(s.ack_p99_us, vec![900, 1200], "only the 0.99 quantile");
         assert_eq!(s.ack_p50_us, vec![80]);
+        assert_eq!(s.flush_p50_us, vec![300]);
+        assert_eq!(s.flush_p99_us, vec![700, 650]);
         let before = parse(&PAGE.replace("} 250", "} 50"));
         assert_eq!(s.delta(&before, |s| &s.append_bytes), vec![0, 200]);
         assert_eq!(BrokerSample::total(&s.append_bytes), 350);
@@ -216,6 +235,7 @@ felix_net_datagrams_in{core=\"0\"} 77
         assert_eq!(all.append_bytes, vec![100, 250, 7]);
         assert_eq!(all.connections_accepted, vec![2, 0, 0], "padded to each broker's cores");
         assert_eq!(all.ack_p50_us, vec![80, 0, 0]);
+        assert_eq!(all.flush_p99_us, vec![700, 650, 0]);
         assert_eq!(BrokerSample::total(&all.append_bytes), 357);
         assert_eq!(BrokerSample::concat(vec![a.clone()]), a, "one broker: unchanged");
         assert_eq!(addresses(" a:1, ,b:2 "), ["a:1", "b:2"]);

@@ -156,6 +156,13 @@ pub struct BrokerResult {
     pub ack_p50_us_per_core: Vec<u64>,
     /// p99 per core.
     pub ack_p99_us_per_core: Vec<u64>,
+    /// The broker's flush (fdatasync) p50 per core at the window's end (its histogram since
+    /// it started), the floor under its publish-to-ack latency.
+    #[serde(default)]
+    pub flush_p50_us_per_core: Vec<u64>,
+    /// Flush p99 per core.
+    #[serde(default)]
+    pub flush_p99_us_per_core: Vec<u64>,
     /// Broker CPU seconds over the window (when its pid was given).
     pub cpu_s: Option<f64>,
     /// Broker CPU, % of one core.
@@ -360,6 +367,11 @@ impl RunResult {
                 o,
                 "broker publish-to-ack per core (its histogram): p50 {:?} us, p99 {:?} us",
                 b.ack_p50_us_per_core, b.ack_p99_us_per_core
+            );
+            let _ = writeln!(
+                o,
+                "broker flush (fdatasync) per core (its histogram): p50 {:?} us, p99 {:?} us",
+                b.flush_p50_us_per_core, b.flush_p99_us_per_core
             );
             let _ = writeln!(
                 o,

@@ -41,11 +41,12 @@ impl TestBroker {
             "--metrics",
             "off",
             "--no-pin",
-            // Tests write megabytes: a floor of their own keeps them independent of how full
-            // the host's disk is (the default floor is 5 % of it, up to 4 GiB).
-            "--min-free-bytes",
-            TEST_FLOOR_BYTES,
         ];
+        // Tests write megabytes: a floor of their own keeps them independent of how full the
+        // host's disk is (the default floor is 5 % of it, up to 4 GiB), unless a test sets one.
+        if !extra.contains(&"--min-free-bytes") {
+            args.extend_from_slice(&["--min-free-bytes", TEST_FLOOR_BYTES]);
+        }
         args.extend_from_slice(extra);
         let serve = config::parse_serve(&args).expect("config");
         let broker = Broker::start(&serve).expect("broker start");

@@ -12,6 +12,11 @@ use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use felix_broker::app::Broker;
 use felix_broker::config::{self, ServeArgs};
 
+/// The binary's allocator (feature `mimalloc`, on by default): see broker/Cargo.toml.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Felix: a durable publish/subscribe log broker over QUIC.
 #[derive(Parser)]
 #[command(name = "felix", version)]

@@ -6,6 +6,11 @@ use felix_loadgen::config::{Cli, Command};
 use felix_loadgen::report::{self, RunResult};
 use felix_loadgen::{aead, plot, run};
 
+/// The binary's allocator (feature `mimalloc`, on by default): see loadgen/Cargo.toml.
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() {
     if let Err(e) = real_main() {
         eprintln!("felix-loadgen: error: {e:#}");

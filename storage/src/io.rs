@@ -5,9 +5,12 @@
 //! without it and the same code runs buffered; alignment rules are kept either way.
 //! Swapping the runtime means rewriting this module only.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::io;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use glommio::io::{Directory, DmaBuffer, DmaFile, OpenOptions};
@@ -81,6 +84,7 @@ impl LogFile {
 
     /// Open an existing file for reading and writing.
     pub(crate) async fn open(path: &Path) -> Result<LogFile> {
+        probe_device_once(path).await?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -177,6 +181,68 @@ impl LogFile {
             .await
             .map_err(|e| StorageError::io("removing", self.path.clone(), to_io(e)))
     }
+}
+
+/// Name prefix of the file [`probe_device_once`] opens first (`.io-probe.<pid>.<n>`).
+const PROBE_FILE_PREFIX: &str = ".io-probe.";
+/// Names of probe files, unique within the process.
+static PROBE_FILES: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// Devices (`st_dev`) on which this thread has opened a probe file with data.
+    static PROBED_DEVICES: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Make this thread's first direct-I/O open on the device of `path` one of a file with data.
+///
+/// glommio decides, once per device and thread, whether io_uring polled I/O works there by
+/// reading the start of the first file it opens for direct I/O. On a file shorter than that
+/// read (a crash between creating a file and writing its first block leaves one empty) the
+/// read succeeds without reaching the device, the device is taken as pollable, and on a device
+/// without polling (most virtual disks) every later read and write of the thread fails with
+/// EOPNOTSUPP. So before the first open on a device this thread writes a block to a probe file
+/// next to `path`, opens it (glommio's probe reads real data and gets the device's true
+/// answer) and removes it. Probe files a crash left behind are removed on the way.
+async fn probe_device_once(path: &Path) -> Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let err = |context, e| StorageError::io(context, dir.to_owned(), e);
+    let dev = std::fs::metadata(dir).map_err(|e| err("stat", e))?.dev();
+    if PROBED_DEVICES.with(|d| d.borrow().contains(&dev)) {
+        return Ok(());
+    }
+    let pid = std::process::id();
+    for name in list_dir(dir)? {
+        let stale = name
+            .strip_prefix(PROBE_FILE_PREFIX)
+            .and_then(|rest| rest.split('.').next())
+            .is_some_and(|p| p != pid.to_string());
+        if stale {
+            let _ = std::fs::remove_file(dir.join(&name));
+        }
+    }
+    let n = PROBE_FILES.fetch_add(1, Ordering::Relaxed);
+    let probe = dir.join(format!("{PROBE_FILE_PREFIX}{pid}.{n}"));
+    let written = std::fs::write(&probe, vec![0u8; FORMAT_ALIGN_BYTES as usize])
+        .and_then(|()| std::fs::File::open(&probe)?.sync_data());
+    let opened = match written {
+        Ok(()) => OpenOptions::new()
+            .read(true)
+            .dma_open(&probe)
+            .await
+            .map_err(|e| StorageError::io("opening probe file", probe.clone(), to_io(e))),
+        Err(e) => Err(StorageError::io("writing probe file", probe.clone(), e)),
+    };
+    let closed = match opened {
+        Ok(file) => file
+            .close()
+            .await
+            .map_err(|e| StorageError::io("closing probe file", probe.clone(), to_io(e))),
+        Err(e) => Err(e),
+    };
+    let _ = std::fs::remove_file(&probe);
+    closed?;
+    PROBED_DEVICES.with(|d| d.borrow_mut().push(dev));
+    Ok(())
 }
 
 /// Create `path` and its parents if missing; fsync the parent of each created directory.

@@ -330,3 +330,60 @@ fn every_shard_reads_densely_from_zero_across_many_segment_rolls() {
         read_all(log).await;
     });
 }
+
+/// A crash between creating a file and writing its first block leaves it empty. glommio
+/// probes polled-I/O support (once per device and thread) by reading the start of the first
+/// file it opens for direct I/O; were that file one of these, the read would succeed without
+/// reaching the device, and on a device without polling every later read and write of the
+/// thread would fail with EOPNOTSUPP. Each reopen runs on a fresh executor thread, so the
+/// empty file is the first one it opens.
+#[test]
+fn empty_files_left_by_a_crash_do_not_break_the_next_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    let mut next = [0u64; 3];
+    let config = small_config(&path);
+    {
+        let (path, config) = (path.clone(), config.clone());
+        next = run(move || async move {
+            let log = open(&path, &config).await;
+            for round in 0..40u64 {
+                for (i, shard) in SHARDS.iter().enumerate() {
+                    let recs = records(shard.0, next[i], 32, 4000);
+                    log.append(*shard, &recs, round, AckMode::Durable).await.unwrap();
+                    next[i] += 32;
+                }
+            }
+            log.close().await.unwrap();
+            next
+        });
+    }
+    let log_dir = path.join("log");
+    let segments = std::fs::read_dir(&log_dir).unwrap().count();
+    assert!(segments > 3, "the log rolled segments ({segments} files)");
+    // Each file a crash can leave empty, first in the order recovery opens them: a marker
+    // rewrite's temporary file, then the marker file itself.
+    // A probe file (see the storage driver) that a crashed process left behind.
+    std::fs::write(log_dir.join(".io-probe.1.0"), [0u8; 4096]).unwrap();
+    for name in ["truncations.tmp", "truncations"] {
+        std::fs::File::create(log_dir.join(name)).unwrap();
+        let (path, config) = (path.clone(), config.clone());
+        run(move || async move {
+            let log = open(&path, &config).await;
+            for (i, shard) in SHARDS.iter().enumerate() {
+                check_shard(&log, *shard, next[i], 4000).await;
+            }
+            let out =
+                log.append(ShardId(0), &records(0, next[0], 1, 4000), 99, AckMode::Durable).await;
+            assert_eq!(out.unwrap().base_offset, Offset(next[0]), "appends work too");
+            log.close().await.unwrap();
+        });
+        next[0] += 1;
+        let probes: Vec<_> = std::fs::read_dir(&log_dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".io-probe"))
+            .collect();
+        assert!(probes.is_empty(), "probe files are removed: {probes:?}");
+    }
+}

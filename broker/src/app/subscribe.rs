@@ -102,8 +102,11 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
         let _guard = OnDrop(move || writer_cancel.set(true));
         let c = &writer_app.stats.counters;
         while let Some(frame) = rx.recv().await {
+            let len = frame.len() as u64;
+            // Handed to quinn as it is: a tail batch's frame is shared by all its subscribers.
+            let mut chunks = [frame];
             match glommio::timer::timeout(slow, async {
-                send.write_all(&frame).await.map_err(|e| {
+                send.write_all_chunks(&mut chunks).await.map_err(|e| {
                     glommio::GlommioError::IoError(std::io::Error::other(e.to_string()))
                 })
             })
@@ -111,7 +114,7 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
             {
                 Ok(()) => {
                     stats::add(&c.event_batches, 1);
-                    stats::add(&c.event_bytes, frame.len() as u64);
+                    stats::add(&c.event_bytes, len);
                 }
                 Err(glommio::GlommioError::TimedOut(_)) => {
                     stats::add(&c.slow_consumers, 1);

@@ -381,36 +381,44 @@ impl SendStream {
         Self { conn: conn.inner.clone(), id, finished: false }
     }
 
-    /// Writes some of `data`, waiting while the stream's or connection's flow-control window
-    /// (or the connection's send buffer) is full. Returns how many bytes were taken.
-    pub async fn write(&mut self, data: &[u8]) -> Result<usize, WriteError> {
+    /// One write attempt `op` on the stream: ready with what it took, or pending (the task is
+    /// woken when the stream can take more) while the stream's or connection's flow-control
+    /// window, or the connection's send buffer, is full.
+    fn poll_write<T>(
+        &self,
+        cx: &mut std::task::Context<'_>,
+        op: impl FnOnce(&mut quinn_proto::SendStream<'_>) -> Result<T, quinn_proto::WriteError>,
+    ) -> Poll<Result<T, WriteError>> {
         let id = self.id;
-        poll_fn(|cx| {
-            let r = self.conn.with(|cs| match cs.conn.send_stream(id).write(data) {
-                Ok(n) => {
-                    cs.wake_driver();
-                    Poll::Ready(Ok(n))
+        let r = self.conn.with(|cs| match op(&mut cs.conn.send_stream(id)) {
+            Ok(n) => {
+                cs.wake_driver();
+                Poll::Ready(Ok(n))
+            }
+            Err(quinn_proto::WriteError::Blocked) => {
+                if let Some(e) = cs.error.borrow().clone() {
+                    return Poll::Ready(Err(WriteError::ConnectionLost(e)));
                 }
-                Err(quinn_proto::WriteError::Blocked) => {
-                    if let Some(e) = cs.error.borrow().clone() {
-                        return Poll::Ready(Err(WriteError::ConnectionLost(e)));
-                    }
-                    cs.waiters.writers.insert(id, cx.waker().clone());
-                    Poll::Pending
-                }
-                Err(quinn_proto::WriteError::Stopped(code)) => {
-                    Poll::Ready(Err(WriteError::Stopped(code.into_inner())))
-                }
-                Err(quinn_proto::WriteError::ClosedStream) => {
-                    Poll::Ready(Err(match cs.error.borrow().clone() {
-                        Some(e) => WriteError::ConnectionLost(e),
-                        None => WriteError::ClosedStream,
-                    }))
-                }
-            });
-            r.unwrap_or_else(|| Poll::Ready(Err(WriteError::ConnectionLost(self.conn.error()))))
-        })
-        .await
+                cs.waiters.writers.insert(id, cx.waker().clone());
+                Poll::Pending
+            }
+            Err(quinn_proto::WriteError::Stopped(code)) => {
+                Poll::Ready(Err(WriteError::Stopped(code.into_inner())))
+            }
+            Err(quinn_proto::WriteError::ClosedStream) => {
+                Poll::Ready(Err(match cs.error.borrow().clone() {
+                    Some(e) => WriteError::ConnectionLost(e),
+                    None => WriteError::ClosedStream,
+                }))
+            }
+        });
+        r.unwrap_or_else(|| Poll::Ready(Err(WriteError::ConnectionLost(self.conn.error()))))
+    }
+
+    /// Writes some of `data` (copied into quinn's send buffer), waiting while the stream
+    /// cannot take more (see [`SendStream::poll_write`]). Returns how many bytes were taken.
+    pub async fn write(&mut self, data: &[u8]) -> Result<usize, WriteError> {
+        poll_fn(|cx| self.poll_write(cx, |s| s.write(data))).await
     }
 
     /// Writes all of `data` (see [`SendStream::write`]).
@@ -420,6 +428,25 @@ impl SendStream {
             data = &data[n..];
         }
         Ok(())
+    }
+
+    /// Writes all of `chunks` without copying them: quinn keeps each `Bytes` (sharing it with
+    /// whoever else holds it, e.g. the other subscribers of a tail batch) until its packets
+    /// are built. A chunk taken in part is advanced past what was taken; on return every
+    /// chunk is empty.
+    pub async fn write_all_chunks(&mut self, chunks: &mut [Bytes]) -> Result<(), WriteError> {
+        let mut at = 0;
+        loop {
+            while chunks.get(at).is_some_and(Bytes::is_empty) {
+                at += 1;
+            }
+            if at == chunks.len() {
+                return Ok(());
+            }
+            let rest = &mut chunks[at..];
+            let written = poll_fn(|cx| self.poll_write(cx, |s| s.write_chunks(rest))).await?;
+            at += written.chunks;
+        }
     }
 
     /// Marks the end of the stream; data already written is still delivered.

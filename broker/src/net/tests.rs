@@ -288,3 +288,69 @@ fn shutdown_closes_every_connection_and_refuses_new_ones() {
     assert_eq!(p.cores[0].stats().refused_conn_limit, 1);
     assert!(matches!(poll_once(conn.closed()), Poll::Ready(_)));
 }
+
+#[test]
+fn chunks_larger_than_the_flow_control_window_arrive_whole_and_in_order() {
+    let mut p = Pair::new(1, |_| {});
+    let ch = p.connect_and_wait(client_addr(7800));
+    let conn = p.cores[0].accept().expect("connection");
+    let Poll::Ready(Ok(mut send)) = poll_once(conn.open_uni()) else {
+        panic!("the core opens a stream");
+    };
+    // More than the client's stream window (1.25 MB by default), so the write waits for
+    // credit and takes the big chunk in parts; an empty chunk on the way is skipped.
+    let big: Vec<u8> = (0..3 << 20).map(|i: u32| (i % 251) as u8).collect();
+    let mut chunks =
+        [Bytes::from_static(b"first"), Bytes::new(), Bytes::from(big.clone()), Bytes::from("end")];
+    let mut want = b"first".to_vec();
+    want.extend_from_slice(&big);
+    want.extend_from_slice(b"end");
+
+    let mut got = Vec::new();
+    let mut stream = None;
+    let mut waits = 0;
+    {
+        let mut write = std::pin::pin!(send.write_all_chunks(&mut chunks));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        loop {
+            match std::future::Future::poll(write.as_mut(), &mut cx) {
+                Poll::Ready(r) => break r.expect("written"),
+                Poll::Pending => waits += 1,
+            }
+            assert!(waits < 10_000, "the write made no progress");
+            p.run_for(Duration::from_millis(1));
+            let client = p.client(ch);
+            if stream.is_none() {
+                stream = client.streams().accept(Dir::Uni);
+            }
+            if let Some(id) = stream {
+                let mut recv = client.recv_stream(id);
+                let mut chunks_in = recv.read(true).expect("readable");
+                while let Ok(Some(c)) = chunks_in.next(usize::MAX) {
+                    got.extend_from_slice(&c.bytes);
+                }
+                let _ = chunks_in.finalize();
+            }
+        }
+    }
+    assert!(waits > 0, "the window made the write wait");
+    assert!(chunks.iter().all(Bytes::is_empty), "every chunk was taken");
+    send.finish().expect("finish");
+    p.run_until(EXCHANGE, |p| p.clients.values().all(|c| c.lost().is_none()));
+    for _ in 0..200 {
+        p.run_for(Duration::from_millis(1));
+        let client = p.client(ch);
+        let id = *stream.get_or_insert_with(|| client.streams().accept(Dir::Uni).expect("stream"));
+        let mut recv = client.recv_stream(id);
+        let mut chunks_in = recv.read(true).expect("readable");
+        while let Ok(Some(c)) = chunks_in.next(usize::MAX) {
+            got.extend_from_slice(&c.bytes);
+        }
+        let _ = chunks_in.finalize();
+        if got.len() == want.len() {
+            break;
+        }
+    }
+    assert_eq!(got.len(), want.len());
+    assert!(got == want, "the bytes arrive in order, unchanged");
+}

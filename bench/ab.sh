@@ -112,6 +112,9 @@ def fig(r, key):
     if key == "flush_p99":
         v = b.get("flush_p99_us_per_core") or []
         return max(v) / 1000 if v else None
+    if key == "write_p99":
+        v = b.get("write_p99_us_per_core") or []
+        return max(v) / 1000 if v else None
     if key == "flushes_per_gb":
         return b.get("flushes_per_gb")
     if key == "rss_max_mib":
@@ -135,7 +138,7 @@ for kind, keys in [
              ("mb_per_gen_cpu_s", "{:.0f}"), ("broker_busy", "{:.0f}"), ("gen_busy", "{:.0f}"),
              ("flushes_per_gb", "{:.0f}"), ("rss_max_mib", "{:.0f}"), ("load", "{:.1f}")]),
     ("rate", [("client_p50", "{:.2f}"), ("client_p99", "{:.2f}"), ("broker_p99", "{:.2f}"),
-              ("flush_p99", "{:.2f}"), ("flushes_per_gb", "{:.0f}"),
+              ("write_p99", "{:.2f}"), ("flush_p99", "{:.2f}"), ("flushes_per_gb", "{:.0f}"),
               ("mb_per_broker_cpu_s", "{:.0f}"), ("load", "{:.1f}")]),
 ]:
     title = {"sat": "Saturated (--outstanding 8192)", "rate": "Fixed rate, 10,000 records/s"}[kind]

@@ -207,6 +207,9 @@ async fn metrics_export_per_core_counters_and_p99() {
     );
     value("felix_net_misrouted{core=\"1\"}");
     value("felix_storage_flush_latency_us{core=\"0\",quantile=\"0.99\"}");
+    let writes = value("felix_storage_write_latency_us_count{core=\"0\"}")
+        + value("felix_storage_write_latency_us_count{core=\"1\"}");
+    assert!(writes > 0.0, "the writes' latency is recorded");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -39,6 +39,9 @@ pub struct BrokerSample {
     /// `felix_storage_flush_latency_us{quantile="0.99"}` per core.
     #[serde(default)]
     pub flush_p99_us: Vec<u64>,
+    /// `felix_storage_write_latency_us{quantile="0.99"}` per core (one O_DIRECT write).
+    #[serde(default)]
+    pub write_p99_us: Vec<u64>,
 }
 
 impl BrokerSample {
@@ -76,6 +79,7 @@ impl BrokerSample {
                 &s.ack_p99_us,
                 &s.flush_p50_us,
                 &s.flush_p99_us,
+                &s.write_p99_us,
             ];
             let cores = series.iter().map(|v| v.len()).max().unwrap_or(0);
             let put = |dst: &mut Vec<u64>, src: &[u64]| {
@@ -89,6 +93,7 @@ impl BrokerSample {
             put(&mut out.ack_p99_us, &s.ack_p99_us);
             put(&mut out.flush_p50_us, &s.flush_p50_us);
             put(&mut out.flush_p99_us, &s.flush_p99_us);
+            put(&mut out.write_p99_us, &s.write_p99_us);
         }
         out
     }
@@ -152,6 +157,7 @@ pub fn parse(text: &str) -> BrokerSample {
             ("felix_publish_ack_latency_us", Some("0.5")) => "ack_p50_us",
             ("felix_storage_flush_latency_us", Some("0.99")) => "flush_p99_us",
             ("felix_storage_flush_latency_us", Some("0.5")) => "flush_p50_us",
+            ("felix_storage_write_latency_us", Some("0.99")) => "write_p99_us",
             ("felix_storage_append_bytes_total", None) => "append_bytes",
             ("felix_storage_flushes_total", None) => "flushes",
             ("felix_broker_connections_accepted_total", None) => "connections_accepted",
@@ -179,6 +185,7 @@ pub fn parse(text: &str) -> BrokerSample {
         ack_p50_us: take("ack_p50_us"),
         flush_p50_us: take("flush_p50_us"),
         flush_p99_us: take("flush_p99_us"),
+        write_p99_us: take("write_p99_us"),
     }
 }
 
@@ -208,6 +215,7 @@ felix_publish_ack_latency_us_count{core=\"0\"} 5
 felix_storage_flush_latency_us{core=\"0\",quantile=\"0.5\"} 300
 felix_storage_flush_latency_us{core=\"0\",quantile=\"0.99\"} 700
 felix_storage_flush_latency_us{core=\"1\",quantile=\"0.99\"} 650
+felix_storage_write_latency_us{core=\"0\",quantile=\"0.99\"} 250
 felix_net_datagrams_in{core=\"0\"} 77
 ";
 
@@ -222,6 +230,7 @@ felix_net_datagrams_in{core=\"0\"} 77
         assert_eq!(s.ack_p50_us, vec![80]);
         assert_eq!(s.flush_p50_us, vec![300]);
         assert_eq!(s.flush_p99_us, vec![700, 650]);
+        assert_eq!(s.write_p99_us, vec![250]);
         let before = parse(&PAGE.replace("} 250", "} 50"));
         assert_eq!(s.delta(&before, |s| &s.append_bytes), vec![0, 200]);
         assert_eq!(BrokerSample::total(&s.append_bytes), 350);

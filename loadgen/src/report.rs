@@ -163,6 +163,10 @@ pub struct BrokerResult {
     /// Flush p99 per core.
     #[serde(default)]
     pub flush_p99_us_per_core: Vec<u64>,
+    /// The broker's write p99 per core (one O_DIRECT write, issue to completion; its
+    /// histogram since it started): with the flush, the disk's part of a durable ack.
+    #[serde(default)]
+    pub write_p99_us_per_core: Vec<u64>,
     /// Broker CPU seconds over the window (when its pid was given).
     pub cpu_s: Option<f64>,
     /// Broker CPU, % of one core.
@@ -370,8 +374,9 @@ impl RunResult {
             );
             let _ = writeln!(
                 o,
-                "broker flush (fdatasync) per core (its histogram): p50 {:?} us, p99 {:?} us",
-                b.flush_p50_us_per_core, b.flush_p99_us_per_core
+                "broker flush (fdatasync) per core (its histogram): p50 {:?} us, p99 {:?} us; \
+                 write p99 {:?} us",
+                b.flush_p50_us_per_core, b.flush_p99_us_per_core, b.write_p99_us_per_core
             );
             let _ = writeln!(
                 o,

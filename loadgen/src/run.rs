@@ -363,6 +363,7 @@ impl<'a> Sampler<'a> {
                     ack_p99_us_per_core: e.ack_p99_us.clone(),
                     flush_p50_us_per_core: e.flush_p50_us.clone(),
                     flush_p99_us_per_core: e.flush_p99_us.clone(),
+                    write_p99_us_per_core: e.write_p99_us.clone(),
                     cpu_s: broker_cpu_s,
                     cpu_pct: broker_cpu_s.map(|c| 100.0 * c / window_s),
                     rss_start_bytes: start.rss,

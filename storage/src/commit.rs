@@ -181,7 +181,12 @@ fn take_write(inner: &Rc<Inner>) -> Write {
 
 /// Write, wait for the previous write to publish, then publish this one (or fail it).
 async fn complete_write(inner: Rc<Inner>, w: Write) {
+    let watch = Stopwatch::start();
     let result = w.file.write_at(w.buf, w.file_pos).await;
+    if result.is_ok() {
+        let latency_us = watch.elapsed_us().max(1);
+        inner.state.borrow_mut().stats.write_latency_us.saturating_record(latency_us);
+    }
     if let Some(after) = w.after {
         after.await;
     }

@@ -38,6 +38,9 @@ pub struct StorageStats {
     pub fan_in: Histogram<u64>,
     /// Latency of group-commit fdatasyncs, microseconds.
     pub flush_latency_us: Histogram<u64>,
+    /// Latency of log writes (issue to completion of one O_DIRECT write through the ring),
+    /// microseconds: with the flush, what a durable append waits for on the disk.
+    pub write_latency_us: Histogram<u64>,
 }
 
 impl StorageStats {
@@ -60,6 +63,7 @@ impl StorageStats {
             repaired_bytes_dropped: 0,
             fan_in: h(),
             flush_latency_us: h(),
+            write_latency_us: h(),
         }
     }
 

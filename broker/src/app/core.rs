@@ -652,6 +652,7 @@ impl CoreApp {
         let mut flushes = 0;
         let mut written = 0;
         let mut flush_h = stats::new_histogram();
+        let mut write_h = stats::new_histogram();
         let mut fan_in = stats::new_histogram();
         for e in self.entries() {
             if let Some(log) = &e.log {
@@ -659,12 +660,14 @@ impl CoreApp {
                 flushes += s.flushes;
                 written += s.bytes_written;
                 let _ = flush_h.add(&s.flush_latency_us);
+                let _ = write_h.add(&s.write_latency_us);
                 let _ = fan_in.add(&s.fan_in);
             }
         }
         stats::set(&c.storage_flushes, flushes);
         stats::set(&c.storage_bytes_written, written);
         stats::publish_histogram(&self.stats.flush_latency_us, &flush_h);
+        stats::publish_histogram(&self.stats.write_latency_us, &write_h);
         stats::publish_histogram(&self.stats.fan_in, &fan_in);
         stats::publish_histogram(&self.stats.ack_latency_us, &self.ack_latency_us.borrow());
     }

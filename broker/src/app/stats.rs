@@ -81,6 +81,8 @@ pub struct AppStats {
     pub ack_latency_us: Mutex<Histogram<u64>>,
     /// Storage flush latency in microseconds (published copy).
     pub flush_latency_us: Mutex<Histogram<u64>>,
+    /// Storage write latency in microseconds (published copy).
+    pub write_latency_us: Mutex<Histogram<u64>>,
     /// Storage fan-in, appends per flush (published copy).
     pub fan_in: Mutex<Histogram<u64>>,
 }
@@ -91,6 +93,7 @@ impl Default for AppStats {
             counters: Counters::default(),
             ack_latency_us: Mutex::new(new_histogram()),
             flush_latency_us: Mutex::new(new_histogram()),
+            write_latency_us: Mutex::new(new_histogram()),
             fan_in: Mutex::new(new_histogram()),
         }
     }
@@ -216,6 +219,11 @@ fn render_summaries(out: &mut String, cores: &[std::sync::Arc<AppStats>]) {
             "felix_storage_flush_latency_us",
             "Storage flush (fdatasync) latency in microseconds.",
             |s: &AppStats| &s.flush_latency_us,
+        ),
+        (
+            "felix_storage_write_latency_us",
+            "Storage write (O_DIRECT, issue to completion) latency in microseconds.",
+            |s: &AppStats| &s.write_latency_us,
         ),
         ("felix_storage_fan_in", "Storage appends per flush.", |s: &AppStats| &s.fan_in),
     ] {

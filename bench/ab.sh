@@ -6,7 +6,8 @@
 # $BROKER_CPU, felix-loadgen pinned to CPU $GEN_CPU.
 #
 # Usage: bench/ab.sh <label-a> <felix-a> <label-b> <felix-b> <felix-loadgen> <out dir>
-#        (RUNS=5 DURATION=4 by default; PROFILE=1 adds one `perf record` per side)
+#        (RUNS=5 DURATION=4 by default; PROFILE=1 adds one `perf record` per side;
+#        LOADGEN_A / LOADGEN_B give a side its own felix-loadgen)
 # Writes <out dir>: one loadgen JSON and report per run, summary.md (median, min-max, ratios).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +27,8 @@ PRIO=${PRIO:-nice -n -15}
 mkdir -p "$WORK" "$OUT"
 
 declare -A BIN=([$A]=$A_BIN [$B]=$B_BIN)
+# Each side may bring its own generator (bench/alloc-ab.sh switches both binaries together).
+declare -A GEN=([$A]=${LOADGEN_A:-$LOADGEN} [$B]=${LOADGEN_B:-$LOADGEN})
 
 # one_run <variant> <label> [loadgen args...]
 one_run() {
@@ -49,7 +52,7 @@ one_run() {
       -- sleep "$DURATION") >/dev/null 2>&1 &
     perf_pid=$!
   fi
-  $PRIO taskset -c "$GEN_CPU" "$LOADGEN" run --addr 127.0.0.1:$PORT \
+  $PRIO taskset -c "$GEN_CPU" "${GEN[$variant]}" run --addr 127.0.0.1:$PORT \
     --metrics 127.0.0.1:$MPORT --ca-file "$data/dev-cert.pem" --broker-pid "$bp" \
     --label "$label" --warmup-s "$WARMUP" --json "$OUT/$label.json" --quiet \
     --workload publish --stream bench/publish/s12 --shards 12 --keys 12 --payload-bytes 4096 \

@@ -1,32 +1,19 @@
 #!/usr/bin/env bash
 # bench/alloc-ab.sh: the `felix` and `felix-loadgen` binaries on the system allocator (glibc
-# malloc) against mimalloc (their default build), side by side in one run, alternating per run.
-# Both sides switch together; each side's CPU per MB is reported on its own.
+# malloc) against mimalloc (their default build), side by side in one run, alternating per run
+# (bench/ab.sh does the runs). Both sides switch together; each side's CPU per MB is reported
+# on its own.
 #
-# Scenario: the saturated durable keyed publish of bench/run.sh (4 KiB x 64, 12 keys, 12
-# shards, --outstanding 8192 --in-flight-batches 256); a fresh broker per run, `--cores 1`
-# pinned to CPU $BROKER_CPU, felix-loadgen pinned to CPU $GEN_CPU; then the fixed-rate row
-# (10,000 records/s) for latency.
-#
-# Usage: bench/alloc-ab.sh                  (RUNS=5 DURATION=4 by default)
+# Usage: bench/alloc-ab.sh                  (RUNS=5 DURATION=4 by default, see bench/ab.sh)
 #        NO_BUILD=1 bench/alloc-ab.sh       (reuse the binaries in $WORK/bin)
 #        PROFILE=1 bench/alloc-ab.sh        (also one `perf record` per variant, flat report)
-# Writes bench/results/<date>-alloc/: one loadgen JSON and report per run, summary.md.
+# Writes bench/results/<date>-alloc/ (or $OUT).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RUNS=${RUNS:-5}
-DURATION=${DURATION:-4}
-WARMUP=${WARMUP:-1}
-BROKER_CPU=${BROKER_CPU:-0}
-GEN_CPU=${GEN_CPU:-1}
-PORT=${PORT:-7720}
-MPORT=${MPORT:-9720}
-DATE=${DATE:-$(date +%F)}
 WORK=${WORK:-/tmp/felix-alloc-ab}
-OUT=${OUT:-bench/results/$DATE-alloc}
-PRIO=${PRIO:-nice -n -15}
-mkdir -p "$WORK/bin" "$OUT"
+OUT=${OUT:-bench/results/$(date +%F)-alloc}
+mkdir -p "$WORK/bin"
 
 if [ "${NO_BUILD:-0}" != 1 ]; then
   cargo build --release -q -p felix-broker --no-default-features --features cli
@@ -39,131 +26,6 @@ if [ "${NO_BUILD:-0}" != 1 ]; then
   cp target/release/felix-loadgen "$WORK/bin/loadgen-mimalloc"
 fi
 
-# one_run <variant> <label> [loadgen args...]
-one_run() {
-  local variant=$1 label=$2
-  shift 2
-  local data=$WORK/data
-  for _ in $(seq 1 100); do ss -ulpn | grep -q ":$PORT " || break; sleep 0.1; done
-  rm -rf "$data"
-  mkdir -p "$data"
-  $PRIO taskset -c "$BROKER_CPU" "$WORK/bin/felix-$variant" serve --listen 127.0.0.1:$PORT \
-    --cores 1 --cpus "$BROKER_CPU" --data-dir "$data" --metrics 127.0.0.1:$MPORT \
-    --max-udp-payload 1452 --min-free-bytes 0 >"$OUT/$label.broker.log" 2>&1 &
-  local bp=$!
-  for _ in $(seq 1 200); do
-    [ -f "$data/dev-cert.pem" ] && curl -sf 127.0.0.1:$MPORT/health >/dev/null && break
-    sleep 0.05
-  done
-  local perf_pid=
-  if [ "${PROFILE_THIS:-0}" = 1 ]; then
-    (sleep "$WARMUP"; exec perf record -F 999 -g -p "$bp" -o "$WORK/$label.perf.data" \
-      -- sleep "$DURATION") >/dev/null 2>&1 &
-    perf_pid=$!
-  fi
-  $PRIO taskset -c "$GEN_CPU" "$WORK/bin/loadgen-$variant" run --addr 127.0.0.1:$PORT \
-    --metrics 127.0.0.1:$MPORT --ca-file "$data/dev-cert.pem" --broker-pid "$bp" \
-    --label "$label" --warmup-s "$WARMUP" --json "$OUT/$label.json" --quiet \
-    --workload publish --stream bench/publish/s12 --shards 12 --keys 12 --payload-bytes 4096 \
-    --batch-records 64 --ack durable --duration-s "$DURATION" --workers 1 --cpus "$GEN_CPU" \
-    "$@" >"$OUT/$label.txt" 2>&1 || echo "loadgen failed: $label (see $OUT/$label.txt)"
-  [ -n "$perf_pid" ] && wait "$perf_pid" 2>/dev/null || true
-  kill "$bp"
-  wait "$bp" 2>/dev/null || true
-  rm -rf "$data"
-  if [ -n "$perf_pid" ]; then
-    perf report -i "$WORK/$label.perf.data" --no-children --sort symbol --stdio 2>/dev/null \
-      | grep -v '^#' | grep -v '^$' | head -60 >"$OUT/$label.perf-report.txt" || true
-  fi
-}
-
-for run in $(seq 1 "$RUNS"); do
-  for variant in system mimalloc; do
-    one_run "$variant" "sat-$variant-$run" --outstanding 8192 --in-flight-batches 256
-    one_run "$variant" "rate-$variant-$run" --rate 10000
-  done
-  echo "run $run of $RUNS done (load $(cut -d' ' -f1 /proc/loadavg))"
-done
-if [ "${PROFILE:-0}" = 1 ] && command -v perf >/dev/null; then
-  for variant in system mimalloc; do
-    PROFILE_THIS=1 one_run "$variant" "profile-$variant" --outstanding 8192 --in-flight-batches 256
-  done
-fi
-
-python3 - "$OUT" "$RUNS" <<'PY' | tee "$OUT/summary.md"
-import glob, json, os, statistics, sys
-out, runs = sys.argv[1], int(sys.argv[2])
-
-def load(kind, variant):
-    rs = []
-    for i in range(1, runs + 1):
-        p = f"{out}/{kind}-{variant}-{i}.json"
-        if os.path.exists(p):
-            rs.append(json.load(open(p)))
-    return rs
-
-def fig(r, key):
-    b = r.get("broker") or {}
-    if key == "stored_mb_s":
-        return r.get("stored_mb_s")
-    if key == "mb_per_broker_cpu_s":
-        return r.get("stored_mb_per_broker_cpu_s")
-    if key == "mb_per_gen_cpu_s":
-        return r.get("stored_mb_per_generator_cpu_s")
-    if key == "broker_busy":
-        return r.get("broker_busy_pct")
-    if key == "gen_busy":
-        return r.get("generator_busy_pct")
-    if key == "client_p50":
-        return r["ack"]["p50_us"] / 1000
-    if key == "client_p99":
-        return r["ack"]["p99_us"] / 1000
-    if key == "broker_p99":
-        v = b.get("ack_p99_us_per_core") or []
-        return max(v) / 1000 if v else None
-    if key == "flush_p99":
-        v = b.get("flush_p99_us_per_core") or []
-        return max(v) / 1000 if v else None
-    if key == "rss_max_mib":
-        v = b.get("rss_max_bytes")
-        return v / 2**20 if v else None
-    if key == "load":
-        return (r.get("load_average_1m") or [None])[0]
-
-def spread(vals, f):
-    vals = [v for v in vals if v is not None]
-    if not vals:
-        return "-", None
-    m = statistics.median(vals)
-    return f"{f.format(m)} ({f.format(min(vals))}-{f.format(max(vals))})", m
-
-print(f"# System allocator vs mimalloc, `felix` and `felix-loadgen` ({runs} runs each, alternating)\n")
-print("Median (min-max). `bench/alloc-ab.sh`; broker `--cores 1` on one CPU, felix-loadgen on")
-print("the other; durable keyed publish, 4 KiB x 64, 12 keys, 12 shards.\n")
-for kind, keys in [
-    ("sat", [("stored_mb_s", "{:.0f}"), ("mb_per_broker_cpu_s", "{:.0f}"),
-             ("mb_per_gen_cpu_s", "{:.0f}"), ("broker_busy", "{:.0f}"), ("gen_busy", "{:.0f}"),
-             ("rss_max_mib", "{:.0f}"), ("load", "{:.1f}")]),
-    ("rate", [("client_p50", "{:.2f}"), ("client_p99", "{:.2f}"), ("broker_p99", "{:.2f}"),
-              ("flush_p99", "{:.2f}"), ("mb_per_broker_cpu_s", "{:.0f}"), ("load", "{:.1f}")]),
-]:
-    title = {"sat": "Saturated (--outstanding 8192)", "rate": "Fixed rate, 10,000 records/s"}[kind]
-    print(f"## {title}\n")
-    print("| allocator | " + " | ".join(k for k, _ in keys) + " |")
-    print("|---|" + "---|" * len(keys))
-    meds = {}
-    for variant in ["system", "mimalloc"]:
-        rs = load(kind, variant)
-        cells = []
-        for k, f in keys:
-            text, m = spread([fig(r, k) for r in rs], f)
-            meds[(variant, k)] = m
-            cells.append(text)
-        print(f"| {variant} (n={len(rs)}) | " + " | ".join(cells) + " |")
-    print()
-    for k, _ in keys:
-        a, b = meds.get(("system", k)), meds.get(("mimalloc", k))
-        if a and b and k != "load":
-            print(f"- {k}: mimalloc / system = {b / a:.2f}")
-    print()
-PY
+LOADGEN_A=$WORK/bin/loadgen-system LOADGEN_B=$WORK/bin/loadgen-mimalloc WORK=$WORK \
+  bench/ab.sh system "$WORK/bin/felix-system" mimalloc "$WORK/bin/felix-mimalloc" \
+  "$WORK/bin/loadgen-mimalloc" "$OUT"

@@ -202,7 +202,8 @@ thread_local! {
 /// without polling (most virtual disks) every later read and write of the thread fails with
 /// EOPNOTSUPP. So before the first open on a device this thread writes a block to a probe file
 /// next to `path`, opens it (glommio's probe reads real data and gets the device's true
-/// answer) and removes it. Probe files a crash left behind are removed on the way.
+/// answer) and removes it. Probe files of processes that are gone (a crash) are removed on the
+/// way.
 async fn probe_device_once(path: &Path) -> Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let err = |context, e| StorageError::io(context, dir.to_owned(), e);
@@ -212,10 +213,12 @@ async fn probe_device_once(path: &Path) -> Result<()> {
     }
     let pid = std::process::id();
     for name in list_dir(dir)? {
+        // Left by a process that is gone (a live one, ours or another on this directory,
+        // may be about to open its probe file).
         let stale = name
             .strip_prefix(PROBE_FILE_PREFIX)
             .and_then(|rest| rest.split('.').next())
-            .is_some_and(|p| p != pid.to_string());
+            .is_some_and(|p| p != pid.to_string() && !Path::new("/proc").join(p).exists());
         if stale {
             let _ = std::fs::remove_file(dir.join(&name));
         }

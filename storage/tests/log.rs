@@ -363,7 +363,9 @@ fn empty_files_left_by_a_crash_do_not_break_the_next_open() {
     assert!(segments > 3, "the log rolled segments ({segments} files)");
     // Each file a crash can leave empty, first in the order recovery opens them: a marker
     // rewrite's temporary file, then the marker file itself.
-    // A probe file (see the storage driver) that a crashed process left behind.
+    // A probe file (see the storage driver) that a crashed process left behind (a pid above
+    // the kernel's largest), and one of a live process (pid 1), which is left alone.
+    std::fs::write(log_dir.join(".io-probe.4294967.0"), [0u8; 4096]).unwrap();
     std::fs::write(log_dir.join(".io-probe.1.0"), [0u8; 4096]).unwrap();
     for name in ["truncations.tmp", "truncations"] {
         std::fs::File::create(log_dir.join(name)).unwrap();
@@ -384,6 +386,6 @@ fn empty_files_left_by_a_crash_do_not_break_the_next_open() {
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .filter(|n| n.starts_with(".io-probe"))
             .collect();
-        assert!(probes.is_empty(), "probe files are removed: {probes:?}");
+        assert_eq!(probes, [".io-probe.1.0"], "the gone process's probe file is removed");
     }
 }

@@ -31,3 +31,25 @@ impl fmt::Display for Offset {
         write!(f, "{}", self.0)
     }
 }
+
+/// A producer's identity for idempotent publishing: chosen at random by the client, one per
+/// sequence space (see [`ProducerTag`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct ProducerId(pub u64);
+
+/// The tag of an idempotent batch: it is batch number `seq` of `producer`, whose batches all
+/// go to one shard. The shard's owner stores a batch once: a retry of a stored `seq` gets the
+/// original offsets back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ProducerTag {
+    /// The producer.
+    pub producer: ProducerId,
+    /// The batch's sequence number; each batch of a producer takes the next one (wrapping).
+    pub seq: u32,
+}
+
+impl fmt::Display for ProducerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "producer-{:016x}", self.0)
+    }
+}

@@ -30,7 +30,7 @@ pub use frame::{
 };
 pub use hash::{key_hash, shard_for_key};
 pub use header::{Capabilities, Flags, FrameHeader, FrameType, ALPN, HEADER_LEN, PROTOCOL_VERSION};
-pub use ids::{CoreId, Offset, ShardId};
+pub use ids::{CoreId, Offset, ProducerId, ProducerTag, ShardId};
 pub use limits::Limits;
 pub use payload::Payload;
 pub use record::{AckMode, Record};

@@ -187,6 +187,7 @@ fn publish(id: u64, shard: u32, value: &str) -> Frame {
     Frame::Publish(Publish {
         ack: Some(AckRequest { request_id: RequestId(id), mode: AckMode::Durable }),
         key: Some(key_for(shard)),
+        producer: None,
         stream: STREAM.into(),
         records: vec![Bytes::from(value.to_owned()).into()],
     })

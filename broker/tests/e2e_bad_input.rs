@@ -18,6 +18,7 @@ fn acked_publish(id: u64, records: Vec<Bytes>) -> Frame {
     Frame::Publish(Publish {
         ack: Some(AckRequest { request_id: RequestId(id), mode: AckMode::Written }),
         key: None,
+        producer: None,
         stream: "acme/app/bad".into(),
         records: records.into_iter().map(Into::into).collect(),
     })

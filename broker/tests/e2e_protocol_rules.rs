@@ -45,6 +45,7 @@ fn publish(id: Option<u64>, mode: AckMode, stream: &str, records: &[&str]) -> Fr
     Frame::Publish(Publish {
         ack: id.map(|id| AckRequest { request_id: RequestId(id), mode }),
         key: None,
+        producer: None,
         stream: stream.into(),
         records: records.iter().map(|r| Bytes::copy_from_slice(r.as_bytes()).into()).collect(),
     })
@@ -196,6 +197,7 @@ async fn limits_are_advertised_as_documented_and_enforced_to_the_byte() {
         let frame = Frame::Publish(Publish {
             ack: Some(AckRequest { request_id: RequestId(id), mode: AckMode::Written }),
             key: Some(Bytes::from(vec![b'k'; 1024])),
+            producer: None,
             stream: "acme/app/limits".into(),
             records: vec![Bytes::new().into(); n],
         });

@@ -640,6 +640,7 @@ mod tests {
         Frame::Publish(Publish {
             ack: acked.then_some(AckRequest { request_id: RequestId(1), mode: AckMode::Durable }),
             key: keyed.then(|| Bytes::from_static(b"k")),
+            producer: None,
             stream: "a/b/c".into(),
             records: vec![Bytes::from_static(b"x").into()],
         })

@@ -452,6 +452,7 @@ impl Worker {
         let frame = Frame::Publish(Publish {
             ack: (mode != AckMode::None).then_some(AckRequest { request_id: id, mode }),
             key,
+            producer: None,
             stream: self.ctx.stream.clone(),
             records,
         });
@@ -527,6 +528,7 @@ impl Resend {
                     let frame = Frame::Publish(Publish {
                         ack: Some(AckRequest { request_id: id, mode: batch.mode }),
                         key: batch.key,
+                        producer: None,
                         stream: batch.stream,
                         records: batch.records,
                     });

@@ -14,6 +14,7 @@ fn publish(size: usize) -> Frame {
     Frame::Publish(Publish {
         ack: Some(AckRequest { request_id: RequestId(1), mode: AckMode::Durable }),
         key: Some(Bytes::from_static(b"customer-0042")),
+        producer: None,
         stream: "acme/orders/eu".into(),
         records: (0..RECORDS).map(|i| vec![i as u8; size].into()).collect(),
     })

@@ -80,6 +80,7 @@ mod tests {
             Frame::Publish(Publish {
                 ack,
                 key: None,
+                producer: None,
                 stream: "a/b/c".into(),
                 records: vec![Bytes::from_static(b"r").into()],
             })

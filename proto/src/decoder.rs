@@ -375,6 +375,7 @@ mod tests {
         Frame::Publish(Publish {
             ack: ack.then_some(AckRequest { request_id: RequestId(42), mode: AckMode::Durable }),
             key: key.then(|| Bytes::from_static(b"k")),
+            producer: None,
             stream: "t/n/s".into(),
             records: vec![Bytes::from_static(b"hello").into()],
         })
@@ -485,6 +486,7 @@ mod tests {
         let big = Frame::Publish(Publish {
             ack: Some(AckRequest { request_id: RequestId(9), mode: AckMode::Written }),
             key: None,
+            producer: None,
             stream: "t/n/s".into(),
             records: vec![vec![0u8; 100].into()],
         });
@@ -563,6 +565,7 @@ mod tests {
         let big = Frame::Publish(Publish {
             ack: None,
             key: None,
+            producer: None,
             stream: "t/n/s".into(),
             records: vec![vec![0u8; 100].into()],
         });

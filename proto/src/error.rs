@@ -70,11 +70,17 @@ pub enum ErrorCode {
     /// The shard cannot be served now: its owner is down, or this broker cannot confirm its
     /// cluster membership (its lease) and so must not acknowledge writes. Retry later.
     ShardUnavailable = 28,
+    /// An idempotent batch's sequence number is ahead of the next one the shard expects from
+    /// its producer (an earlier batch is missing): send the earlier batches first.
+    OutOfOrderSequence = 29,
+    /// An idempotent batch's sequence number is older than the ones the shard remembers for
+    /// its producer: its outcome is no longer known.
+    SequenceTooOld = 30,
 }
 
 impl ErrorCode {
     /// Every known code, in numeric order.
-    pub const ALL: [ErrorCode; 29] = [
+    pub const ALL: [ErrorCode; 31] = [
         Self::Unknown,
         Self::Malformed,
         Self::UnsupportedVersion,
@@ -104,6 +110,8 @@ impl ErrorCode {
         Self::LimitReached,
         Self::NotOwner,
         Self::ShardUnavailable,
+        Self::OutOfOrderSequence,
+        Self::SequenceTooOld,
     ];
 
     /// The code for a wire value; unknown values become [`ErrorCode::Unknown`].

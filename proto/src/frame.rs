@@ -12,7 +12,7 @@ use crate::error::{DecodeError, ErrorCode};
 use crate::header::{Capabilities, Flags, FrameHeader, FrameType, HEADER_LEN};
 use crate::limits::{self, Limits};
 use crate::payload::Payload;
-use crate::{AckMode, CoreId, Offset, Record, ShardId};
+use crate::{AckMode, CoreId, Offset, ProducerId, ProducerTag, Record, ShardId};
 
 /// Correlates a request with its answer. Chosen by the client; 0 means "no request".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
@@ -170,8 +170,8 @@ pub struct AckRequest {
 
 /// Publish: a batch of records for one stream.
 ///
-/// Body: `[ACKED: request_id u64, ack_mode u8] [KEYED: key_len u16, key] stream, count u32,
-/// count x (len u32, payload)`. The request id stays at offset 0 so that even a malformed body
+/// Body: `[ACKED: request_id u64, ack_mode u8] [KEYED: key_len u16, key] [PRODUCER: producer
+/// u64, seq u32] stream, count u32, count x (len u32, payload)`. The request id stays at offset 0 so that even a malformed body
 /// can be answered with a correlated error.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Publish {
@@ -179,6 +179,9 @@ pub struct Publish {
     pub ack: Option<AckRequest>,
     /// The batch's key: all records go to `shard_for_key(key)`. An empty key is a key.
     pub key: Option<Bytes>,
+    /// Idempotent publishing (capability `IDEMPOTENT`): the batch's producer and sequence. The
+    /// shard's owner stores a tagged batch once; a retry gets the original offsets.
+    pub producer: Option<ProducerTag>,
     /// `tenant/namespace/stream`.
     pub stream: String,
     /// Payloads: decoded, each is the slices of the received chunks it arrived in.
@@ -317,6 +320,9 @@ impl Frame {
                 if p.key.is_some() {
                     bits |= Flags::KEYED.0;
                 }
+                if p.producer.is_some() {
+                    bits |= Flags::PRODUCER.0;
+                }
                 Flags(bits)
             }
             _ => Flags::NONE,
@@ -406,6 +412,10 @@ impl Frame {
                 }
                 if let Some(key) = &p.key {
                     dst.put_bytes_u16(key);
+                }
+                if let Some(tag) = p.producer {
+                    dst.put_u64(tag.producer.0);
+                    dst.put_u32(tag.seq);
                 }
                 dst.put_bytes_u16(p.stream.as_bytes());
                 dst.put_u32(len_u32(p.records.len()));
@@ -623,9 +633,15 @@ fn decode_publish(r: &mut Reader, flags: Flags, limits: &Limits) -> Result<Publi
         None
     };
     let key = if flags.contains(Flags::KEYED) { Some(key(r, limits)?) } else { None };
+    let producer = if flags.contains(Flags::PRODUCER) {
+        let producer = ProducerId(r.u64("producer")?);
+        Some(ProducerTag { producer, seq: r.u32("seq")? })
+    } else {
+        None
+    };
     let stream = stream_name(r)?;
     let records = payloads(r, limits)?;
-    Ok(Publish { ack, key, stream, records })
+    Ok(Publish { ack, key, producer, stream, records })
 }
 
 fn decode_subscribe(r: &mut Reader) -> Result<Subscribe, DecodeError> {

@@ -106,7 +106,7 @@ impl FrameType {
     /// The flag bits defined for this frame type.
     pub fn known_flags(self) -> Flags {
         match self {
-            Self::Publish => Flags(Flags::ACKED.0 | Flags::KEYED.0),
+            Self::Publish => Flags(Flags::ACKED.0 | Flags::KEYED.0 | Flags::PRODUCER.0),
             _ => Flags::NONE,
         }
     }
@@ -145,6 +145,8 @@ impl Flags {
     pub const ACKED: Flags = Flags(0x0001);
     /// Publish: after the acked prefix, a u16 key length and the key.
     pub const KEYED: Flags = Flags(0x0002);
+    /// Publish: after the key, a producer id (u64) and a sequence number (u32).
+    pub const PRODUCER: Flags = Flags(0x0004);
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: Flags) -> bool {
@@ -169,8 +171,10 @@ impl Capabilities {
     /// The peer speaks the cluster frames (Metadata, MetadataOk, NotOwner). A broker
     /// advertises it when it runs in a cluster.
     pub const CLUSTER: Capabilities = Capabilities(1 << 3);
+    /// Publish may carry [`Flags::PRODUCER`]: the broker stores a tagged batch once.
+    pub const IDEMPOTENT: Capabilities = Capabilities(1 << 4);
     /// Everything this build knows.
-    pub const ALL: Capabilities = Capabilities(0b1111);
+    pub const ALL: Capabilities = Capabilities(0b1_1111);
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: Capabilities) -> bool {
@@ -191,6 +195,9 @@ impl Capabilities {
             }
             if self.contains(Self::PUBLISH_KEYED) {
                 bits |= Flags::KEYED.0;
+            }
+            if self.contains(Self::IDEMPOTENT) {
+                bits |= Flags::PRODUCER.0;
             }
         }
         Flags(bits)

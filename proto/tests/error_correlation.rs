@@ -12,7 +12,7 @@ use proptest::prelude::*;
 /// How a valid frame is spoiled.
 #[derive(Clone, Copy, Debug)]
 enum Spoil {
-    /// A flag bit no frame type defines (bits 2..16).
+    /// A flag bit no frame type defines (bits 3..16).
     UnknownFlag(u8),
     /// A decoder whose frame limit is below the frame's length.
     TooLarge,
@@ -26,7 +26,7 @@ enum Spoil {
 
 fn spoil() -> impl Strategy<Value = Spoil> {
     prop_oneof![
-        (2u8..16).prop_map(Spoil::UnknownFlag),
+        (3u8..16).prop_map(Spoil::UnknownFlag),
         Just(Spoil::TooLarge),
         Just(Spoil::TrailingByte),
         (1usize..64).prop_map(Spoil::CutByFin),
@@ -175,6 +175,7 @@ fn the_reported_cases_carry_their_ids() {
     let publish = Frame::Publish(Publish {
         ack: Some(AckRequest { request_id: RequestId(4242), mode: AckMode::Written }),
         key: None,
+        producer: None,
         stream: "a/b/c".into(),
         records: vec![Bytes::from_static(b"x").into()],
     });

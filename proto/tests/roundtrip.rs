@@ -51,6 +51,7 @@ fn large_publish() -> impl Strategy<Value = Frame> {
             Frame::Publish(Publish {
                 ack: ack.map(|id| AckRequest { request_id: RequestId(id), mode: AckMode::Durable }),
                 key: key.map(Bytes::from),
+                producer: None,
                 stream: "a/b/c".into(),
                 records: records.into_iter().map(|(len, b)| vec![b; len].into()).collect(),
             })

@@ -105,6 +105,7 @@ fn vectors() -> Vec<(&'static str, Frame)> {
             Frame::Publish(Publish {
                 ack: None,
                 key: None,
+                producer: None,
                 stream: s("a/b/c"),
                 records: vec![Bytes::from_static(b"hi").into()],
             }),
@@ -114,8 +115,19 @@ fn vectors() -> Vec<(&'static str, Frame)> {
             Frame::Publish(Publish {
                 ack: Some(AckRequest { request_id: RequestId(7), mode: AckMode::Durable }),
                 key: Some(Bytes::from_static(b"k1")),
+                producer: None,
                 stream: s("a/b/c"),
                 records: vec![Bytes::from_static(b"x").into(), Bytes::from_static(b"yz").into()],
+            }),
+        ),
+        (
+            "publish_idempotent",
+            Frame::Publish(Publish {
+                ack: Some(AckRequest { request_id: RequestId(9), mode: AckMode::Durable }),
+                key: Some(Bytes::from_static(b"k")),
+                producer: Some(ProducerTag { producer: ProducerId(0x0102_0304_0506_0708), seq: 5 }),
+                stream: s("a/b/c"),
+                records: vec![Bytes::from_static(b"v").into()],
             }),
         ),
         (
@@ -123,6 +135,7 @@ fn vectors() -> Vec<(&'static str, Frame)> {
             Frame::Publish(Publish {
                 ack: None,
                 key: Some(Bytes::new()),
+                producer: None,
                 stream: s("a/b/c"),
                 records: vec![Bytes::from_static(b"v").into()],
             }),
@@ -243,6 +256,7 @@ fn rejections() -> Vec<Rejection> {
     let publish = Frame::Publish(Publish {
         ack: Some(AckRequest { request_id: RequestId(4242), mode: AckMode::Written }),
         key: None,
+        producer: None,
         stream: "a/b/c".into(),
         records: vec![Bytes::from_static(b"x").into()],
     });

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use felix_proto::{
-    AckMode, CoreId, ErrorCode, Offset, Record, Retention, ShardId, StartAt, StreamName,
+    AckMode, CoreId, ErrorCode, Offset, ProducerTag, Record, Retention, ShardId, StartAt,
+    StreamName,
 };
 use felix_storage::{
     AppendOutcome, CoreStore, RetentionConfig, StorageError, StoredBatch, StreamLog,
@@ -350,9 +351,9 @@ impl CoreApp {
     pub async fn handle_request(self: &Rc<Self>, req: CoreRequest) -> CoreResponse {
         debug_assert_eq!(self.owner(req.shard()), self.core, "a shard is handled by its owner");
         match req {
-            CoreRequest::Append { stream, shard, records, timestamp_ms, ack } => {
+            CoreRequest::Append { stream, shard, records, timestamp_ms, ack, producer } => {
                 CoreResponse::Appended(
-                    self.append_local(&stream, shard, &records, timestamp_ms, ack).await,
+                    self.append_local(&stream, shard, &records, timestamp_ms, ack, producer).await,
                 )
             }
             CoreRequest::Read { stream, shard, from, max_bytes, wait_ms } => CoreResponse::Batches(
@@ -395,6 +396,8 @@ impl CoreApp {
     }
 
     /// Appends to an owned shard. The batch is queued (its offsets fixed) at the first poll.
+    /// A batch tagged by `producer` that the shard already stored is not stored again: the
+    /// outcome names the original offsets (`duplicate`).
     pub async fn append_local(
         &self,
         stream: &str,
@@ -402,6 +405,7 @@ impl CoreApp {
         records: &[Record],
         timestamp_ms: u64,
         ack: AckMode,
+        producer: Option<ProducerTag>,
     ) -> Result<AppendOutcome, WireError> {
         debug_assert_eq!(self.owner(shard), self.core, "a shard is appended to by its owner");
         let cached = self.streams.borrow().get(stream).cloned();
@@ -425,9 +429,16 @@ impl CoreApp {
             .sum();
         // Every append waits at least for its write, so the tail only ever holds written data.
         let mode = if ack == AckMode::None { AckMode::Written } else { ack };
-        let out =
-            log.append(shard, records, timestamp_ms, mode).await.map_err(|e| storage_error(&e))?;
+        let out = log
+            .append_tagged(shard, records, timestamp_ms, mode, producer)
+            .await
+            .map_err(|e| storage_error(&e))?;
         debug_assert_eq!(out.record_count as usize, records.len(), "every record gets an offset");
+        if out.duplicate {
+            // Stored before: nothing new for the tail or the byte counters.
+            stats::add(&self.stats.counters.publish_duplicates, 1);
+            return Ok(out);
+        }
         debug_assert!(
             log.next_offset(shard).is_ok_and(|n| n.0 >= out.base_offset.0 + records.len() as u64),
             "the shard's next offset advances past an appended batch"
@@ -739,6 +750,9 @@ pub fn storage_error(e: &StorageError) -> WireError {
         StorageError::OffsetBeforeStart { .. } => (ErrorCode::OffsetOutOfRange, e.to_string()),
         StorageError::InvalidStreamName { .. } => (ErrorCode::InvalidStreamName, e.to_string()),
         StorageError::EmptyBatch => (ErrorCode::InvalidArgument, e.to_string()),
+        StorageError::OutOfOrderSequence { .. } => (ErrorCode::OutOfOrderSequence, e.to_string()),
+        StorageError::SequenceTooOld { .. } => (ErrorCode::SequenceTooOld, e.to_string()),
+        StorageError::SequenceMismatch { .. } => (ErrorCode::InvalidArgument, e.to_string()),
         StorageError::TooManyShards { .. } => (ErrorCode::InvalidArgument, e.to_string()),
         StorageError::Closed => (ErrorCode::StorageFailed, e.to_string()),
         StorageError::Io { context, .. } => {

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::Mutex;
 
-use felix_proto::{AckMode, CoreId, ErrorCode, Offset, Record, ShardId, StartAt};
+use felix_proto::{AckMode, CoreId, ErrorCode, Offset, ProducerTag, Record, ShardId, StartAt};
 use felix_storage::AppendOutcome;
 
 use super::error::WireError;
@@ -44,6 +44,8 @@ pub enum CoreRequest {
         timestamp_ms: u64,
         /// When to answer.
         ack: AckMode,
+        /// The idempotent producer's tag, if the batch has one.
+        producer: Option<ProducerTag>,
     },
     /// Read batches from `from`, waiting up to `wait_ms` for new data if none is there.
     Read {

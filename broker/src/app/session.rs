@@ -424,6 +424,12 @@ impl Session {
         };
         let shard = match (&p.key, &app.cluster) {
             (Some(k), _) => felix_proto::shard_for_key(k, entry.meta.shards),
+            // An idempotent producer's batches all go to one shard, so a retry finds its
+            // original (docs/protocol.md, "Idempotent publishing").
+            (None, _) if p.producer.is_some() => {
+                let producer = p.producer.map_or(0, |t| t.producer.0);
+                ShardId((producer % u64::from(entry.meta.shards.max(1))) as u32)
+            }
             (None, None) => app.unkeyed_shard(&entry),
             // In a cluster: a shard this broker owns (shard 0, refused below, if none).
             (None, Some(link)) => app
@@ -460,6 +466,7 @@ impl Session {
             return fail(WireError::new(ErrorCode::ShuttingDown, "budget closed"));
         };
         stats::add(&c.inflight_bytes, units);
+        let producer = p.producer;
         let records: Vec<Record> =
             p.records.into_iter().map(|value| Record { key: p.key.clone(), value }).collect();
         let timestamp_ms = now_ms();
@@ -469,7 +476,7 @@ impl Session {
                 let app = app.clone();
                 let stream = p.stream;
                 let mut fut: Pin<Box<dyn Future<Output = _>>> = Box::pin(async move {
-                    app.append_local(&stream, shard, &records, timestamp_ms, mode).await
+                    app.append_local(&stream, shard, &records, timestamp_ms, mode, producer).await
                 });
                 // The first poll queues the batch in storage: its offsets are fixed now.
                 match poll_once(&mut fut).await {
@@ -484,6 +491,7 @@ impl Session {
                     records,
                     timestamp_ms,
                     ack: mode,
+                    producer,
                 };
                 match app.mesh.submit(app.core, owner, req).await {
                     Ok(rx) => Box::pin(async move {

@@ -52,6 +52,7 @@ counters! {
     publish_bytes: "Payload bytes received in publishes.",
     acks: "PublishAcks sent.",
     publish_errors: "Publishes refused with an error.",
+    publish_duplicates: "Idempotent batches received again and answered with their stored offsets.",
     forwarded_out: "Batches this core forwarded to the owning core.",
     forwarded_in: "Batches other cores forwarded to this core.",
     rejected_frames: "Frames rejected (malformed, unknown flags, over limits, unauthenticated).",

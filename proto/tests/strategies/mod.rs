@@ -126,12 +126,15 @@ pub fn frame() -> impl Strategy<Value = Frame> {
         (
             option::of((request_id(), ack_mode())),
             option::of(bytes(40)),
+            option::of((any::<u64>(), any::<u32>())),
             name(),
             vec(bytes(100), 1..20)
         )
-            .prop_map(|(ack, key, stream, records)| Frame::Publish(Publish {
+            .prop_map(|(ack, key, producer, stream, records)| Frame::Publish(Publish {
                 ack: ack.map(|(request_id, mode)| AckRequest { request_id, mode }),
                 key,
+                producer: producer
+                    .map(|(p, seq)| ProducerTag { producer: ProducerId(p), seq }),
                 stream,
                 records: records.into_iter().map(Payload::from).collect(),
             })),

@@ -305,6 +305,11 @@ impl WorkerQueue {
 
     /// Waits until there may be something to take: a wake-up, or the earliest open batch's
     /// deadline less [`LINGER_TIMER_SLACK_US`].
+    /// Wakes the worker (it has batches to send again).
+    pub(crate) fn wake(&self) {
+        self.wake.notify_one();
+    }
+
     pub(crate) async fn poll_deadline(&self) {
         let notified = self.wake.notified();
         let deadline = self.lock().open.values().map(|b| b.deadline).min();
@@ -436,7 +441,8 @@ impl QueueState {
 
 /// Bytes of a Publish frame besides its records: header, ack prefix, key, stream, count.
 pub(crate) fn frame_fixed_bytes(stream_len: usize, key: Option<&Bytes>) -> usize {
-    HEADER_LEN + 9 + key.map_or(0, |k| 2 + k.len()) + 2 + stream_len + 4
+    // Header, acked prefix, key, producer tag (always counted), stream, record count.
+    HEADER_LEN + 9 + key.map_or(0, |k| 2 + k.len()) + 12 + 2 + stream_len + 4
 }
 
 #[cfg(test)]

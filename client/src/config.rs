@@ -53,7 +53,7 @@ pub const MAX_UDP_PAYLOAD_MIN: u16 = 1200;
 pub const MAX_UDP_PAYLOAD_MAX: u16 = 65_527;
 
 /// Every environment variable [`ClientConfig::from_env_map`] reads.
-pub const ENV_KEYS: [&str; 21] = [
+pub const ENV_KEYS: [&str; 23] = [
     "FELIX_ADDR",
     "FELIX_SERVER_NAME",
     "FELIX_CA_FILE",
@@ -75,6 +75,8 @@ pub const ENV_KEYS: [&str; 21] = [
     "FELIX_BATCH_RECORDS_MAX",
     "FELIX_BATCH_BYTES_MAX",
     "FELIX_IN_FLIGHT_BATCHES_MAX",
+    "FELIX_IDEMPOTENT",
+    "FELIX_RETRY_TIMEOUT_MS",
 ];
 
 /// How the client decides to trust the broker's certificate.
@@ -159,6 +161,15 @@ pub struct PublishSettings {
     pub batch_bytes_max: u32,
     /// The most batches written but not yet acked, per connection.
     pub in_flight_batches_max: usize,
+    /// Idempotent publishing (when the broker advertises `IDEMPOTENT` and batches are acked):
+    /// each batch carries a producer id and sequence number, so a batch sent again is stored
+    /// once. A batch whose connection is lost, or whose ack times out, is then sent again on a
+    /// new connection (in its original order) instead of failing with `ConnectionLost`, for up
+    /// to `retry_timeout_ms` after it was first sent. Keyed batches are tagged only when the
+    /// stream's shard count is known (the stream existed when the publisher started).
+    pub idempotent: bool,
+    /// How long an idempotent batch is retried after a lost connection or an ack timeout.
+    pub retry_timeout_ms: u64,
 }
 
 impl Default for PublishSettings {
@@ -169,6 +180,8 @@ impl Default for PublishSettings {
             batch_records_max: 1024,
             batch_bytes_max: 1024 * 1024,
             in_flight_batches_max: 64,
+            idempotent: true,
+            retry_timeout_ms: 30_000,
         }
     }
 }
@@ -353,6 +366,16 @@ impl ClientConfig {
         if let Some((key, v)) = get("FELIX_IN_FLIGHT_BATCHES_MAX") {
             c.publish.in_flight_batches_max = parse_num(key, &v)?;
         }
+        if let Some((key, v)) = get("FELIX_IDEMPOTENT") {
+            c.publish.idempotent = match v.to_ascii_lowercase().as_str() {
+                "1" | "true" | "yes" | "on" => true,
+                "0" | "false" | "no" | "off" => false,
+                _ => return Err(invalid(key, &v, "expected true or false")),
+            };
+        }
+        if let Some((key, v)) = get("FELIX_RETRY_TIMEOUT_MS") {
+            c.publish.retry_timeout_ms = parse_num(key, &v)?;
+        }
         Ok(c)
     }
 
@@ -471,12 +494,14 @@ impl fmt::Display for ClientConfig {
         write!(
             f,
             "ack_mode={} linger_us={} batch_records_max={} batch_bytes_max={} \
-             in_flight_batches_max={}",
+             in_flight_batches_max={} idempotent={} retry_timeout_ms={}",
             ack_mode_name(p.ack_mode),
             p.linger_us,
             p.batch_records_max,
             p.batch_bytes_max,
-            p.in_flight_batches_max
+            p.in_flight_batches_max,
+            p.idempotent,
+            p.retry_timeout_ms
         )
     }
 }

@@ -22,16 +22,17 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use felix_proto::{
-    key_hash, shard_for_key, AckMode, AckRequest, Capabilities, Frame, Limits, Publish, Record,
-    RequestId, ShardId,
+    key_hash, shard_for_key, AckMode, AckRequest, Capabilities, ErrorCode, Frame, Limits, Payload,
+    ProducerId, ProducerTag, Publish, Record, RequestId, ShardId,
 };
 use tokio::sync::{oneshot, Semaphore};
+use tokio::time::Instant;
 
 use crate::batch::{
     frame_fixed_bytes, Batch, BatchCaps, BatchResult, Completion, Ready, WorkerQueue,
@@ -72,6 +73,8 @@ struct WorkerCtx {
     client: Client,
     stream: String,
     settings: PublishSettings,
+    /// The stream's shard count when the publisher started (keys map to producers by shard).
+    shard_count: Option<u32>,
 }
 
 /// The workers of one broker's pool, one per connection.
@@ -121,7 +124,8 @@ impl Publisher {
         }
         let limits = client.limits();
         let home = client.shared.home.clone();
-        let ctx = Arc::new(WorkerCtx { client, stream, settings });
+        let shard_count = shard_count.filter(|n| *n > 0);
+        let ctx = Arc::new(WorkerCtx { client, stream, settings, shard_count });
         Ok(Self {
             shared: Arc::new(PubShared {
                 home: BrokerWorkers::start(home, &ctx),
@@ -129,7 +133,7 @@ impl Publisher {
                 caps,
                 limits,
                 others: Mutex::new(HashMap::new()),
-                shard_count: shard_count.filter(|n| *n > 0),
+                shard_count,
                 unkeyed_records: AtomicU64::new(0),
             }),
         })
@@ -323,6 +327,9 @@ impl BrokerWorkers {
                     lanes: Vec::new(),
                     next_lane: 0,
                     in_flight: Arc::new(Semaphore::new(settings.in_flight_batches_max)),
+                    producers: HashMap::new(),
+                    lost: Arc::new(Mutex::new(Vec::new())),
+                    sent: 0,
                 };
                 tokio::spawn(worker.run());
                 queue
@@ -343,6 +350,13 @@ impl BrokerWorkers {
 
 /// Sends the batches of one connection slot of one broker's pool, in the order its queue makes
 /// them ready.
+///
+/// Idempotent batches (`PublishSettings::idempotent`): each (shard, lane) of the worker has its
+/// own producer id, so one producer's batches go to one shard on one QUIC stream, in sequence
+/// order. A tagged batch whose connection is lost (or whose ack times out) is parked in `lost`
+/// by its ack task; before it sends anything new, the worker waits until every batch in flight
+/// is answered or parked, then sends the parked ones again, oldest first, with their tags: the
+/// broker stores each once and keeps each producer's order.
 struct Worker {
     ctx: Arc<WorkerCtx>,
     pool: Arc<Pool>,
@@ -353,6 +367,58 @@ struct Worker {
     lanes: Vec<Arc<Lane>>,
     next_lane: usize,
     in_flight: Arc<Semaphore>,
+    /// The producer of each (shard, lane) this worker sent tagged batches on.
+    producers: HashMap<(Option<ShardId>, usize), Producer>,
+    /// Tagged batches to send again (bounded: each held an in-flight permit when parked).
+    lost: Arc<Mutex<Vec<Outgoing>>>,
+    /// Batches sent so far: the send order of parked batches.
+    sent: u64,
+}
+
+/// One idempotent producer: its id and next sequence number. `broken` is set when one of its
+/// batches failed for good (its sequence number is then a gap the broker would refuse): the
+/// next batch starts a new producer.
+struct Producer {
+    id: ProducerId,
+    next_seq: u32,
+    broken: Arc<AtomicBool>,
+}
+
+impl Producer {
+    fn new() -> Self {
+        Self { id: new_producer_id(), next_seq: 0, broken: Arc::new(AtomicBool::new(false)) }
+    }
+}
+
+/// A batch on its way: what sending it (again) needs.
+struct Outgoing {
+    key: Option<Bytes>,
+    records: Vec<Payload>,
+    completion: Completion,
+    lane: usize,
+    /// The producer tag and its producer's `broken` flag (idempotent batches only).
+    tag: Option<(ProducerTag, Arc<AtomicBool>)>,
+    /// When the batch was first sent: it is retried until `retry_timeout_ms` after that.
+    first_sent: Instant,
+    /// Send order, for sending parked batches again oldest first.
+    order: u64,
+}
+
+/// A random producer id: SipHash with the process's random keys over a counter and the clock.
+fn new_producer_id() -> ProducerId {
+    use std::hash::{BuildHasher, Hasher};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+    h.write_u128(now.map_or(0, |d| d.as_nanos()));
+    ProducerId(h.finish())
+}
+
+/// Whether a tagged batch that got `e` may have been stored, or not, and is worth sending again
+/// (the broker stores it once either way).
+fn outcome_unknown(e: &ClientError) -> bool {
+    matches!(e, ClientError::ConnectionLost(_) | ClientError::Timeout { .. })
 }
 
 /// A worker gone (stopped, or its task dropped) fails what is still queued.
@@ -371,18 +437,51 @@ impl Worker {
                 match item {
                     Ready::Batch(batch) => self.send_batch(batch).await,
                     Ready::Flush(done) => {
-                        self.wait_in_flight().await;
+                        self.settle().await;
                         let _ = done.send(());
                     }
                 }
             }
             if closed {
-                self.wait_in_flight().await;
+                self.settle().await;
                 return;
             }
-            if idle {
+            if self.has_lost() {
+                self.resend_lost().await;
+            } else if idle {
                 self.queue.poll_deadline().await;
             }
+        }
+    }
+
+    /// Waits until every batch sent is acked or failed, sending parked batches again meanwhile.
+    async fn settle(&mut self) {
+        loop {
+            self.wait_in_flight().await;
+            if !self.has_lost() {
+                return;
+            }
+            self.resend_lost().await;
+        }
+    }
+
+    fn has_lost(&self) -> bool {
+        !self.lost.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
+    }
+
+    /// Sends the parked batches again, oldest first, once nothing else is in flight (so none of
+    /// their producers has a later batch on the wire).
+    async fn resend_lost(&mut self) {
+        self.wait_in_flight().await;
+        let mut lost = std::mem::take(&mut *self.lost.lock().unwrap_or_else(|p| p.into_inner()));
+        lost.sort_by_key(|o| o.order);
+        let count = lost.len();
+        for out in lost {
+            self.send_outgoing(out).await;
+        }
+        // Everything was parked again (the broker is still out of reach): do not spin.
+        if count > 0 && self.lost.lock().unwrap_or_else(|p| p.into_inner()).len() == count {
+            tokio::time::sleep(Duration::from_millis(RESEND_PAUSE_MS)).await;
         }
     }
 
@@ -393,36 +492,97 @@ impl Worker {
         }
     }
 
-    /// The lane for a batch with `key` on the slot's current connection, opening the
-    /// connection (with backoff) or lanes as needed.
-    async fn lane(&mut self, key: Option<&Bytes>) -> Result<(Arc<Conn>, Arc<Lane>), ClientError> {
-        let conn = self.pool.conn(self.slot).await?;
-        let same = self.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn));
-        if !same || self.lanes.iter().any(|l| l.is_closed()) {
-            self.lanes.clear();
-            self.conn = Some(conn.clone());
-        }
+    /// The lane index a batch with `key` takes: the key's hash, or the next one in turn.
+    fn lane_index(&mut self, key: Option<&Bytes>) -> usize {
         let lanes_max = self.ctx.client.shared.config.streams_per_connection.max(1);
-        let index = match key {
+        match key {
             Some(k) => (key_hash(k) % lanes_max as u64) as usize,
             None => {
                 self.next_lane = self.next_lane.wrapping_add(1);
                 self.next_lane % lanes_max
             }
-        };
+        }
+    }
+
+    /// Lane `index` on the slot's current connection, opening the connection (with backoff) or
+    /// lanes as needed. The flag says the connection is not the one the last batch took.
+    async fn lane(&mut self, index: usize) -> Result<(Arc<Conn>, Arc<Lane>, bool), ClientError> {
+        let conn = self.pool.conn(self.slot).await?;
+        let same = self.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn));
+        let changed = !same && self.conn.is_some();
+        if !same || self.lanes.iter().any(|l| l.is_closed()) {
+            self.lanes.clear();
+            self.conn = Some(conn.clone());
+        }
         while self.lanes.len() <= index {
             self.lanes.push(conn.open_lane().await?);
         }
-        Ok((conn, self.lanes[index].clone()))
+        Ok((conn, self.lanes[index].clone(), changed))
+    }
+
+    /// The tag for the next batch on (shard of `key`, `lane`), when batches are idempotent.
+    fn next_tag(
+        &mut self,
+        key: Option<&Bytes>,
+        lane: usize,
+    ) -> Option<(ProducerTag, Arc<AtomicBool>)> {
+        let settings = &self.ctx.settings;
+        let caps = self.pool.hello().capabilities;
+        if !settings.idempotent
+            || settings.ack_mode == AckMode::None
+            || !caps.contains(Capabilities::IDEMPOTENT)
+        {
+            return None;
+        }
+        let shard = match key {
+            // A producer's batches must all reach one shard: without the shard count, a key's
+            // shard is unknown, and the batch goes untagged.
+            Some(k) => Some(shard_for_key(k, self.ctx.shard_count?)),
+            // An unkeyed tagged batch goes to the producer's shard (producer id mod shards).
+            None => None,
+        };
+        let p = self.producers.entry((shard, lane)).or_insert_with(Producer::new);
+        if p.broken.load(Ordering::Relaxed) {
+            *p = Producer::new();
+        }
+        let tag = ProducerTag { producer: p.id, seq: p.next_seq };
+        p.next_seq = p.next_seq.wrapping_add(1);
+        Some((tag, p.broken.clone()))
     }
 
     async fn send_batch(&mut self, batch: Batch) {
         let Batch { key, records, completion, .. } = batch;
+        let lane = self.lane_index(key.as_ref());
+        let tag = self.next_tag(key.as_ref(), lane);
+        self.sent += 1;
+        let out = Outgoing {
+            key,
+            records,
+            completion,
+            lane,
+            tag,
+            first_sent: Instant::now(),
+            order: self.sent,
+        };
+        self.send_outgoing(out).await;
+    }
+
+    /// Parks a tagged batch to be sent again, or fails it when its retry time is over.
+    fn park_or_fail(&self, out: Outgoing, e: ClientError) {
+        park_or_fail(&self.lost, &self.queue, &self.ctx.settings, out, e);
+    }
+
+    async fn send_outgoing(&mut self, out: Outgoing) {
         let cluster = self.ctx.client.shared.cluster.clone();
         let mode = self.ctx.settings.ack_mode;
-        let (conn, lane) = match self.lane(key.as_ref()).await {
+        let (conn, lane, changed) = match self.lane(out.lane).await {
             Ok(x) => x,
             Err(e) => {
+                if out.tag.is_some() && cluster.is_none() && is_unreachable(&e) {
+                    return self.park_or_fail(out, e);
+                }
+                let Outgoing { key, records, completion, tag, .. } = out;
+                mark_broken(tag.as_ref());
                 // Nothing was sent: in a cluster, an acked batch whose broker is out of reach
                 // is retried at the shard's owner after a fresh look at the placement.
                 if let Some(cluster) = cluster.filter(|_| mode != AckMode::None) {
@@ -431,7 +591,9 @@ impl Worker {
                         let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
                             return completion.resolve(BatchResult::Failed(ClientError::Closed));
                         };
-                        let resend = Resend { stream: self.ctx.stream.clone(), key, records, mode };
+                        let producer = tag.map(|t| t.0);
+                        let stream = self.ctx.stream.clone();
+                        let resend = Resend { stream, key, producer, records, mode };
                         let first = Err(unavailable(&self.ctx.stream, None));
                         tokio::spawn(async move {
                             let _permit = permit;
@@ -444,28 +606,45 @@ impl Worker {
                 return completion.resolve(BatchResult::Failed(e));
             }
         };
+        if changed && out.tag.is_some() {
+            // A new connection: the batches of the old one are answered or parked first, so
+            // that a producer's parked batches go out again before this later one.
+            self.wait_in_flight().await;
+            if self.has_lost() {
+                self.lost.lock().unwrap_or_else(|p| p.into_inner()).push(out);
+                return;
+            }
+        }
         let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
-            return completion.resolve(BatchResult::Failed(ClientError::Closed));
+            return out.completion.resolve(BatchResult::Failed(ClientError::Closed));
         };
         let id = if mode == AckMode::None { RequestId(0) } else { conn.next_request_id() };
-        let count = records.len();
+        let count = out.records.len();
         let frame = Frame::Publish(Publish {
             ack: (mode != AckMode::None).then_some(AckRequest { request_id: id, mode }),
-            key,
-            producer: None,
+            key: out.key.clone(),
+            producer: out.tag.as_ref().map(|t| t.0),
             stream: self.ctx.stream.clone(),
-            records,
+            records: out.records.clone(),
         });
         let bytes = match conn.encode_checked(&frame) {
             Ok(b) => b,
-            Err(e) => return completion.resolve(BatchResult::Failed(e)),
+            Err(e) => {
+                mark_broken(out.tag.as_ref());
+                return out.completion.resolve(BatchResult::Failed(e));
+            }
         };
+        drop(frame);
         // In a cluster, an acked batch is kept until its ack: a broker that refuses it with
         // NotOwner or ShardUnavailable stored nothing, and it is sent again.
-        let resend = match (frame, &cluster) {
-            (Frame::Publish(p), Some(_)) if mode != AckMode::None => {
-                Some(Resend { stream: p.stream, key: p.key, records: p.records, mode })
-            }
+        let resend = match &cluster {
+            Some(_) if mode != AckMode::None => Some(Resend {
+                stream: self.ctx.stream.clone(),
+                key: out.key.clone(),
+                producer: out.tag.as_ref().map(|t| t.0),
+                records: out.records.clone(),
+                mode,
+            }),
             _ => None,
         };
         let rx = match lane.send_request(id, bytes).await {
@@ -475,15 +654,23 @@ impl Worker {
                 if let Some(c) = &cluster {
                     c.invalidate(&self.ctx.stream);
                 }
-                return completion.resolve(BatchResult::Failed(e));
+                drop(permit);
+                if out.tag.is_some() && cluster.is_none() && outcome_unknown(&e) {
+                    return self.park_or_fail(out, e);
+                }
+                mark_broken(out.tag.as_ref());
+                return out.completion.resolve(BatchResult::Failed(e));
             }
         };
         if mode == AckMode::None {
             drop(permit);
-            return completion.resolve(BatchResult::Written);
+            return out.completion.resolve(BatchResult::Written);
         }
         let waiter = lane.waiter();
         let limit = conn.ack_timeout();
+        let lost = self.lost.clone();
+        let queue = self.queue.clone();
+        let ctx = self.ctx.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let mut answer = waiter.wait(id, rx, limit, "ack").await;
@@ -493,9 +680,62 @@ impl Worker {
                     cluster.invalidate(&resend.stream);
                 }
                 answer = resend.follow(&cluster, answer).await;
+            } else if out.tag.is_some() {
+                match answer {
+                    Err(e) if outcome_unknown(&e) => {
+                        return park_or_fail(&lost, &queue, &ctx.settings, out, e);
+                    }
+                    // Ahead of the shard's next sequence number: an earlier batch of the
+                    // producer is missing (it failed, or is being sent again). Nothing was
+                    // stored: send it again, after the earlier ones.
+                    Err(ClientError::Broker { code: ErrorCode::OutOfOrderSequence, .. }) => {
+                        return park_or_fail(
+                            &lost,
+                            &queue,
+                            &ctx.settings,
+                            out,
+                            ClientError::Broker {
+                                code: ErrorCode::OutOfOrderSequence,
+                                message: "an earlier batch of the producer is missing".into(),
+                            },
+                        );
+                    }
+                    other => answer = other,
+                }
             }
-            resolve(completion, count, answer);
+            if !matches!(answer, Ok(Frame::PublishAck(_))) {
+                mark_broken(out.tag.as_ref());
+            }
+            resolve(out.completion, count, answer);
         });
+    }
+}
+
+/// Pause before sending parked batches again when the last attempt parked all of them.
+const RESEND_PAUSE_MS: u64 = 50;
+
+/// Parks `out` in `lost` (waking the worker) while its retry time lasts, else fails it with `e`.
+fn park_or_fail(
+    lost: &Mutex<Vec<Outgoing>>,
+    queue: &WorkerQueue,
+    settings: &PublishSettings,
+    out: Outgoing,
+    e: ClientError,
+) {
+    let retry_for = Duration::from_millis(settings.retry_timeout_ms);
+    if out.first_sent.elapsed() >= retry_for {
+        mark_broken(out.tag.as_ref());
+        return out.completion.resolve(BatchResult::Failed(e));
+    }
+    tracing::debug!(error = %e, "idempotent batch parked, to be sent again");
+    lost.lock().unwrap_or_else(|p| p.into_inner()).push(out);
+    queue.wake();
+}
+
+/// A tagged batch failed for good: its producer starts over under a new id.
+fn mark_broken(tag: Option<&(ProducerTag, Arc<AtomicBool>)>) {
+    if let Some((_, broken)) = tag {
+        broken.store(true, Ordering::Relaxed);
     }
 }
 
@@ -504,6 +744,7 @@ impl Worker {
 struct Resend {
     stream: String,
     key: Option<Bytes>,
+    producer: Option<ProducerTag>,
     records: Vec<felix_proto::Payload>,
     mode: AckMode,
 }
@@ -528,7 +769,7 @@ impl Resend {
                     let frame = Frame::Publish(Publish {
                         ack: Some(AckRequest { request_id: id, mode: batch.mode }),
                         key: batch.key,
-                        producer: None,
+                        producer: batch.producer,
                         stream: batch.stream,
                         records: batch.records,
                     });

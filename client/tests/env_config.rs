@@ -43,6 +43,8 @@ fn table() -> Vec<(&'static str, &'static str, Check)> {
         ("FELIX_BATCH_RECORDS_MAX", "77", |c| c.publish.batch_records_max == 77),
         ("FELIX_BATCH_BYTES_MAX", "8888", |c| c.publish.batch_bytes_max == 8888),
         ("FELIX_IN_FLIGHT_BATCHES_MAX", "5", |c| c.publish.in_flight_batches_max == 5),
+        ("FELIX_IDEMPOTENT", "false", |c| !c.publish.idempotent),
+        ("FELIX_RETRY_TIMEOUT_MS", "1234", |c| c.publish.retry_timeout_ms == 1234),
     ]
 }
 

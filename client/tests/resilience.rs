@@ -119,11 +119,30 @@ async fn an_ack_that_never_comes_times_out() {
     broker.create_stream(STREAM, 1);
     let mut config = broker.client_config();
     config.ack_timeout_ms = 200;
+    config.publish.idempotent = false;
     let client = Client::connect(config).await.unwrap();
     let publisher = client.publisher(STREAM).await.unwrap();
     let err = publisher.publish(Record::unkeyed("lost")).await.unwrap_err();
     assert_eq!(err, ClientError::Timeout { what: "ack", after_ms: 200 });
-    assert_eq!(broker.state.lock().publishes, 1, "the batch was sent once");
+    assert_eq!(broker.state.lock().publishes, 1, "an untagged batch is sent once");
+}
+
+#[tokio::test]
+async fn an_idempotent_batch_is_sent_again_until_its_retry_time_is_over() {
+    let options = BrokerOptions { swallow_acks: true, ..Default::default() };
+    let broker = TestBroker::start(options).await;
+    broker.create_stream(STREAM, 1);
+    let mut config = broker.client_config();
+    config.ack_timeout_ms = 200;
+    config.publish.retry_timeout_ms = 1_000;
+    let client = Client::connect(config).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    let started = std::time::Instant::now();
+    let err = publisher.publish(Record::unkeyed("lost")).await.unwrap_err();
+    assert_eq!(err, ClientError::Timeout { what: "ack", after_ms: 200 });
+    assert!(started.elapsed() >= std::time::Duration::from_millis(1_000), "retried until the end");
+    let sent = broker.state.lock().publishes;
+    assert!((3..=10).contains(&sent), "a timed-out tagged batch is sent again: {sent} sends");
 }
 
 #[tokio::test]

@@ -133,8 +133,7 @@ pub fn frame() -> impl Strategy<Value = Frame> {
             .prop_map(|(ack, key, producer, stream, records)| Frame::Publish(Publish {
                 ack: ack.map(|(request_id, mode)| AckRequest { request_id, mode }),
                 key,
-                producer: producer
-                    .map(|(p, seq)| ProducerTag { producer: ProducerId(p), seq }),
+                producer: producer.map(|(p, seq)| ProducerTag { producer: ProducerId(p), seq }),
                 stream,
                 records: records.into_iter().map(Payload::from).collect(),
             })),

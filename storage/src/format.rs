@@ -559,6 +559,18 @@ mod tests {
     }
 
     #[test]
+    fn doc_tagged_test_vector() {
+        // The tagged example in docs/storage-format.md, section 2.
+        let hex = "46 58 42 31 01 01 00 00 2d 87 21 97 4b 00 00 00 03 00 00 00 01 00 00 00 \
+                   2a 00 00 00 00 00 00 00 e8 03 00 00 00 00 00 00 e8 03 00 00 00 00 00 00 \
+                   08 07 06 05 04 03 02 01 09 00 00 00 00 00 00 00 \
+                   00 00 00 00 00 02 00 00 00 61 62";
+        let want: Vec<u8> =
+            hex.split_whitespace().map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
+        assert_eq!(tagged(&[Record::unkeyed(&b"ab"[..])], TAG), want);
+    }
+
+    #[test]
     fn every_single_bit_flip_is_detected() {
         let buf = encoded(&sample());
         for byte in 0..buf.len() {

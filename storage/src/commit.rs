@@ -12,13 +12,16 @@
 //! are in flight, so all unfinished writes lie within that distance of the oldest one (the
 //! torn-tail window of recovery). Each write task waits for its predecessor before it
 //! publishes: indexes, `Written` acks and `written_pos` advance in log order only.
+//! Duplicates (retries of a tagged batch still queued or being written, `retry_waiters`) are
+//! answered with their original: acknowledged when it publishes, failed when it fails.
 //!
 //! Flushes: while durable appends wait, take `target = written_pos`, fdatasync, set
 //! `durable_pos = target` and acknowledge every waiter at or below it; repeat at once if
 //! more wait.
 //!
 //! Failures: a failed write fails its batches, everything queued, and every later write
-//! still in flight (their offsets are handed out again); when the last of them is done the
+//! still in flight (their offsets are handed out again, and the producer tables forget
+//! them); when the last of them is done the
 //! file is truncated back to the published end. A failed fdatasync or truncate poisons the
 //! log.
 
@@ -165,7 +168,7 @@ fn take_write(inner: &Rc<Inner>) -> Write {
     let mut at = 0usize;
     for p in &batches {
         let batch = &mut out[at..at + p.len];
-        encode_batch(batch, p.shard, Offset(p.base_offset), p.timestamp_ms, &p.records);
+        encode_batch(batch, p.shard, Offset(p.base_offset), p.timestamp_ms, p.producer, &p.records);
         let slot = batch_slot(p.len as u64) as usize;
         out[at + p.len..at + slot].fill(0);
         at += slot;
@@ -264,13 +267,19 @@ fn publish(inner: &Inner, st: &mut State, batches: Vec<Pending>, start: u64, len
         let active = st.segments.last_mut().expect("active segment");
         active.last_timestamp_ms = active.last_timestamp_ms.max(p.timestamp_ms);
         st.stats.batch_bytes += p.len as u64;
-        match (p.ack, p.done) {
-            (AckMode::Durable, Some(done)) => {
+        let retries = match p.producer {
+            Some(_) if !st.retry_waiters.is_empty() => {
+                st.retry_waiters.remove(&(p.shard, p.base_offset)).unwrap_or_default()
+            }
+            _ => Vec::new(),
+        };
+        for (ack, done) in p.done.map(|d| (p.ack, d)).into_iter().chain(retries) {
+            if ack == AckMode::Durable {
                 st.durable_waiters.push_back((end, done));
                 any_durable = true;
+            } else {
+                done.complete(Ok(()));
             }
-            (_, Some(done)) => done.complete(Ok(())),
-            (_, None) => {}
         }
     }
     let active = st.segments.last_mut().expect("active segment");
@@ -292,10 +301,15 @@ pub(crate) fn fail_queue(inner: &Inner, taken: Vec<Pending>, e: &StorageError) {
     st.queued_bytes = 0;
     st.stats.append_errors += failed.len() as u64;
     for s in st.shards.values_mut() {
-        s.next_offset = s.index.next_offset();
+        let next = s.index.next_offset();
+        s.rewind(next);
     }
     for p in failed {
-        if let Some(done) = p.done {
+        let retries = match p.producer {
+            Some(_) => st.retry_waiters.remove(&(p.shard, p.base_offset)).unwrap_or_default(),
+            None => Vec::new(),
+        };
+        for done in p.done.into_iter().chain(retries.into_iter().map(|(_, d)| d)) {
             done.complete(Err(e.duplicate()));
         }
     }

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use crate::error::{Result, StorageError};
 use crate::format::{FORMAT_ALIGN_BYTES, SEGMENT_HEADER_BYTES};
+use crate::producers::PRODUCERS_PER_SHARD_MAX;
 
 /// The most bytes one write to a segment carries (several batches, padded).
 pub const WRITE_BYTES_MAX: usize = 4 << 20;
@@ -65,6 +66,10 @@ pub struct StorageConfig {
     pub repair: bool,
     /// Default retention of stream logs.
     pub retention: RetentionConfig,
+    /// Producers whose last batches each shard remembers for idempotent appends (default
+    /// [`PRODUCERS_PER_SHARD_MAX`]); beyond it, the producer whose last append is oldest is
+    /// forgotten, and a retry of its batches is then stored as new. At least 1.
+    pub producers_per_shard_max: usize,
 }
 
 impl StorageConfig {
@@ -78,6 +83,7 @@ impl StorageConfig {
             queue_bytes_max: 64 << 20,
             repair: false,
             retention: RetentionConfig::default(),
+            producers_per_shard_max: PRODUCERS_PER_SHARD_MAX,
         }
     }
 
@@ -95,6 +101,9 @@ impl StorageConfig {
         }
         if self.queue_bytes_max < self.batch_bytes_max {
             return bad("queue_bytes_max must hold at least one batch");
+        }
+        if self.producers_per_shard_max == 0 {
+            return bad("producers_per_shard_max must be at least 1");
         }
         Ok(())
     }
@@ -194,5 +203,8 @@ mod tests {
         let mut c = StorageConfig::new("/tmp/x");
         c.segment_bytes_max = 4096;
         assert!(c.validate().is_err());
+        let mut c = StorageConfig::new("/tmp/x");
+        c.producers_per_shard_max = 0;
+        assert!(matches!(c.validate(), Err(StorageError::InvalidConfig { .. })));
     }
 }

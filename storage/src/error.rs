@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use felix_proto::{Offset, ShardId};
+use felix_proto::{Offset, ProducerId, ShardId};
 
 /// Everything that can go wrong in `felix-storage`.
 #[derive(Debug, thiserror::Error)]
@@ -131,6 +131,61 @@ pub enum StorageError {
     TooManyTruncations {
         /// `TRUNCATION_MARKERS_MAX`.
         limit: usize,
+    },
+    /// A tagged batch skipped sequence numbers: the shard expected `expected` from this
+    /// producer (the one after its last stored batch). Nothing was appended. The batches in
+    /// between were never stored (e.g. lost with a failed write); the client resends from
+    /// `expected`, or starts a new producer id if it no longer has them.
+    #[error(
+        "{producer} on {shard}: sequence {got} is ahead of the next expected {expected}; \
+         nothing was stored: resend the batches from sequence {expected} in order"
+    )]
+    OutOfOrderSequence {
+        /// The shard.
+        shard: ShardId,
+        /// The producer.
+        producer: ProducerId,
+        /// The sequence number the shard would have appended.
+        expected: u32,
+        /// The sequence number offered.
+        got: u32,
+    },
+    /// A tagged batch older than every batch the shard remembers of this producer (the last
+    /// `PRODUCER_SEQ_WINDOW`). Nothing was appended, and whether the original was stored is
+    /// unknown here: the client must not resend it under this producer id (it may read the
+    /// shard to find out), and goes on with newer sequence numbers.
+    #[error(
+        "{producer} on {shard}: sequence {seq} is older than the oldest one remembered \
+         ({oldest_kept}); nothing was stored and its fate is unknown: do not retry it"
+    )]
+    SequenceTooOld {
+        /// The shard.
+        shard: ShardId,
+        /// The producer.
+        producer: ProducerId,
+        /// The sequence number offered.
+        seq: u32,
+        /// The oldest sequence number the shard remembers of the producer.
+        oldest_kept: u32,
+    },
+    /// A retry of a stored tagged batch with a different number of records: not the same
+    /// batch. Nothing was appended. A retry must resend exactly the original batch; new data
+    /// takes a new sequence number.
+    #[error(
+        "{producer} on {shard}: sequence {seq} was stored with {stored_records} records but \
+         the retry has {retry_records}; nothing was stored: a retry must resend the same batch"
+    )]
+    SequenceMismatch {
+        /// The shard.
+        shard: ShardId,
+        /// The producer.
+        producer: ProducerId,
+        /// The sequence number offered.
+        seq: u32,
+        /// Records of the stored batch.
+        stored_records: u32,
+        /// Records of the retry.
+        retry_records: u32,
     },
     /// The log was closed (or dropped) before the operation completed.
     #[error("stream log closed")]

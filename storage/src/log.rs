@@ -3,7 +3,8 @@
 //! path (writer and group commit) is in `commit`.
 //!
 //! Call order: [`StreamLog::open`] (recovers) -> any number of concurrent
-//! [`StreamLog::append`], [`StreamLog::read`], [`StreamLog::wait_for`] from tasks of the
+//! [`StreamLog::append`] (or [`StreamLog::append_tagged`], idempotent per producer),
+//! [`StreamLog::read`], [`StreamLog::wait_for`] from tasks of the
 //! same executor -> optionally [`StreamLog::close`]. Two background tasks run per log: the
 //! writer (turns queued batches into aligned writes, up to 8 MiB in flight, published in
 //! log order) and the flusher (group commit: one fdatasync covers every write published
@@ -17,7 +18,7 @@ use std::path::Path;
 use std::rc::Rc;
 
 use bytes::Bytes;
-use felix_proto::{AckMode, Offset, Record, ShardId};
+use felix_proto::{AckMode, Offset, ProducerTag, Record, ShardId};
 
 use crate::config::{RetentionConfig, StorageConfig};
 use crate::error::{Result, StorageError};
@@ -26,10 +27,11 @@ use crate::format::{
 };
 use crate::index::{IndexEntry, Lookup};
 use crate::io::{self, LogFile};
+use crate::producers::Check;
 use crate::scan::{scan_segment, ScanEnd};
 use crate::state::{Inner, Pending, ShardState, State};
 use crate::stats::StorageStats;
-use crate::sync::{completion, Signal};
+use crate::sync::{completion, Completion, Signal};
 
 /// Two batches of one shard closer than this are read with one I/O.
 pub const READ_GAP_BYTES_MAX: u64 = 64 << 10;
@@ -41,6 +43,9 @@ pub struct AppendOutcome {
     pub base_offset: Offset,
     /// Records appended.
     pub record_count: u32,
+    /// The batch was a retry of a stored tagged batch: nothing was appended, and the
+    /// offsets are the original's.
+    pub duplicate: bool,
 }
 
 /// One batch returned by a read.
@@ -54,6 +59,8 @@ pub struct StoredBatch {
     pub first_timestamp_ms: u64,
     /// Timestamp of the last record.
     pub last_timestamp_ms: u64,
+    /// The producer tag of an idempotent batch.
+    pub producer: Option<ProducerTag>,
     /// The records; keys and values are slices of one read buffer.
     pub records: Vec<Record>,
 }
@@ -117,6 +124,7 @@ impl StreamLog {
             written_pos,
             durable_pos: written_pos,
             durable_waiters: VecDeque::new(),
+            retry_waiters: BTreeMap::new(),
             poisoned: None,
             stats,
             truncations: rec.truncations,
@@ -151,9 +159,36 @@ impl StreamLog {
         timestamp_ms: u64,
         ack: AckMode,
     ) -> Result<AppendOutcome> {
-        let (outcome, done) = {
+        self.append_tagged(shard, records, timestamp_ms, ack, None).await
+    }
+
+    /// [`StreamLog::append`] with an optional producer tag: a tagged batch is stored once
+    /// per shard. The shard remembers each producer's last `PRODUCER_SEQ_WINDOW` batches
+    /// (`producers_per_shard_max` producers, the one whose last append is oldest forgotten
+    /// first). For a known producer:
+    ///
+    /// * the next sequence number (its last + 1, wrapping) is appended;
+    /// * a remembered one is a **duplicate**: nothing is appended, and the original's offsets
+    ///   come back (`duplicate: true`) once the original satisfies `ack` (it may still be
+    ///   queued or being written; if its write fails, so does the retry); a different record
+    ///   count is `SequenceMismatch`;
+    /// * one ahead of the next (by less than 2^31) is `OutOfOrderSequence`, one behind the
+    ///   remembered ones `SequenceTooOld`; nothing is appended.
+    ///
+    /// An unknown producer (never seen, forgotten, or whose batches were all truncated or
+    /// lost with a failed write) may start at any sequence number. Duplicates do not count
+    /// as appends, wake no tail reader and add nothing to the index.
+    pub async fn append_tagged(
+        &self,
+        shard: ShardId,
+        records: &[Record],
+        timestamp_ms: u64,
+        ack: AckMode,
+        tag: Option<ProducerTag>,
+    ) -> Result<AppendOutcome> {
+        let (outcome, wait) = {
             let mut st = self.inner.state.borrow_mut();
-            match self.enqueue(&mut st, shard, records, timestamp_ms, ack) {
+            match self.enqueue(&mut st, shard, records, timestamp_ms, ack, tag) {
                 Ok(x) => x,
                 Err(e) => {
                     st.stats.append_errors += 1;
@@ -161,10 +196,13 @@ impl StreamLog {
                 }
             }
         };
-        self.inner.writer.notify();
-        match done {
-            None => Ok(outcome),
-            Some(done) => match done.await {
+        if !outcome.duplicate {
+            self.inner.writer.notify();
+        }
+        match wait {
+            AckWait::Now => Ok(outcome),
+            AckWait::Flush => self.flush().await.map(|()| outcome),
+            AckWait::Done(done) => match done.await {
                 Some(Ok(())) => Ok(outcome),
                 Some(Err(e)) => Err(e),
                 None => Err(StorageError::Closed),
@@ -179,7 +217,8 @@ impl StreamLog {
         records: &[Record],
         timestamp_ms: u64,
         ack: AckMode,
-    ) -> Result<(AppendOutcome, Option<crate::sync::Completion<Result<()>>>)> {
+        tag: Option<ProducerTag>,
+    ) -> Result<(AppendOutcome, AckWait)> {
         if let Some(reason) = &st.poisoned {
             return Err(StorageError::Poisoned { reason: reason.clone() });
         }
@@ -193,9 +232,46 @@ impl StreamLog {
                 limit: config.batch_records_max,
             });
         }
-        let len = batch_encoded_len(records);
+        let len = batch_encoded_len(records, tag);
         if len > config.batch_bytes_max {
             return Err(StorageError::BatchTooLarge { bytes: len, limit: config.batch_bytes_max });
+        }
+        let record_count = records.len() as u32;
+        let s = owned_shard(&self.inner.name, &mut st.shards, shard)?;
+        if s.truncating {
+            return Err(StorageError::ShardBusy { shard, reason: "the shard is being truncated" });
+        }
+        // Before the queue limit: a duplicate queues nothing.
+        if let Some(tag) = tag {
+            match s.producers.check(tag, record_count) {
+                Check::Append => {}
+                Check::Duplicate(e) => return Ok(self.duplicate(st, shard, e, ack)),
+                Check::Mismatch(e) => {
+                    return Err(StorageError::SequenceMismatch {
+                        shard,
+                        producer: tag.producer,
+                        seq: tag.seq,
+                        stored_records: e.record_count,
+                        retry_records: record_count,
+                    })
+                }
+                Check::OutOfOrder { expected } => {
+                    return Err(StorageError::OutOfOrderSequence {
+                        shard,
+                        producer: tag.producer,
+                        expected,
+                        got: tag.seq,
+                    })
+                }
+                Check::TooOld { oldest_kept } => {
+                    return Err(StorageError::SequenceTooOld {
+                        shard,
+                        producer: tag.producer,
+                        seq: tag.seq,
+                        oldest_kept,
+                    })
+                }
+            }
         }
         if st.queued_bytes + len > config.queue_bytes_max {
             return Err(StorageError::QueueFull {
@@ -204,16 +280,20 @@ impl StreamLog {
             });
         }
         let s = owned_shard(&self.inner.name, &mut st.shards, shard)?;
-        if s.truncating {
-            return Err(StorageError::ShardBusy { shard, reason: "the shard is being truncated" });
-        }
         let base_offset = s.next_offset;
         s.next_offset += records.len() as u64;
-        let (tx, rx) = match ack {
-            AckMode::None => (None, None),
+        // Recorded now, with the offsets: a retry that arrives while this batch is queued or
+        // being written is a duplicate. A failed write forgets it again (`ShardState::rewind`).
+        if let Some(tag) = tag {
+            if s.producers.record(tag, base_offset, record_count) {
+                st.stats.producers_evicted += 1;
+            }
+        }
+        let (tx, wait) = match ack {
+            AckMode::None => (None, AckWait::Now),
             _ => {
                 let (tx, rx) = completion();
-                (Some(tx), Some(rx))
+                (Some(tx), AckWait::Done(rx))
             }
         };
         st.queue.push_back(Pending {
@@ -221,6 +301,7 @@ impl StreamLog {
             base_offset,
             records: records.to_vec(),
             timestamp_ms,
+            producer: tag,
             len,
             ack,
             done: tx,
@@ -229,8 +310,51 @@ impl StreamLog {
         st.stats.appends += 1;
         st.stats.records += records.len() as u64;
         let outcome =
-            AppendOutcome { base_offset: Offset(base_offset), record_count: records.len() as u32 };
-        Ok((outcome, rx))
+            AppendOutcome { base_offset: Offset(base_offset), record_count, duplicate: false };
+        Ok((outcome, wait))
+    }
+
+    /// Answer a retry of the stored batch `original` of `shard` once the original
+    /// satisfies `ack`. A table entry at or past the index's next offset is queued or being
+    /// written (failed writes and truncations forget theirs); one before it is written.
+    fn duplicate(
+        &self,
+        st: &mut State,
+        shard: ShardId,
+        original: crate::producers::SeqEntry,
+        ack: AckMode,
+    ) -> (AppendOutcome, AckWait) {
+        st.stats.duplicates += 1;
+        let outcome = AppendOutcome {
+            base_offset: Offset(original.base_offset),
+            record_count: original.record_count,
+            duplicate: true,
+        };
+        let Some(s) = st.shards.get(&shard) else { return (outcome, AckWait::Now) };
+        let written = original.base_offset < s.index.next_offset();
+        let wait = match ack {
+            AckMode::None => AckWait::Now,
+            AckMode::Written if written => AckWait::Now,
+            AckMode::Durable if written => {
+                // Durable already if its batch ends at or before `durable_pos`; else wait for
+                // a flush of everything written (the original included).
+                let end = match s.index.lookup(original.base_offset, 0) {
+                    Lookup::Recent(e) => e.first().map(|e| e.position + u64::from(e.len)),
+                    _ => None,
+                };
+                if end.is_some_and(|end| end <= st.durable_pos) {
+                    AckWait::Now
+                } else {
+                    AckWait::Flush
+                }
+            }
+            _ => {
+                let (tx, rx) = completion();
+                st.retry_waiters.entry((shard, original.base_offset)).or_default().push((ack, tx));
+                AckWait::Done(rx)
+            }
+        };
+        (outcome, wait)
     }
 
     /// Read batches of `shard` starting with the one that holds `from`, up to about
@@ -438,6 +562,14 @@ impl StreamLog {
         self.inner.state.borrow().shards.get(&shard).map_or(0, |s| s.next_offset)
     }
 
+    /// Producers that `shard`'s producer table remembers (at most
+    /// `StorageConfig::producers_per_shard_max`).
+    pub fn producer_count(&self, shard: ShardId) -> Result<usize> {
+        let mut st = self.inner.state.borrow_mut();
+        let s = owned_shard(&self.inner.name, &mut st.shards, shard)?;
+        Ok(s.producers.len())
+    }
+
     /// The first offset of `shard` still stored.
     pub fn start_offset(&self, shard: ShardId) -> Result<Offset> {
         let mut st = self.inner.state.borrow_mut();
@@ -508,8 +640,19 @@ fn stored(
         base_offset: h.base_offset,
         first_timestamp_ms: h.first_timestamp_ms,
         last_timestamp_ms: h.last_timestamp_ms,
+        producer: h.producer,
         records: decode_records(bytes, h)?,
     })
+}
+
+/// What an append waits for before it answers.
+enum AckWait {
+    /// Nothing: answer now.
+    Now,
+    /// The completion of the batch's write (or flush), or of the original's for a retry.
+    Done(Completion<Result<()>>),
+    /// A flush of everything written (a durable retry of a written, not yet durable batch).
+    Flush,
 }
 
 fn owned_shard<'a>(

@@ -1,6 +1,6 @@
 //! Opening a stream log: list segments, verify every batch, truncate a torn tail, refuse
-//! (or repair) corruption before the tail, rebuild the per-shard indexes. Also segment
-//! creation and rolling, which recovery must be able to undo.
+//! (or repair) corruption before the tail, rebuild the per-shard indexes and producer
+//! tables. Also segment creation and rolling, which recovery must be able to undo.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -14,9 +14,10 @@ use crate::error::{Result, StorageError};
 use crate::format::{align_up, SegmentHeader, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX};
 use crate::index::{IndexEntry, ShardIndex};
 use crate::io::{self, LogFile};
+use crate::producers::ProducerTable;
 use crate::scan::{scan_segment, valid_batch_beyond_window, ScanEnd};
 use crate::state::{Inner, Segment, ShardState};
-use crate::truncate::{MarkerWalk, Truncations};
+use crate::truncate::{Marker, MarkerWalk, Truncations};
 
 /// Suffix of segment files; the stem is the segment's base log position, 20 digits.
 pub const SEGMENT_SUFFIX: &str = ".log";
@@ -141,6 +142,7 @@ pub(crate) async fn recover(
         limit: config.batch_bytes_max.max(crate::config::BATCH_BYTES_LIMIT),
         report: RecoveryReport::default(),
         indexes: BTreeMap::new(),
+        producers: BTreeMap::new(),
         segments: Vec::new(),
         flushes: 0,
     };
@@ -166,6 +168,8 @@ struct Recovery<'a> {
     limit: usize,
     report: RecoveryReport,
     indexes: BTreeMap<ShardId, ShardIndex>,
+    /// Each shard's producer table, rebuilt from the tags of its batches in log order.
+    producers: BTreeMap<ShardId, ProducerTable>,
     segments: Vec<Segment>,
     /// fdatasyncs (and directory fsyncs counted as flushes) done so far.
     flushes: u64,
@@ -206,10 +210,10 @@ impl Recovery<'_> {
         if self.segments.is_empty() {
             self.walk.skip_before(base);
         } else {
-            apply_markers(&mut self.indexes, &mut self.walk, base, false);
+            apply_markers(&mut self.indexes, &mut self.producers, &mut self.walk, base, false);
         }
         self.check_start_offsets(&path, &header)?;
-        apply_markers(&mut self.indexes, &mut self.walk, base, true);
+        apply_markers(&mut self.indexes, &mut self.producers, &mut self.walk, base, true);
         let scanned = self.index_batches(&file, base, size, header.created_ms).await?;
         self.report.batches += scanned.batches;
         let mut valid_end = scanned.valid_end;
@@ -295,6 +299,8 @@ impl Recovery<'_> {
         created_ms: u64,
     ) -> Result<Scanned> {
         let indexes = &mut self.indexes;
+        let producers = &mut self.producers;
+        let producers_max = self.config.producers_per_shard_max;
         let walk = &mut self.walk;
         let mut last_ts = created_ms;
         let mut valid_end = SEGMENT_HEADER_BYTES;
@@ -302,7 +308,7 @@ impl Recovery<'_> {
         let mut gap = None;
         let end = scan_segment(file, SEGMENT_HEADER_BYTES, size, self.limit, |pos, h, _| {
             // Truncations at or before this batch's position happened before it was written.
-            apply_markers(indexes, walk, base + pos, true);
+            apply_markers(indexes, producers, walk, base + pos, true);
             let ix = indexes.entry(h.shard).or_insert_with(|| ShardIndex::new(0));
             if h.base_offset.0 != ix.next_offset() {
                 gap = Some((
@@ -322,6 +328,12 @@ impl Recovery<'_> {
                 len: h.len,
                 position: base + pos,
             });
+            if let Some(tag) = h.producer {
+                producers
+                    .entry(h.shard)
+                    .or_insert_with(|| ProducerTable::new(producers_max))
+                    .record(tag, h.base_offset.0, h.record_count);
+            }
             last_ts = last_ts.max(h.last_timestamp_ms);
             valid_end = pos + crate::format::batch_slot(u64::from(h.len));
             batches += 1;
@@ -405,7 +417,7 @@ impl Recovery<'_> {
                     ),
                 ));
             }
-            self.indexes.entry(m.shard).or_insert_with(|| ShardIndex::new(0)).truncate(m.offset);
+            cut(&mut self.indexes, &mut self.producers, *m);
         }
         for shard in owned {
             self.indexes.entry(*shard).or_insert_with(|| ShardIndex::new(0));
@@ -436,10 +448,16 @@ impl Recovery<'_> {
             self.segments.last().expect("not empty").file.fdatasync().await?;
             self.flushes += 1;
         }
+        let mut producers = self.producers;
+        let producers_max = self.config.producers_per_shard_max;
         let shards = self
             .indexes
             .into_iter()
-            .map(|(id, ix)| (id, ShardState::new(owned.contains(&id), ix)))
+            .map(|(id, ix)| {
+                let table =
+                    producers.remove(&id).unwrap_or_else(|| ProducerTable::new(producers_max));
+                (id, ShardState::new(owned.contains(&id), ix, table))
+            })
             .collect();
         Ok(Recovered {
             segments: self.segments,
@@ -456,12 +474,26 @@ impl Recovery<'_> {
 /// Apply the markers at or before log position `position` (`inclusive`) or before it.
 fn apply_markers(
     indexes: &mut BTreeMap<ShardId, ShardIndex>,
+    producers: &mut BTreeMap<ShardId, ProducerTable>,
     walk: &mut MarkerWalk<'_>,
     position: u64,
     inclusive: bool,
 ) {
     while let Some(m) = walk.next_through(position, inclusive) {
-        indexes.entry(m.shard).or_insert_with(|| ShardIndex::new(0)).truncate(m.offset);
+        cut(indexes, producers, m);
+    }
+}
+
+/// Apply one marker: the shard ends at its offset, and its producer table forgets the
+/// batches the marker cut (wholly or in part); they were all written before the marker.
+fn cut(
+    indexes: &mut BTreeMap<ShardId, ShardIndex>,
+    producers: &mut BTreeMap<ShardId, ProducerTable>,
+    m: Marker,
+) {
+    indexes.entry(m.shard).or_insert_with(|| ShardIndex::new(0)).truncate(m.offset);
+    if let Some(table) = producers.get_mut(&m.shard) {
+        table.forget_after(m.offset);
     }
 }
 

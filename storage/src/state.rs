@@ -11,12 +11,13 @@ use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
 use std::rc::Rc;
 
-use felix_proto::{AckMode, Offset, Record, ShardId};
+use felix_proto::{AckMode, Offset, ProducerTag, Record, ShardId};
 
 use crate::config::{RetentionConfig, StorageConfig};
 use crate::error::{Result, StorageError};
 use crate::index::ShardIndex;
 use crate::io::LogFile;
+use crate::producers::ProducerTable;
 use crate::stats::StorageStats;
 use crate::sync::{Completer, Completion, Signal};
 use crate::truncate::Truncations;
@@ -43,18 +44,28 @@ pub(crate) struct ShardState {
     pub(crate) index: ShardIndex,
     /// `truncate_shard` is writing this shard's marker: appends of it are refused.
     pub(crate) truncating: bool,
+    /// The last tagged batches of each producer (idempotent appends), queued ones included.
+    pub(crate) producers: ProducerTable,
     tail_waiters: Vec<(u64, Completer<()>)>,
 }
 
 impl ShardState {
-    pub(crate) fn new(owned: bool, index: ShardIndex) -> Self {
+    pub(crate) fn new(owned: bool, index: ShardIndex, producers: ProducerTable) -> Self {
         Self {
             owned,
             next_offset: index.next_offset(),
             index,
             truncating: false,
+            producers,
             tail_waiters: Vec::new(),
         }
+    }
+
+    /// Offsets from `next` on are handed out again (a failed write): set the next offset
+    /// back and forget the producers' batches that held them.
+    pub(crate) fn rewind(&mut self, next: u64) {
+        self.next_offset = next;
+        self.producers.forget_after(next);
     }
 
     /// Wake the tail readers waiting for an offset that is now written.
@@ -85,10 +96,16 @@ pub(crate) struct Pending {
     pub(crate) base_offset: u64,
     pub(crate) records: Vec<Record>,
     pub(crate) timestamp_ms: u64,
+    /// The producer tag of an idempotent batch, written after the batch header.
+    pub(crate) producer: Option<ProducerTag>,
     pub(crate) len: usize,
     pub(crate) ack: AckMode,
     pub(crate) done: Option<Completer<Result<()>>>,
 }
+
+/// Retries of a tagged batch that is queued or being written, by (shard, base offset): they
+/// are answered as the batch is (its write publishes or fails), each by its own ack mode.
+pub(crate) type RetryWaiters = BTreeMap<(ShardId, u64), Vec<(AckMode, Completer<Result<()>>)>>;
 
 /// The mutable state of one stream log, borrowed briefly and never across an await.
 pub(crate) struct State {
@@ -113,6 +130,8 @@ pub(crate) struct State {
     pub(crate) written_pos: u64,
     pub(crate) durable_pos: u64,
     pub(crate) durable_waiters: VecDeque<(u64, Completer<Result<()>>)>,
+    /// Duplicates waiting for their original batch to be written (see [`RetryWaiters`]).
+    pub(crate) retry_waiters: RetryWaiters,
     pub(crate) poisoned: Option<String>,
     pub(crate) stats: StorageStats,
     /// Durable truncation markers (see `truncate`).

@@ -22,6 +22,13 @@ pub struct StorageStats {
     pub flushes: u64,
     /// Appends rejected with an error.
     pub append_errors: u64,
+    /// Tagged appends answered from a shard's producer table as retries of a stored batch
+    /// (nothing appended; not counted in `appends`).
+    pub duplicates: u64,
+    /// Producers forgotten because a shard's table was full (`producers_per_shard_max`);
+    /// a retry of their batches is stored as new. Counts evictions since the log opened,
+    /// not those of recovery's rebuild.
+    pub producers_evicted: u64,
     /// Writes that failed with ENOSPC.
     pub no_space_errors: u64,
     /// Segments created.
@@ -55,6 +62,8 @@ impl StorageStats {
             writes: 0,
             flushes: 0,
             append_errors: 0,
+            duplicates: 0,
+            producers_evicted: 0,
             no_space_errors: 0,
             segments_created: 0,
             segments_deleted: 0,

@@ -377,6 +377,9 @@ impl StreamLog {
         let s = st.shards.get_mut(&shard).expect("a truncated shard stays in the log");
         s.index.truncate(offset);
         s.next_offset = offset;
+        // The batches the cut removed, wholly or in part, are no longer stored: a retry of
+        // one is not a duplicate (docs/storage-format.md, "Producer table").
+        s.producers.forget_after(offset);
         tracing::info!(stream = %self.inner.name, %shard, offset, position = marker.position, "truncated shard");
         Ok(())
     }

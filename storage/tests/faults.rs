@@ -1,5 +1,6 @@
 //! Fault injection: torn tails, bit flips before the tail (refuse / repair), a
-//! half-created segment, retention by size and age, and ENOSPC on a small file system.
+//! half-created segment, retention by size and age, and ENOSPC on a small file system (also
+//! for tagged batches and their retries).
 
 mod common;
 
@@ -7,7 +8,7 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use common::{records, run, small_config};
-use felix_proto::{AckMode, CoreId, Offset, ShardId};
+use felix_proto::{AckMode, CoreId, Offset, ProducerId, ProducerTag, ShardId};
 use felix_storage::{CoreStore, RetentionConfig, StorageConfig, StorageError, StreamLog};
 
 const SHARDS: [ShardId; 2] = [ShardId(0), ShardId(1)];
@@ -386,6 +387,97 @@ fn enospc_is_a_typed_error_and_nothing_acked_is_lost() {
         let start = log.start_offset(ShardId(0)).unwrap().0;
         assert_eq!(log.next_offset(ShardId(0)).unwrap(), Offset(next));
         check(&log, 0, start, next, 16_000).await;
+    });
+    drop(guard);
+}
+
+/// A tagged batch whose write fails with ENOSPC fails its queued retry too, and is forgotten
+/// by the producer table: once space is freed its retry is stored as new at the offsets then
+/// free, while retries of the acknowledged batches are still duplicates.
+#[test]
+fn enospc_fails_a_tagged_batch_and_its_retries_and_the_table_forgets_it() {
+    let work = tempfile::tempdir().unwrap();
+    let Some((guard, kind)) = small_fs(work.path()) else {
+        println!("SKIPPED: cannot make a small file system here (needs root, mkfs.ext4 + loop, or tmpfs)");
+        return;
+    };
+    println!("tagged ENOSPC test on {kind}");
+    let mnt = guard.0.clone();
+    run(move || async move {
+        let config = small_config(&mnt);
+        let retention = RetentionConfig { bytes_max: Some(9 << 20), age_ms_max: None };
+        let log_dir = mnt.join("log");
+        let (log, _) =
+            StreamLog::open("t/ns/s", &log_dir, &SHARDS, &config, retention).await.unwrap();
+        // Producer t appends seq 0, 1, ... to shard t % 2, each batch offered twice at once
+        // (the original and a retry queued behind it), until the disk is full.
+        let tasks: Vec<_> = (0..8u32)
+            .map(|t| {
+                let log = log.clone();
+                glommio::spawn_local(async move {
+                    let shard = ShardId(t % 2);
+                    let mut acked = Vec::new();
+                    for seq in 0u32.. {
+                        let tag = Some(ProducerTag { producer: ProducerId(t.into()), seq });
+                        let base = log.next_offset_assigned(shard);
+                        let batch = records(shard.0, base, 8, 16_000);
+                        let (a, b) = futures_lite::future::zip(
+                            log.append_tagged(shard, &batch, 1, AckMode::Durable, tag),
+                            log.append_tagged(shard, &batch, 1, AckMode::Written, tag),
+                        )
+                        .await;
+                        match (a, b) {
+                            (Ok(a), Ok(b)) => {
+                                assert_eq!((a.base_offset, a.duplicate), (Offset(base), false));
+                                assert_eq!((b.base_offset, b.duplicate), (Offset(base), true));
+                                acked.push(a);
+                            }
+                            (Err(a), Err(b)) => {
+                                assert!(matches!(a, StorageError::NoSpace { .. }), "{a:?}");
+                                assert!(matches!(b, StorageError::NoSpace { .. }), "{b:?}");
+                                return (t, acked, seq);
+                            }
+                            other => panic!("original and retry answered apart: {other:?}"),
+                        }
+                    }
+                    unreachable!("the disk fills up")
+                })
+            })
+            .collect();
+        let mut producers = Vec::new();
+        for t in tasks {
+            producers.push(t.await);
+        }
+        assert!(log.enforce_retention(0).await.unwrap().segments_deleted >= 1);
+        for (t, acked, failed_seq) in producers {
+            let shard = ShardId(t % 2);
+            let tag = |seq| Some(ProducerTag { producer: ProducerId(t.into()), seq });
+            if let Some(last) = acked.last() {
+                let seq = failed_seq - 1;
+                let batch = records(shard.0, last.base_offset.0, 8, 16_000);
+                let out = log.append_tagged(shard, &batch, 1, AckMode::Durable, tag(seq)).await;
+                assert_eq!(out.unwrap().base_offset, last.base_offset, "producer {t}");
+            }
+            // The failed batch is not remembered: its retry is stored now, as new.
+            let mut stored = false;
+            for _ in 0..10 {
+                let base = log.next_offset_assigned(shard);
+                let batch = records(shard.0, base, 8, 16_000);
+                let tag = tag(failed_seq);
+                if let Ok(out) = log.append_tagged(shard, &batch, 1, AckMode::Durable, tag).await {
+                    assert_eq!((out.base_offset, out.duplicate), (Offset(base), false));
+                    stored = true;
+                    break;
+                }
+            }
+            assert!(stored, "producer {t}: the retry of its failed batch was not stored");
+        }
+        for shard in 0..2 {
+            let start = log.start_offset(ShardId(shard)).unwrap().0;
+            let end = log.next_offset(ShardId(shard)).unwrap().0;
+            check(&log, shard, start, end, 16_000).await;
+        }
+        log.close().await.unwrap();
     });
     drop(guard);
 }

@@ -38,8 +38,8 @@ fn spawn_broker(dir: &std::path::Path, addr: &str) -> Killed {
     }
     cmd.args(["serve", "--listen", addr, "--cores", "2", "--no-pin", "--metrics", "off"])
         .args(["--min-free-bytes", TEST_FLOOR_BYTES])
-        // Small segments: the retries and the read-back cross segment rolls.
-        .args(["--segment-bytes", "262144"])
+        // The smallest segments storage allows (a header block and one full write).
+        .args(["--segment-bytes", "4198400"])
         .arg("--data-dir")
         .arg(dir)
         .stdout(Stdio::null())
@@ -133,7 +133,7 @@ async fn retried_batches_after_kill_9_are_stored_exactly_once() {
         client.close();
         drop(child);
 
-        let broker = TestBroker::start(dir.path(), 2, &["--segment-bytes", "262144"]);
+        let broker = TestBroker::start(dir.path(), 2, &["--segment-bytes", "4198400"]);
         let reader = broker.client().await;
         let mut sub =
             reader.subscribe(SubscribeOptions::new(STREAM).start(StartAt::Earliest)).await.unwrap();

@@ -22,7 +22,7 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -31,7 +31,7 @@ use felix_proto::{
     key_hash, shard_for_key, AckMode, AckRequest, Capabilities, ErrorCode, Frame, Limits, Payload,
     ProducerId, ProducerTag, Publish, Record, RequestId, ShardId,
 };
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::time::Instant;
 
 use crate::batch::{
@@ -375,18 +375,48 @@ struct Worker {
     sent: u64,
 }
 
-/// One idempotent producer: its id and next sequence number. `broken` is set when one of its
-/// batches failed for good (its sequence number is then a gap the broker would refuse): the
-/// next batch starts a new producer.
+/// The most batches of one producer sent and not yet acked or failed (parked ones included):
+/// the broker remembers a producer's last 8 sequence numbers (docs/protocol.md, "Idempotent
+/// publishing"), so a batch sent again is always among them, and a retry is never refused as
+/// too old because later batches of its producer went ahead of it.
+pub const PRODUCER_IN_FLIGHT_MAX: usize = 8;
+
+/// One idempotent producer: its id, next sequence number and what its batches share.
 struct Producer {
     id: ProducerId,
     next_seq: u32,
-    broken: Arc<AtomicBool>,
+    shared: Arc<ProducerShared>,
+}
+
+/// What a producer's batches in flight share with the worker.
+#[derive(Default)]
+struct ProducerShared {
+    /// One of its batches failed for good (its sequence number is then a gap the broker would
+    /// refuse): the next batch starts a new producer.
+    broken: AtomicBool,
+    /// Batches sent and not yet acked or failed, parked ones included.
+    unresolved: AtomicUsize,
+    /// Signalled whenever `unresolved` drops.
+    resolved: Notify,
 }
 
 impl Producer {
     fn new() -> Self {
-        Self { id: new_producer_id(), next_seq: 0, broken: Arc::new(AtomicBool::new(false)) }
+        Self { id: new_producer_id(), next_seq: 0, shared: Arc::default() }
+    }
+}
+
+/// A tagged batch's tag and its place in its producer's window: dropping it (the batch acked,
+/// failed or dropped) frees the place.
+struct TagHold {
+    tag: ProducerTag,
+    producer: Arc<ProducerShared>,
+}
+
+impl Drop for TagHold {
+    fn drop(&mut self) {
+        self.producer.unresolved.fetch_sub(1, Ordering::Relaxed);
+        self.producer.resolved.notify_waiters();
     }
 }
 
@@ -396,8 +426,8 @@ struct Outgoing {
     records: Vec<Payload>,
     completion: Completion,
     lane: usize,
-    /// The producer tag and its producer's `broken` flag (idempotent batches only).
-    tag: Option<(ProducerTag, Arc<AtomicBool>)>,
+    /// The producer tag and its place in the producer's window (idempotent batches only).
+    tag: Option<TagHold>,
     /// When the batch was first sent: it is retried until `retry_timeout_ms` after that.
     first_sent: Instant,
     /// Send order, for sending parked batches again oldest first.
@@ -520,12 +550,8 @@ impl Worker {
         Ok((conn, self.lanes[index].clone(), changed))
     }
 
-    /// The tag for the next batch on (shard of `key`, `lane`), when batches are idempotent.
-    fn next_tag(
-        &mut self,
-        key: Option<&Bytes>,
-        lane: usize,
-    ) -> Option<(ProducerTag, Arc<AtomicBool>)> {
+    /// The producer a batch with `key` on `lane` belongs to, when batches are idempotent.
+    fn producer_of(&self, key: Option<&Bytes>, lane: usize) -> Option<(Option<ShardId>, usize)> {
         let settings = &self.ctx.settings;
         let caps = self.pool.hello().capabilities;
         if !settings.idempotent
@@ -541,19 +567,43 @@ impl Worker {
             // An unkeyed tagged batch goes to the producer's shard (producer id mod shards).
             None => None,
         };
-        let p = self.producers.entry((shard, lane)).or_insert_with(Producer::new);
-        if p.broken.load(Ordering::Relaxed) {
-            *p = Producer::new();
+        Some((shard, lane))
+    }
+
+    /// The next tag of producer `which`, once the producer has fewer than
+    /// `PRODUCER_IN_FLIGHT_MAX` batches unresolved (sending parked batches again meanwhile).
+    async fn next_tag(&mut self, which: (Option<ShardId>, usize)) -> TagHold {
+        loop {
+            let p = self.producers.entry(which).or_insert_with(Producer::new);
+            if p.shared.broken.load(Ordering::Relaxed) {
+                *p = Producer::new();
+            }
+            let shared = p.shared.clone();
+            let resolved = shared.resolved.notified();
+            if shared.unresolved.load(Ordering::Relaxed) < PRODUCER_IN_FLIGHT_MAX {
+                let tag = ProducerTag { producer: p.id, seq: p.next_seq };
+                p.next_seq = p.next_seq.wrapping_add(1);
+                shared.unresolved.fetch_add(1, Ordering::Relaxed);
+                return TagHold { tag, producer: p.shared.clone() };
+            }
+            if self.has_lost() {
+                self.resend_lost().await;
+                continue;
+            }
+            tokio::select! {
+                _ = resolved => {}
+                _ = tokio::time::sleep(Duration::from_millis(RESEND_PAUSE_MS)) => {}
+            }
         }
-        let tag = ProducerTag { producer: p.id, seq: p.next_seq };
-        p.next_seq = p.next_seq.wrapping_add(1);
-        Some((tag, p.broken.clone()))
     }
 
     async fn send_batch(&mut self, batch: Batch) {
         let Batch { key, records, completion, .. } = batch;
         let lane = self.lane_index(key.as_ref());
-        let tag = self.next_tag(key.as_ref(), lane);
+        let tag = match self.producer_of(key.as_ref(), lane) {
+            Some(which) => Some(self.next_tag(which).await),
+            None => None,
+        };
         self.sent += 1;
         let out = Outgoing {
             key,
@@ -591,7 +641,7 @@ impl Worker {
                         let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
                             return completion.resolve(BatchResult::Failed(ClientError::Closed));
                         };
-                        let producer = tag.map(|t| t.0);
+                        let producer = tag.as_ref().map(|t| t.tag);
                         let stream = self.ctx.stream.clone();
                         let resend = Resend { stream, key, producer, records, mode };
                         let first = Err(unavailable(&self.ctx.stream, None));
@@ -623,7 +673,7 @@ impl Worker {
         let frame = Frame::Publish(Publish {
             ack: (mode != AckMode::None).then_some(AckRequest { request_id: id, mode }),
             key: out.key.clone(),
-            producer: out.tag.as_ref().map(|t| t.0),
+            producer: out.tag.as_ref().map(|t| t.tag),
             stream: self.ctx.stream.clone(),
             records: out.records.clone(),
         });
@@ -641,7 +691,7 @@ impl Worker {
             Some(_) if mode != AckMode::None => Some(Resend {
                 stream: self.ctx.stream.clone(),
                 key: out.key.clone(),
-                producer: out.tag.as_ref().map(|t| t.0),
+                producer: out.tag.as_ref().map(|t| t.tag),
                 records: out.records.clone(),
                 mode,
             }),
@@ -733,9 +783,9 @@ fn park_or_fail(
 }
 
 /// A tagged batch failed for good: its producer starts over under a new id.
-fn mark_broken(tag: Option<&(ProducerTag, Arc<AtomicBool>)>) {
-    if let Some((_, broken)) = tag {
-        broken.store(true, Ordering::Relaxed);
+fn mark_broken(tag: Option<&TagHold>) {
+    if let Some(hold) = tag {
+        hold.producer.broken.store(true, Ordering::Relaxed);
     }
 }
 

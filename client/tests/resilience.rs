@@ -146,6 +146,32 @@ async fn an_idempotent_batch_is_sent_again_until_its_retry_time_is_over() {
 }
 
 #[tokio::test]
+async fn one_producer_has_at_most_its_window_of_batches_unresolved() {
+    let options = BrokerOptions { swallow_acks: true, ..Default::default() };
+    let broker = TestBroker::start(options).await;
+    broker.create_stream(STREAM, 1);
+    let mut config = broker.client_config();
+    config.ack_timeout_ms = 10_000;
+    config.connections = Some(1);
+    config.publish.batch_records_max = 1;
+    config.publish.linger_us = 0;
+    let client = Client::connect(config).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    let mut tickets = Vec::new();
+    for i in 0..20 {
+        tickets.push(publisher.send(Record::keyed("k", format!("v{i}"))).await.unwrap());
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // One key, one shard, one stream: one producer, whose window is full and unanswered.
+    assert_eq!(
+        broker.state.lock().publishes,
+        felix_client::publisher::PRODUCER_IN_FLIGHT_MAX,
+        "a producer's batches beyond its window wait"
+    );
+    client.close();
+}
+
+#[tokio::test]
 async fn connecting_to_a_silent_port_times_out() {
     // A bound UDP socket that never answers.
     let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();

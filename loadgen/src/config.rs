@@ -138,6 +138,12 @@ pub struct RunArgs {
     /// Batches in flight per connection.
     #[arg(long, env = "FELIX_LOADGEN_IN_FLIGHT_BATCHES", default_value_t = 64)]
     pub in_flight_batches: usize,
+    /// Idempotent publishing (the client's default): each acked batch carries a producer id
+    /// and sequence number, and a batch whose connection is lost is sent again. `false` sends
+    /// untagged batches (to measure what the tags cost).
+    #[arg(long, env = "FELIX_LOADGEN_IDEMPOTENT", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub idempotent: bool,
     /// Records sent and not yet acked, per worker (a closed loop; 0: only the client's own
     /// queue and in-flight limits bound it, and latency then measures that queue).
     #[arg(long, env = "FELIX_LOADGEN_OUTSTANDING", default_value_t = 1024)]
@@ -252,6 +258,10 @@ pub struct RunConfig {
     pub max_udp_payload: u16,
     /// In-flight batches per connection.
     pub in_flight_batches: usize,
+    /// Idempotent batches (results written before the flag existed read as `false`: the
+    /// client did not tag batches then).
+    #[serde(default)]
+    pub idempotent: bool,
     /// Records in flight per worker (0: unbounded).
     pub outstanding: usize,
     /// Warm-up seconds.
@@ -355,6 +365,7 @@ impl RunArgs {
             linger_us: self.linger_us,
             max_udp_payload: self.max_udp_payload,
             in_flight_batches: self.in_flight_batches,
+            idempotent: self.idempotent,
             outstanding: self.outstanding,
             warmup_s: self.warmup_s,
             duration_s: self.duration_s,
@@ -387,6 +398,7 @@ impl RunConfig {
             linger_us: self.linger_us,
             batch_records_max: self.batch_records,
             in_flight_batches_max: self.in_flight_batches,
+            idempotent: self.idempotent,
             ..PublishSettings::default()
         };
         c
@@ -426,6 +438,7 @@ impl RunConfig {
             ("max_udp_payload", self.max_udp_payload.to_string()),
             ("in_flight_batches", self.in_flight_batches.to_string()),
             ("batch_bytes_max", c.publish.batch_bytes_max.to_string()),
+            ("idempotent", c.publish.idempotent.to_string()),
             ("outstanding_per_worker", self.outstanding.to_string()),
             ("warmup_s", self.warmup_s.to_string()),
             ("duration_s", self.duration_s.to_string()),

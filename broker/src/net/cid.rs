@@ -177,13 +177,26 @@ pub fn core_of(dcid: &[u8]) -> Option<CoreId> {
     Some(CoreId(u16::from(core_byte)))
 }
 
-/// The core named by a received UDP payload: short-header packets only (first byte & 0x80 ==
-/// 0), whose DCID of `cid_len` bytes starts at byte 1. Long headers, truncated datagrams and
-/// foreign CIDs give `None` (the receiving core keeps or drops them).
+/// Byte of a long header that holds the destination CID's length (after the first byte and
+/// the 4-byte version, RFC 9000 §17.2); the DCID follows it.
+pub const LONG_HEADER_DCID_LEN_INDEX: usize = 5;
+
+/// The core named by a received UDP payload. A short-header packet (first byte & 0x80 == 0)
+/// carries a DCID of `cid_len` bytes from byte 1. A long-header packet is read only when its
+/// DCID is exactly `cid_len` bytes: that is a CID this broker issued, or the Initial of
+/// another Felix broker, which names the core it wants (`CoreState::connect`); clients pick
+/// longer random Initial DCIDs (quinn: 20 bytes), which give `None`, as do truncated datagrams
+/// and foreign CIDs (the receiving core keeps or drops them). A client whose random 8-byte
+/// DCID happens to decode is handed to the core it names: harmless, that core then owns it.
 pub fn core_of_datagram(datagram: &[u8], cid_len: usize) -> Option<CoreId> {
     let (&first, rest) = datagram.split_first()?;
     if first & LONG_HEADER_BIT != 0 {
-        return None;
+        let len = *datagram.get(LONG_HEADER_DCID_LEN_INDEX)?;
+        if usize::from(len) != cid_len {
+            return None;
+        }
+        let start = LONG_HEADER_DCID_LEN_INDEX + 1;
+        return core_of(datagram.get(start..start + cid_len)?);
     }
     core_of(rest.get(..cid_len)?)
 }
@@ -264,6 +277,33 @@ mod tests {
         assert_eq!(core_of(&unroutable), None);
     }
 
+    fn long_header(dcid: &[u8]) -> Vec<u8> {
+        // Initial: first byte, version 1, DCID length and DCID, SCID length and SCID, rest.
+        let mut d = vec![0xC0, 0, 0, 0, 1, dcid.len() as u8];
+        d.extend_from_slice(dcid);
+        d.push(8);
+        d.extend_from_slice(&[0x5A; 8]);
+        d.extend_from_slice(&[0xAA; 20]);
+        d
+    }
+
+    #[test]
+    fn long_headers_are_read_at_their_dcid() {
+        let mut g = CoreCidGenerator::new(CoreId(3)).unwrap();
+        let cid = g.generate_bytes();
+        // An Initial from another broker names core 3.
+        assert_eq!(core_of_datagram(&long_header(&cid), CID_LEN), Some(CoreId(3)));
+        // A client's 20-byte random DCID is not read, whatever its bytes.
+        let mut twenty = [0u8; 20];
+        twenty[..CID_LEN].copy_from_slice(&cid);
+        assert_eq!(core_of_datagram(&long_header(&twenty), CID_LEN), None);
+        // Foreign config bits, the reserved core, truncation.
+        assert_eq!(core_of_datagram(&long_header(&[0xE0, 3, 0, 0, 0, 0, 0, 0]), CID_LEN), None);
+        assert_eq!(core_of_datagram(&long_header(&[0x00, 0xFF, 0, 0, 0, 0, 0, 0]), CID_LEN), None);
+        assert_eq!(core_of_datagram(&long_header(&cid)[..10], CID_LEN), None);
+        assert_eq!(core_of_datagram(&[0xC0, 0, 0, 0, 1], CID_LEN), None);
+    }
+
     #[test]
     fn decode_rejects() {
         assert_eq!(core_of(&[]), None);
@@ -271,7 +311,7 @@ mod tests {
         assert_eq!(core_of(&[0x00, 0xFF, 0, 0, 0, 0, 0, 0]), None); // reserved core
         assert_eq!(core_of_datagram(&[], CID_LEN), None);
         assert_eq!(core_of_datagram(&[0x40, 0x00, 0x01], CID_LEN), None);
-        // Long header whose bytes would otherwise decode.
+        // A long header is read at its own DCID, not at byte 1.
         let mut long = short_header(&[0x00, 0x01, 0, 0, 0, 0, 0, 0]);
         assert_eq!(core_of_datagram(&long, CID_LEN), Some(CoreId(1)));
         long[0] = 0xC0;

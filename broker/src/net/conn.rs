@@ -96,6 +96,8 @@ pub(crate) struct ConnState {
     /// When the blocked transmits are tried again.
     pub(crate) retry_at: Option<Instant>,
     /// The connection was offered to the application (or refused for a full accept queue).
+    /// A connection this core opened is its application's from the start: it is born
+    /// announced and never enters the accept queue.
     pub(crate) announced: bool,
 }
 
@@ -159,6 +161,11 @@ impl Waiters {
             v.drain(..).for_each(Waker::wake);
         }
         self.closed.drain(..).for_each(Waker::wake);
+    }
+
+    /// Wakes the `open_bi` / `open_uni` calls waiting for stream credit.
+    pub(crate) fn wake_open(&mut self) {
+        self.open.iter_mut().for_each(|v| v.drain(..).for_each(Waker::wake));
     }
 
     /// Wakes the operations a stream event unblocks.

@@ -14,10 +14,11 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use felix_proto::CoreId;
 use quinn_proto::{
-    ConnectionError, ConnectionHandle, DatagramEvent, EcnCodepoint, Endpoint, Event, VarInt,
+    ConnectionError, ConnectionHandle, ConnectionIdGenerator, DatagramEvent, EcnCodepoint,
+    Endpoint, Event, VarInt,
 };
 
-use super::cid::{core_of_datagram, CID_LEN};
+use super::cid::{core_of_datagram, CoreCidGenerator, CID_LEN};
 use super::config::{NetConfig, ACCEPT_QUEUE_DEPTH};
 use super::conn::{ConnState, ConnTable, ConnTableRef, Connection};
 use super::stats::CoreStats;
@@ -307,7 +308,13 @@ impl CoreState {
             match ev {
                 Event::HandshakeDataReady | Event::DatagramReceived | Event::DatagramsUnblocked => {
                 }
-                Event::Connected => more |= self.announce(ch, cs, now),
+                Event::Connected => {
+                    // The peer's stream limits came with the handshake, which quinn-proto does
+                    // not report as `Available`: streams opened before it (on a connection
+                    // this core opened) may go now.
+                    cs.waiters.wake_open();
+                    more |= self.announce(ch, cs, now);
+                }
                 Event::ConnectionLost { reason } => {
                     if matches!(reason, ConnectionError::TimedOut) {
                         CoreStats::add(&self.stats.idle_timeouts, 1);
@@ -340,6 +347,54 @@ impl CoreState {
         self.accept_queue.push_back(handle);
         self.accept_waiters.drain(..).for_each(Waker::wake);
         false
+    }
+
+    /// Opens a connection from this core to `remote` (another broker). The Initial's
+    /// destination CID is in the broker's layout and names `target`, so the peer's cores hand
+    /// the handshake to its core `target` (`core_of_datagram` reads long headers too), and that
+    /// core's CIDs, which name it, carry the rest: core i talks to core i with no cross-core
+    /// hop once the handshake is done. This core's own CIDs name this core, so the peer's
+    /// packets reach it. The handle is returned at once; streams open once the handshake is
+    /// done, and a failed handshake fails them with the connection's error. The connection's
+    /// driver task is started by [`CoreState::poll_new_conn`], like an accepted one's.
+    pub(crate) fn connect(
+        &mut self,
+        now: Instant,
+        mut config: quinn_proto::ClientConfig,
+        remote: SocketAddr,
+        server_name: &str,
+        target: CoreId,
+    ) -> Result<Connection, ConnectError> {
+        if self.shutting_down {
+            return Err(ConnectError::ShuttingDown);
+        }
+        if self.conns.borrow().conns.len() >= self.limits.max_conns {
+            return Err(ConnectError::ConnLimit(self.limits.max_conns));
+        }
+        let generator =
+            CoreCidGenerator::new(target).map_err(|e| ConnectError::Core(e.to_string()))?;
+        let generator = std::sync::Mutex::new(generator);
+        config.initial_dst_cid_provider(Arc::new(move || {
+            generator.lock().unwrap_or_else(|p| p.into_inner()).generate_cid()
+        }));
+        let (ch, conn) = self.endpoint.connect(now, config, remote, server_name)?;
+        self.next_uid += 1;
+        let mut state = ConnState::new(conn, self.next_uid);
+        state.announced = true;
+        let handle = Connection::new(
+            self.conns.clone(),
+            self.core,
+            ch,
+            self.next_uid,
+            remote,
+            state.error.clone(),
+        );
+        let mut table = self.conns.borrow_mut();
+        table.conns.insert(ch, state);
+        CoreStats::set(&self.stats.connections, table.conns.len() as u64);
+        CoreStats::add(&self.stats.connects, 1);
+        self.outbox.new_conns.push_back(ch);
+        Ok(handle)
     }
 
     /// Removes a drained connection and wakes whoever still waits on it.
@@ -514,3 +569,21 @@ impl HandshakeBucket {
         }
     }
 }
+
+/// Why [`CoreState::connect`] could not start a connection.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The core is shutting down.
+    #[error("the core is shutting down")]
+    ShuttingDown,
+    /// The core holds `max_conns_per_core` connections already.
+    #[error("the core holds its limit of {0} connections")]
+    ConnLimit(usize),
+    /// The target core cannot be named in a connection ID.
+    #[error("target core: {0}")]
+    Core(String),
+    /// quinn-proto refused (bad address, server name or TLS configuration).
+    #[error(transparent)]
+    Quic(#[from] quinn_proto::ConnectError),
+}
+

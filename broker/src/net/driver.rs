@@ -111,6 +111,20 @@ impl CoreShell {
         }
     }
 
+    /// Opens a connection to another broker's core `target` and starts its driver task.
+    pub(crate) fn connect(
+        self: &Rc<Self>,
+        config: quinn_proto::ClientConfig,
+        remote: std::net::SocketAddr,
+        server_name: &str,
+        target: felix_proto::CoreId,
+    ) -> Result<super::conn::Connection, super::core::ConnectError> {
+        let conn =
+            self.state.borrow_mut().connect(Instant::now(), config, remote, server_name, target)?;
+        self.start_tasks();
+        Ok(conn)
+    }
+
     /// One run of a connection's driver: drive, send, and when to run next.
     fn drive(&self, ch: ConnectionHandle, waker: &Waker) -> (DriveOutcome, Option<Instant>) {
         let now = Instant::now();

@@ -20,5 +20,6 @@ mod tests;
 
 pub use config::{NetConfig, TlsSource};
 pub use conn::{Connection, ReadError, RecvStream, SendStream, WriteError};
+pub use core::ConnectError;
 pub use server::{CoreContext, Server, ServerHandle, StartError};
 pub use stats::{CoreStatsSnapshot, NetSnapshot};

@@ -22,7 +22,7 @@ use quinn_udp::UdpSocketState;
 use super::cid::CoreCidGenerator;
 use super::config::{self, NetConfig};
 use super::conn::Connection;
-use super::core::{CoreLimits, CoreState, Datagram};
+use super::core::{ConnectError, CoreLimits, CoreState, Datagram};
 use super::driver::{self, CoreRef, CoreShell, SocketIo};
 use super::stats::{steering_code, CoreStats, CoreStatsSnapshot};
 use super::steering::{self, AttachOptions, EffectiveSteering};
@@ -57,6 +57,20 @@ impl CoreContext {
     /// This core's index.
     pub fn core(&self) -> CoreId {
         self.core_id
+    }
+
+    /// Opens a connection from this core to the broker at `remote`, handed there to its core
+    /// `target` (see [`super::core::CoreState::connect`]): replication connects core i of one
+    /// broker to core i of another. Returns at once; the handshake runs in the background, and
+    /// the first stream opened waits for it (and fails with its error).
+    pub fn connect(
+        &self,
+        config: quinn_proto::ClientConfig,
+        remote: SocketAddr,
+        server_name: &str,
+        target: CoreId,
+    ) -> Result<Connection, ConnectError> {
+        self.core.connect(config, remote, server_name, target)
     }
 }
 

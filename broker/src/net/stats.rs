@@ -63,6 +63,8 @@ core_stats! {
     connections,
     /// Handshakes completed on this core.
     handshakes,
+    /// Connections this core opened to other brokers.
+    connects,
     /// Stateless retries sent because the handshake rate limit was reached.
     retries,
     /// Connections refused because `max_conns_per_core` was reached.

@@ -80,6 +80,32 @@ impl ServerIdentity {
     }
 }
 
+/// A quinn-proto client configuration for connections from this broker to other brokers
+/// (TLS 1.3 only, ALPN `felix/1`), trusting the certificates in `roots` (PEM, e.g. the
+/// cluster's CA, or a peer's development certificate).
+pub fn quic_client_config(roots: &Path) -> Result<quinn_proto::ClientConfig, TlsError> {
+    let certs = CertificateDer::pem_file_iter(roots)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| TlsError::Pem(roots.to_owned(), e.to_string()))?;
+    let mut store = rustls::RootCertStore::empty();
+    for cert in certs {
+        store.add(cert).map_err(TlsError::Rustls)?;
+    }
+    if store.is_empty() {
+        return Err(TlsError::Pem(roots.to_owned(), "no certificate".into()));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(TlsError::Rustls)?
+        .with_root_certificates(store)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let crypto = quinn_proto::crypto::rustls::QuicClientConfig::try_from(tls)
+        .map_err(|e| TlsError::Quic(e.to_string()))?;
+    Ok(quinn_proto::ClientConfig::new(Arc::new(crypto)))
+}
+
 /// SHA-256 of a DER certificate, upper-case hex bytes joined by colons.
 pub fn fingerprint_sha256(cert: &CertificateDer<'_>) -> String {
     let digest = Sha256::digest(cert.as_ref());

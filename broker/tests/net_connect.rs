@@ -21,7 +21,11 @@ const TRANSFER_BYTES: usize = 512 * 1024;
 /// echo came back intact.
 type Outcome = (u16, Result<u16, String>);
 
-async fn connect_and_echo(ctx: &CoreContext, b_dir: &std::path::Path, b: std::net::SocketAddr) -> Result<u16, String> {
+async fn connect_and_echo(
+    ctx: &CoreContext,
+    b_dir: &std::path::Path,
+    b: std::net::SocketAddr,
+) -> Result<u16, String> {
     let config = quic_client_config(&b_dir.join(DEV_CERT_FILE)).map_err(|e| e.to_string())?;
     let conn = ctx.connect(config, b, "localhost", ctx.core()).map_err(|e| e.to_string())?;
     if conn.core() != ctx.core() {
@@ -37,7 +41,8 @@ async fn connect_and_echo(ctx: &CoreContext, b_dir: &std::path::Path, b: std::ne
         send.write_all(&data).await.map_err(|e| format!("write: {e}"))?;
         send.finish().map_err(|e| format!("finish: {e}"))
     };
-    let reader = async { recv.read_to_end(TRANSFER_BYTES + 1).await.map_err(|e| format!("read: {e}")) };
+    let reader =
+        async { recv.read_to_end(TRANSFER_BYTES + 1).await.map_err(|e| format!("read: {e}")) };
     let (w, back) = futures_lite::future::zip(writer, reader).await;
     w?;
     if back? != data {

@@ -586,4 +586,3 @@ pub enum ConnectError {
     #[error(transparent)]
     Quic(#[from] quinn_proto::ConnectError),
 }
-

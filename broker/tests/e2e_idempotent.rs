@@ -184,3 +184,44 @@ async fn retried_batches_after_kill_9_are_stored_exactly_once() {
         );
     }
 }
+
+/// Unkeyed idempotent batches go to their producer's shard (`producer id mod shards`); the
+/// client draws each unkeyed producer's id so that shard lives on the core its connection
+/// reached, so no batch crosses cores inside the broker, and every record is stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unkeyed_idempotent_batches_stay_on_the_core_they_reach() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 2, &[]);
+    let client = broker.client().await;
+    client.create_stream(STREAM, 6, Default::default()).await.unwrap();
+    let settings = PublishSettings {
+        ack_mode: AckMode::Durable,
+        linger_us: 50,
+        batch_records_max: 4,
+        ..PublishSettings::default()
+    };
+    let publisher = client.publisher_with(STREAM, settings).await.unwrap();
+    let mut tickets = Vec::new();
+    for i in 0..400u32 {
+        tickets.push(publisher.send(Record::unkeyed(i.to_be_bytes().to_vec())).await.unwrap());
+    }
+    publisher.flush().await.unwrap();
+    let mut shards = HashSet::new();
+    for t in tickets {
+        let receipt = tokio::time::timeout(WAIT, t).await.unwrap().unwrap().expect("acked");
+        shards.insert(receipt.shard.0);
+    }
+    assert!(broker.counter("publishes") >= 100, "the records went in batches");
+    assert_eq!(broker.counter("forwarded_out"), 0, "an unkeyed batch crossed cores");
+    assert_eq!(broker.counter("publish_duplicates"), 0);
+    // Both cores' connections published (the client covers every core).
+    let cores: HashSet<u32> = shards.iter().map(|s| s % 2).collect();
+    assert_eq!(cores.len(), 2, "shards used: {shards:?}");
+    let mut sub =
+        client.subscribe(SubscribeOptions::new(STREAM).start(StartAt::Earliest)).await.unwrap();
+    let mut seen = HashSet::new();
+    while seen.len() < 400 {
+        let r = tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap().expect("record");
+        assert!(seen.insert(u32::from_be_bytes(r.value[..4].try_into().unwrap())), "twice");
+    }
+}

@@ -560,24 +560,55 @@ impl Worker {
         {
             return None;
         }
+        let shards = self.ctx.shard_count?;
         let shard = match key {
             // A producer's batches must all reach one shard: without the shard count, a key's
             // shard is unknown, and the batch goes untagged.
-            Some(k) => Some(shard_for_key(k, self.ctx.shard_count?)),
-            // An unkeyed tagged batch goes to the producer's shard (producer id mod shards).
-            None => None,
+            Some(k) => Some(shard_for_key(k, shards)),
+            // An unkeyed tagged batch goes to the producer's shard (producer id mod shards),
+            // not to a shard of the core it reached: tagged only on one broker whose core
+            // the connection names, with a producer id whose shard that core owns (below), so
+            // it costs no hop. In a cluster the placement decides, and it goes untagged.
+            None if self.ctx.client.shared.cluster.is_some() => return None,
+            None => {
+                self.pool.slot_core(self.slot)?;
+                None
+            }
         };
         Some((shard, lane))
+    }
+
+    /// A new producer for `which`. An unkeyed producer's id is drawn until its shard
+    /// (`id mod shards`) is owned by the core of this worker's connection (shard `s` lives on
+    /// core `s % cores`), so its batches need no hop inside the broker.
+    fn new_producer(&self, which: (Option<ShardId>, usize)) -> Producer {
+        let mut p = Producer::new();
+        let (None, Some(shards), Some(core)) =
+            (which.0, self.ctx.shard_count, self.pool.slot_core(self.slot))
+        else {
+            return p;
+        };
+        let cores = u64::from(self.pool.hello().core_count.max(1));
+        let owned = |id: ProducerId| (id.0 % u64::from(shards.max(1))) % cores == u64::from(core);
+        for _ in 0..PRODUCER_ID_DRAWS_MAX {
+            if owned(p.id) {
+                break;
+            }
+            p.id = new_producer_id();
+        }
+        p
     }
 
     /// The next tag of producer `which`, once the producer has fewer than
     /// `PRODUCER_IN_FLIGHT_MAX` batches unresolved (sending parked batches again meanwhile).
     async fn next_tag(&mut self, which: (Option<ShardId>, usize)) -> TagHold {
         loop {
-            let p = self.producers.entry(which).or_insert_with(Producer::new);
-            if p.shared.broken.load(Ordering::Relaxed) {
-                *p = Producer::new();
+            let stale = self.producers.get(&which);
+            if stale.is_none_or(|p| p.shared.broken.load(Ordering::Relaxed)) {
+                let fresh = self.new_producer(which);
+                self.producers.insert(which, fresh);
             }
+            let p = self.producers.entry(which).or_insert_with(Producer::new);
             let shared = p.shared.clone();
             let resolved = shared.resolved.notified();
             if shared.unresolved.load(Ordering::Relaxed) < PRODUCER_IN_FLIGHT_MAX {
@@ -760,6 +791,10 @@ impl Worker {
         });
     }
 }
+
+/// Most ids drawn for an unkeyed producer whose shard the connection's core owns (with fewer
+/// shards than cores, no id may fit: the last one drawn is kept).
+const PRODUCER_ID_DRAWS_MAX: usize = 256;
 
 /// Pause before sending parked batches again when the last attempt parked all of them.
 const RESEND_PAUSE_MS: u64 = 50;

@@ -4,64 +4,28 @@
 mod e2e_support;
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use e2e_support::{TestBroker, WAIT};
-use felix_client::{AckMode, Client, PublishSettings, Record, StartAt, SubscribeOptions, Trust};
+use e2e_support::{connect_when_up, free_addr, spawn_felix, TestBroker, WAIT};
+use felix_client::{AckMode, PublishSettings, Record, StartAt, SubscribeOptions, Trust};
 
 const TRIALS: u64 = 3;
 const KEYS: u32 = 6;
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_broker(dir: &std::path::Path) -> (Killed, String) {
-    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let addr = format!("127.0.0.1:{port}");
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_felix"));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FELIX_")) {
-        cmd.env_remove(k);
-    }
-    cmd.args(["serve", "--listen", &addr, "--cores", "2", "--no-pin", "--metrics", "off"])
-        .args(["--min-free-bytes", "16777216"])
-        .arg("--data-dir")
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    (Killed(cmd.spawn().expect("spawn felix")), addr)
-}
-
-async fn connect(addr: &str, dir: &std::path::Path) -> Client {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let c = felix_client::ClientConfig {
-            addr: addr.to_owned(),
-            trust: Some(Trust::CaFile(dir.join("dev-cert.pem"))),
-            connect_timeout_ms: 1000,
-            reconnect_attempts_max: 0,
-            publish: PublishSettings {
-                ack_mode: AckMode::Durable,
-                linger_us: 100,
-                ..PublishSettings::default()
-            },
-            ..felix_client::ClientConfig::default()
-        };
-        if dir.join("dev-cert.pem").exists() {
-            if let Ok(client) = Client::connect(c).await {
-                return client;
-            }
-        }
-        assert!(Instant::now() < deadline, "broker did not come up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
+fn client_config(addr: &str, dir: &std::path::Path) -> felix_client::ClientConfig {
+    felix_client::ClientConfig {
+        addr: addr.to_owned(),
+        trust: Some(Trust::CaFile(dir.join("dev-cert.pem"))),
+        connect_timeout_ms: 1000,
+        reconnect_attempts_max: 0,
+        publish: PublishSettings {
+            ack_mode: AckMode::Durable,
+            linger_us: 100,
+            ..PublishSettings::default()
+        },
+        ..felix_client::ClientConfig::default()
     }
 }
 
@@ -78,8 +42,9 @@ async fn kill_9_during_durable_publishing_loses_no_acked_record() {
         rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let kill_after = Duration::from_millis(150 + (rng >> 33) % 600);
         let dir = tempfile::tempdir().unwrap();
-        let (child, addr) = spawn_broker(dir.path());
-        let client = connect(&addr, dir.path()).await;
+        let addr = free_addr();
+        let child = spawn_felix(dir.path(), &addr, &[]);
+        let client = connect_when_up(&addr, dir.path(), client_config).await;
         client.create_stream("acme/app/crash", 4, Default::default()).await.unwrap();
         let publisher = client.publisher("acme/app/crash").await.unwrap();
         let acked: Arc<Mutex<Vec<(u32, u32)>>> = Arc::default();

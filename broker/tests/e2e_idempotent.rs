@@ -9,43 +9,19 @@
 mod e2e_support;
 
 use std::collections::{HashMap, HashSet};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use e2e_support::{TestBroker, TEST_FLOOR_BYTES, WAIT};
+use e2e_support::{connect_when_up, free_addr, spawn_felix, TestBroker, WAIT};
 use felix_client::{
-    AckMode, Client, ClientConfig, PublishSettings, Receipt, Record, StartAt, SubscribeOptions,
-    Trust,
+    AckMode, ClientConfig, PublishSettings, Receipt, Record, StartAt, SubscribeOptions, Trust,
 };
 
 const TRIALS: u64 = 3;
 const KEYS: u32 = 6;
 const STREAM: &str = "acme/app/idem";
 
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_broker(dir: &std::path::Path, addr: &str) -> Killed {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_felix"));
-    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FELIX_")) {
-        cmd.env_remove(k);
-    }
-    cmd.args(["serve", "--listen", addr, "--cores", "2", "--no-pin", "--metrics", "off"])
-        .args(["--min-free-bytes", TEST_FLOOR_BYTES])
-        // The smallest segments storage allows (a header block and one full write).
-        .args(["--segment-bytes", "4198400"])
-        .arg("--data-dir")
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    Killed(cmd.spawn().expect("spawn felix"))
-}
+/// The smallest segments storage allows (a header block and one full write).
+const SEGMENT_FLAGS: [&str; 2] = ["--segment-bytes", "4198400"];
 
 fn client_config(addr: &str, dir: &std::path::Path) -> ClientConfig {
     ClientConfig {
@@ -70,19 +46,6 @@ fn client_config(addr: &str, dir: &std::path::Path) -> ClientConfig {
     }
 }
 
-async fn connect(addr: &str, dir: &std::path::Path) -> Client {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if dir.join("dev-cert.pem").exists() {
-            if let Ok(client) = Client::connect(client_config(addr, dir)).await {
-                return client;
-            }
-        }
-        assert!(Instant::now() < deadline, "broker did not come up");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retried_batches_after_kill_9_are_stored_exactly_once() {
     let seed: u64 =
@@ -96,10 +59,9 @@ async fn retried_batches_after_kill_9_are_stored_exactly_once() {
         rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let kill_after = Duration::from_millis(200 + (rng >> 33) % 500);
         let dir = tempfile::tempdir().unwrap();
-        let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let addr = format!("127.0.0.1:{port}");
-        let child = spawn_broker(dir.path(), &addr);
-        let client = connect(&addr, dir.path()).await;
+        let addr = free_addr();
+        let child = spawn_felix(dir.path(), &addr, &SEGMENT_FLAGS);
+        let client = connect_when_up(&addr, dir.path(), client_config).await;
         client.create_stream(STREAM, 4, Default::default()).await.unwrap();
         let publisher = client.publisher(STREAM).await.unwrap();
 
@@ -119,7 +81,7 @@ async fn retried_batches_after_kill_9_are_stored_exactly_once() {
                 drop(child.take()); // SIGKILL
                 killed_at = Some(Instant::now());
                 tokio::time::sleep(Duration::from_millis(200)).await;
-                child = Some(spawn_broker(dir.path(), &addr));
+                child = Some(spawn_felix(dir.path(), &addr, &SEGMENT_FLAGS));
             }
             tokio::time::sleep(Duration::from_micros(500)).await;
         }
@@ -133,7 +95,7 @@ async fn retried_batches_after_kill_9_are_stored_exactly_once() {
         client.close();
         drop(child);
 
-        let broker = TestBroker::start(dir.path(), 2, &["--segment-bytes", "4198400"]);
+        let broker = TestBroker::start(dir.path(), 2, &SEGMENT_FLAGS);
         let reader = broker.client().await;
         let mut sub =
             reader.subscribe(SubscribeOptions::new(STREAM).start(StartAt::Earliest)).await.unwrap();

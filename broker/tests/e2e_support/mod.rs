@@ -140,3 +140,55 @@ pub async fn read_frames(recv: &mut quinn::RecvStream, n: usize) -> Vec<felix_pr
     }
     out
 }
+
+/// A `felix serve` process; dropping it kills it with SIGKILL (the crash tests' kill -9).
+pub struct Killed(pub std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A free loopback address (`127.0.0.1:port`) for a broker process.
+pub fn free_addr() -> String {
+    let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    format!("127.0.0.1:{port}")
+}
+
+/// Starts the `felix` binary serving `dir` on `addr` with 2 cores, unpinned, no metrics and
+/// the tests' free-space floor, plus `extra` flags; its output is discarded.
+pub fn spawn_felix(dir: &Path, addr: &str, extra: &[&str]) -> Killed {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_felix"));
+    for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FELIX_")) {
+        cmd.env_remove(k);
+    }
+    cmd.args(["serve", "--listen", addr, "--cores", "2", "--no-pin", "--metrics", "off"])
+        .args(["--min-free-bytes", TEST_FLOOR_BYTES])
+        .args(extra)
+        .arg("--data-dir")
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    Killed(cmd.spawn().expect("spawn felix"))
+}
+
+/// Connects with `config(addr, dir)` once the broker at `addr` wrote its development
+/// certificate into `dir` and answers, retrying for at most [`WAIT`].
+pub async fn connect_when_up(
+    addr: &str,
+    dir: &Path,
+    config: impl Fn(&str, &Path) -> ClientConfig,
+) -> Client {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if dir.join("dev-cert.pem").exists() {
+            if let Ok(client) = Client::connect(config(addr, dir)).await {
+                return client;
+            }
+        }
+        assert!(std::time::Instant::now() < deadline, "broker did not come up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -512,6 +512,17 @@ async fn frames_of_the_broker_direction_are_refused_with_their_request_id() {
             }),
             0,
         ),
+        // Between brokers only (capability REPLICATION, which no client is offered).
+        (
+            Frame::Replicate(felix_proto::Replicate {
+                stream: "a/b/c".into(),
+                shard: ShardId(0),
+                from: 1,
+                epoch: 1,
+                body: felix_proto::ReplicaBody::EpochQuery { last_epoch: 0 },
+            }),
+            0,
+        ),
     ];
     let mut wire = Vec::new();
     for (frame, _) in &sent {

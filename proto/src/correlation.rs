@@ -30,7 +30,8 @@ impl Frame {
             | Self::SubscriptionStart(_)
             | Self::EventBatch(_)
             | Self::Ping(_)
-            | Self::Pong(_) => return None,
+            | Self::Pong(_)
+            | Self::Replicate(_) => return None,
         })
     }
 }
@@ -160,6 +161,13 @@ mod tests {
             Frame::Error(body),
             Frame::Ping(9),
             Frame::Pong(9),
+            Frame::Replicate(crate::Replicate {
+                stream: "a/b/c".into(),
+                shard: ShardId(0),
+                from: 1,
+                epoch: 2,
+                body: crate::ReplicaBody::Fetch { from: Offset(3), durable_end: Offset(3) },
+            }),
         ]
     }
 

@@ -12,6 +12,7 @@ use crate::error::{DecodeError, ErrorCode};
 use crate::header::{Capabilities, Flags, FrameHeader, FrameType, HEADER_LEN};
 use crate::limits::{self, Limits};
 use crate::payload::Payload;
+use crate::replica::{self, Replicate};
 use crate::{AckMode, CoreId, Offset, ProducerId, ProducerTag, Record, ShardId};
 
 /// Correlates a request with its answer. Chosen by the client; 0 means "no request".
@@ -69,6 +70,8 @@ pub enum Frame {
     Ping(u64),
     /// Answers Ping.
     Pong(u64),
+    /// One replication message of one shard, between brokers.
+    Replicate(Replicate),
 }
 
 /// Hello: the first frame on the control stream.
@@ -306,6 +309,7 @@ impl Frame {
             Self::Error(_) => FrameType::Error,
             Self::Ping(_) => FrameType::Ping,
             Self::Pong(_) => FrameType::Pong,
+            Self::Replicate(_) => FrameType::Replicate,
         }
     }
 
@@ -481,6 +485,7 @@ impl Frame {
             }
             Self::CommitOk(id) => dst.put_u64(id.0),
             Self::Ping(n) | Self::Pong(n) => dst.put_u64(*n),
+            Self::Replicate(m) => replica::encode_replicate(m, dst),
         }
     }
 
@@ -587,6 +592,7 @@ impl Frame {
             FrameType::Error => Frame::Error(error_body(&mut r)?),
             FrameType::Ping => Frame::Ping(r.u64("nonce")?),
             FrameType::Pong => Frame::Pong(r.u64("nonce")?),
+            FrameType::Replicate => Frame::Replicate(replica::decode_replicate(&mut r, limits)?),
         };
         r.expect_end()?;
         Ok(frame)

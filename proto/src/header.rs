@@ -69,11 +69,13 @@ pub enum FrameType {
     Ping = 0x31,
     /// Either way: answers Ping.
     Pong = 0x32,
+    /// Broker ↔ broker: one message of a shard's replication (needs `REPLICATION`).
+    Replicate = 0x40,
 }
 
 impl FrameType {
     /// Every frame type.
-    pub const ALL: [FrameType; 22] = [
+    pub const ALL: [FrameType; 23] = [
         Self::Hello,
         Self::HelloOk,
         Self::CreateStream,
@@ -96,6 +98,7 @@ impl FrameType {
         Self::Error,
         Self::Ping,
         Self::Pong,
+        Self::Replicate,
     ];
 
     /// The type for a wire byte.
@@ -173,7 +176,12 @@ impl Capabilities {
     pub const CLUSTER: Capabilities = Capabilities(1 << 3);
     /// Publish may carry [`Flags::PRODUCER`]: the broker stores a tagged batch once.
     pub const IDEMPOTENT: Capabilities = Capabilities(1 << 4);
-    /// Everything this build knows.
+    /// The peer is a broker of the same cluster and speaks the replication frame
+    /// (`Replicate`). Only brokers advertise it, to each other; it is not part of [`ALL`].
+    ///
+    /// [`ALL`]: Capabilities::ALL
+    pub const REPLICATION: Capabilities = Capabilities(1 << 5);
+    /// Everything this build offers to clients (every bit but `REPLICATION`).
     pub const ALL: Capabilities = Capabilities(0b1_1111);
 
     /// Whether every bit of `other` is set.

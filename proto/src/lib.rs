@@ -18,6 +18,7 @@ pub mod ids;
 pub mod limits;
 pub mod payload;
 pub mod record;
+pub mod replica;
 pub mod stream_name;
 
 pub use cluster::{Metadata, MetadataOk, NotOwner, ShardOwner};
@@ -34,4 +35,5 @@ pub use ids::{CoreId, Offset, ProducerId, ProducerTag, ShardId};
 pub use limits::Limits;
 pub use payload::Payload;
 pub use record::{AckMode, Record};
+pub use replica::{ReplicaBatch, ReplicaBody, Replicate};
 pub use stream_name::{StreamName, StreamNameError};

@@ -131,6 +131,36 @@ fn vectors() -> Vec<(&'static str, Frame)> {
             }),
         ),
         (
+            "replicate_fetch_reply",
+            Frame::Replicate(Replicate {
+                stream: s("a/b/c"),
+                shard: ShardId(2),
+                from: 0,
+                epoch: 3,
+                body: ReplicaBody::FetchReply {
+                    from: Offset(10),
+                    committed: Offset(9),
+                    batches: vec![ReplicaBatch {
+                        epoch: 3,
+                        base: Offset(10),
+                        records: 1,
+                        producer: Some(ProducerTag { producer: ProducerId(7), seq: 4 }),
+                        payload: Bytes::from_static(b"xy").into(),
+                    }],
+                },
+            }),
+        ),
+        (
+            "replicate_epoch_answer",
+            Frame::Replicate(Replicate {
+                stream: s("a/b/c"),
+                shard: ShardId(2),
+                from: 0,
+                epoch: 3,
+                body: ReplicaBody::EpochAnswer { asked: 2, answer_epoch: Some(1), end: Offset(40) },
+            }),
+        ),
+        (
             "publish_keyed_empty_key",
             Frame::Publish(Publish {
                 ack: None,

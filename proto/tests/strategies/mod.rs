@@ -137,6 +137,40 @@ pub fn frame() -> impl Strategy<Value = Frame> {
                 stream,
                 records: records.into_iter().map(Payload::from).collect(),
             })),
+        (
+            name(),
+            any::<u32>(),
+            any::<u32>(),
+            any::<u64>(),
+            prop_oneof![
+                any::<u64>().prop_map(|last_epoch| ReplicaBody::EpochQuery { last_epoch }),
+                (any::<u64>(), option::of(any::<u64>()), any::<u64>()).prop_map(
+                    |(asked, answer_epoch, end)| ReplicaBody::EpochAnswer {
+                        asked,
+                        answer_epoch,
+                        end: Offset(end),
+                    }
+                ),
+                (any::<u64>(), any::<u64>()).prop_map(|(from, durable_end)| ReplicaBody::Fetch {
+                    from: Offset(from),
+                    durable_end: Offset(durable_end),
+                }),
+                (any::<u64>(), any::<u64>(), vec(replica_batch(), 0..4)).prop_map(
+                    |(from, committed, batches)| ReplicaBody::FetchReply {
+                        from: Offset(from),
+                        committed: Offset(committed),
+                        batches,
+                    }
+                ),
+            ],
+        )
+            .prop_map(|(stream, shard, from, epoch, body)| Frame::Replicate(Replicate {
+                stream,
+                shard: ShardId(shard),
+                from,
+                epoch,
+                body,
+            })),
         (request_id(), any::<u32>(), any::<u64>(), any::<u32>()).prop_map(
             |(request_id, s, o, count)| {
                 Frame::PublishAck(PublishAck {
@@ -186,4 +220,15 @@ pub fn frame() -> impl Strategy<Value = Frame> {
         any::<u64>().prop_map(Frame::Ping),
         any::<u64>().prop_map(Frame::Pong),
     ]
+}
+
+fn replica_batch() -> impl Strategy<Value = ReplicaBatch> {
+    (any::<u64>(), any::<u64>(), 1u32..=100, option::of((any::<u64>(), any::<u32>())), bytes(200))
+        .prop_map(|(epoch, base, records, producer, payload)| ReplicaBatch {
+            epoch,
+            base: Offset(base),
+            records,
+            producer: producer.map(|(p, seq)| ProducerTag { producer: ProducerId(p), seq }),
+            payload: Payload::from(payload),
+        })
 }

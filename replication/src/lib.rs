@@ -68,6 +68,7 @@ mod replica;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod types;
+pub mod wire;
 
 pub use config::{InjectedBugs, ReplicaConfig};
 pub use controller::{GroupState, IsrProposal};

@@ -20,10 +20,9 @@
 //! more wait.
 //!
 //! Failures: a failed write fails its batches, everything queued, and every later write
-//! still in flight (their offsets are handed out again, and the producer tables forget
-//! them); when the last of them is done the
-//! file is truncated back to the published end. A failed fdatasync or truncate poisons the
-//! log.
+//! still in flight (their offsets are handed out again, and the producer tables and epoch
+//! indexes forget them); when the last of them is done the file is truncated back to the
+//! published end. A failed fdatasync or truncate poisons the log.
 
 use std::rc::{Rc, Weak};
 
@@ -168,7 +167,8 @@ fn take_write(inner: &Rc<Inner>) -> Write {
     let mut at = 0usize;
     for p in &batches {
         let batch = &mut out[at..at + p.len];
-        encode_batch(batch, p.shard, Offset(p.base_offset), p.timestamp_ms, p.producer, &p.records);
+        let base = Offset(p.base_offset);
+        encode_batch(batch, p.shard, base, p.timestamp_ms, p.producer, p.epoch, &p.records);
         let slot = batch_slot(p.len as u64) as usize;
         out[at + p.len..at + slot].fill(0);
         at += slot;
@@ -293,7 +293,8 @@ fn publish(inner: &Inner, st: &mut State, batches: Vec<Pending>, start: u64, len
     }
 }
 
-/// Fail `taken` and everything queued behind it; hand their offsets out again.
+/// Fail `taken` and everything queued behind it; hand their offsets out again (the shards'
+/// producer tables and epoch indexes forget them: `ShardState::rewind`).
 pub(crate) fn fail_queue(inner: &Inner, taken: Vec<Pending>, e: &StorageError) {
     let mut st = inner.state.borrow_mut();
     let st = &mut *st;

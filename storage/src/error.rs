@@ -187,6 +187,37 @@ pub enum StorageError {
         /// Records of the retry.
         retry_records: u32,
     },
+    /// A follower's copy of a leader's batch (`BatchMeta::expected_base`) would not land at
+    /// the leader's offset: the shard's next offset (queued appends included) is `next`.
+    /// Nothing was stored. The follower's log does not continue the leader's there: it
+    /// fetches from `next`, or truncates (the epoch handshake) first.
+    #[error(
+        "{shard}: the batch must land at offset {expected} but the shard's next offset is \
+         {next}; nothing was stored"
+    )]
+    OffsetMismatch {
+        /// The shard.
+        shard: ShardId,
+        /// Where the batch had to land (`BatchMeta::expected_base`).
+        expected: Offset,
+        /// The shard's next offset.
+        next: Offset,
+    },
+    /// A batch stamped with a leader epoch lower than the shard's last epoch (the largest
+    /// epoch stamped on a batch of the shard, queued ones included): epochs of one shard never
+    /// decrease. Nothing was stored. A deposed leader's append, or a follower that did not
+    /// truncate to its new leader's log first.
+    #[error(
+        "{shard}: epoch {epoch} is lower than the shard's last epoch {last}; nothing was stored"
+    )]
+    EpochRegression {
+        /// The shard.
+        shard: ShardId,
+        /// The epoch offered.
+        epoch: u64,
+        /// The shard's last epoch.
+        last: u64,
+    },
     /// The log was closed (or dropped) before the operation completed.
     #[error("stream log closed")]
     Closed,

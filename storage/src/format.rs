@@ -25,13 +25,26 @@ pub const FORMAT_VERSION: u8 = 1;
 pub const BATCH_ALIGN_BYTES: u64 = 8;
 /// Bytes of a batch header.
 pub const BATCH_HEADER_BYTES: usize = 48;
-/// Batch flag: a producer tag ([`PRODUCER_TAG_BYTES`]) follows the header, and the records
-/// start after it. The only flag; any other bit set makes the batch invalid.
+/// Batch flag bit 0: a producer tag ([`PRODUCER_TAG_BYTES`]) follows the header.
+///
+/// Header extensions follow the 48-byte header in flag-bit order (the tag, then the epoch),
+/// each present only if its bit is set; the records start after the last one. A bit not in
+/// [`BATCH_FLAGS_KNOWN`] makes the batch invalid.
 pub const BATCH_FLAG_PRODUCER: u8 = 1;
+/// Batch flag bit 1: the leader epoch ([`EPOCH_BYTES`], u64) follows the header and the
+/// producer tag if there is one.
+pub const BATCH_FLAG_EPOCH: u8 = 2;
+/// Every flag bit this version knows.
+pub const BATCH_FLAGS_KNOWN: u8 = BATCH_FLAG_PRODUCER | BATCH_FLAG_EPOCH;
 /// Bytes of a producer tag: producer id (8), sequence number (4), zero (4).
 pub const PRODUCER_TAG_BYTES: usize = 16;
-/// Bytes before the records of a batch that carries a producer tag.
+/// Bytes of a leader epoch extension: the epoch as a u64.
+pub const EPOCH_BYTES: usize = 8;
+/// Bytes before the records of a batch that carries a producer tag and no epoch.
 pub const BATCH_TAGGED_HEADER_BYTES: usize = BATCH_HEADER_BYTES + PRODUCER_TAG_BYTES;
+/// Bytes before the records of a batch with every extension: the most a reader needs to
+/// decode any batch header.
+pub const BATCH_HEADER_BYTES_MAX: usize = BATCH_HEADER_BYTES + PRODUCER_TAG_BYTES + EPOCH_BYTES;
 /// Bytes of a record header (flags, key length, value length).
 pub const RECORD_HEADER_BYTES: usize = 9;
 /// Bytes of one shard entry in a segment header.
@@ -51,6 +64,9 @@ const _: () = assert!(SEGMENT_HEADER_BYTES % FORMAT_ALIGN_BYTES == 0);
 const _: () = assert!(SHARDS_PER_LOG_MAX == 254);
 const _: () = assert!(BATCH_HEADER_BYTES % 8 == 0);
 const _: () = assert!(BATCH_TAGGED_HEADER_BYTES % 8 == 0);
+const _: () = assert!(PRODUCER_TAG_BYTES % 8 == 0 && EPOCH_BYTES % 8 == 0);
+const _: () = assert!(BATCH_HEADER_BYTES_MAX % 8 == 0);
+const _: () = assert!(BATCH_FLAGS_KNOWN == 0b11);
 const _: () = assert!(FORMAT_ALIGN_BYTES % BATCH_ALIGN_BYTES == 0);
 
 /// The fixed header of a batch, decoded.
@@ -70,6 +86,8 @@ pub struct BatchHeader {
     pub last_timestamp_ms: u64,
     /// The producer tag of an idempotent batch (flag [`BATCH_FLAG_PRODUCER`]).
     pub producer: Option<ProducerTag>,
+    /// The leader epoch that appended the batch (flag [`BATCH_FLAG_EPOCH`]).
+    pub epoch: Option<u64>,
 }
 
 impl BatchHeader {
@@ -80,17 +98,20 @@ impl BatchHeader {
 
     /// Byte position of the first record in the batch.
     pub fn records_start(&self) -> usize {
-        header_bytes(self.producer)
+        header_bytes(self.producer, self.epoch)
     }
 }
 
-/// Bytes before the records of a batch with or without a producer tag.
-fn header_bytes(tag: Option<ProducerTag>) -> usize {
-    if tag.is_some() {
-        BATCH_TAGGED_HEADER_BYTES
-    } else {
-        BATCH_HEADER_BYTES
-    }
+/// Bytes before the records of a batch with or without a producer tag and an epoch.
+fn header_bytes(tag: Option<ProducerTag>, epoch: Option<u64>) -> usize {
+    BATCH_HEADER_BYTES
+        + if tag.is_some() { PRODUCER_TAG_BYTES } else { 0 }
+        + if epoch.is_some() { EPOCH_BYTES } else { 0 }
+}
+
+/// Where the epoch extension starts: after the header and the producer tag, if any.
+fn epoch_at(tag: Option<ProducerTag>) -> usize {
+    header_bytes(tag, None)
 }
 
 /// Why bytes are not a valid batch or segment header.
@@ -148,17 +169,23 @@ pub enum Probe {
     Invalid(FormatError),
 }
 
-/// The encoded size of a batch holding `records`, tagged with `tag` or not.
-pub fn batch_encoded_len(records: &[Record], tag: Option<ProducerTag>) -> usize {
-    header_bytes(tag)
+/// The encoded size of a batch holding `records`, tagged with `tag` or not, stamped with
+/// `epoch` or not.
+pub fn batch_encoded_len(
+    records: &[Record],
+    tag: Option<ProducerTag>,
+    epoch: Option<u64>,
+) -> usize {
+    header_bytes(tag, epoch)
         + records
             .iter()
             .map(|r| RECORD_HEADER_BYTES + r.key.as_ref().map_or(0, |k| k.len()) + r.value.len())
             .sum::<usize>()
 }
 
-/// Encode a batch into `out`, which must be exactly `batch_encoded_len(records, tag)` long.
-/// With a `tag`, the flag [`BATCH_FLAG_PRODUCER`] is set and the tag follows the header.
+/// Encode a batch into `out`, which must be exactly `batch_encoded_len(records, tag, epoch)`
+/// long. With a `tag`, the flag [`BATCH_FLAG_PRODUCER`] is set and the tag follows the
+/// header; with an `epoch`, the flag [`BATCH_FLAG_EPOCH`] is set and the epoch follows them.
 ///
 /// One pass: each record's payload parts are copied straight from the buffers they were
 /// received in, and the CRC32C is computed over the copied bytes every `CRC_SPAN_BYTES`, while
@@ -171,13 +198,15 @@ pub fn encode_batch(
     base_offset: Offset,
     timestamp_ms: u64,
     tag: Option<ProducerTag>,
+    epoch: Option<u64>,
     records: &[Record],
 ) {
-    debug_assert_eq!(out.len(), batch_encoded_len(records, tag));
+    debug_assert_eq!(out.len(), batch_encoded_len(records, tag, epoch));
     let len = out.len() as u32;
     out[0..4].copy_from_slice(&BATCH_MAGIC.to_le_bytes());
     out[4] = FORMAT_VERSION;
-    out[5] = if tag.is_some() { BATCH_FLAG_PRODUCER } else { 0 };
+    out[5] = if tag.is_some() { BATCH_FLAG_PRODUCER } else { 0 }
+        | if epoch.is_some() { BATCH_FLAG_EPOCH } else { 0 };
     out[6..8].copy_from_slice(&[0, 0]);
     out[12..16].copy_from_slice(&len.to_le_bytes());
     out[16..20].copy_from_slice(&shard.0.to_le_bytes());
@@ -191,12 +220,16 @@ pub fn encode_batch(
         out[at + 8..at + 12].copy_from_slice(&tag.seq.to_le_bytes());
         out[at + 12..at + 16].fill(0);
     }
+    if let Some(epoch) = epoch {
+        let at = epoch_at(tag);
+        out[at..at + EPOCH_BYTES].copy_from_slice(&epoch.to_le_bytes());
+    }
     // The CRC covers bytes 0..8 and 12..len (see `batch_crc`). It runs over what was just
     // written in spans of about CRC_SPAN_BYTES, each still in cache: fewer, longer CRC calls
     // than one per part (QUIC-sized parts are about 1.2 KB).
     let mut crc = crc32c::crc32c(&out[0..8]);
     let mut crc_from = 12;
-    let mut at = header_bytes(tag);
+    let mut at = header_bytes(tag, epoch);
     for r in records {
         let key = r.key.as_deref().unwrap_or(&[]);
         out[at] = if r.key.is_some() { RECORD_FLAG_KEY } else { 0 };
@@ -237,8 +270,8 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 /// Look at the bytes at a batch position: padding, a plausible header, or garbage.
 ///
-/// A tagged batch's header is only complete with its tag: give `buf` at least
-/// [`BATCH_TAGGED_HEADER_BYTES`] where the bytes exist, else a tagged header is `Short`.
+/// A header with extensions (producer tag, epoch) is only complete with them: give `buf` at
+/// least [`BATCH_HEADER_BYTES_MAX`] where the bytes exist, else such a header is `Short`.
 /// `batch_bytes_limit` bounds the length field so that garbage never makes a reader
 /// allocate or read more than a batch can be.
 pub fn probe(buf: &[u8], batch_bytes_limit: usize) -> Probe {
@@ -259,7 +292,7 @@ pub fn probe(buf: &[u8], batch_bytes_limit: usize) -> Probe {
         return Probe::Invalid(FormatError::BadVersion(buf[4]));
     }
     let flags = buf[5];
-    if flags & !BATCH_FLAG_PRODUCER != 0 || buf[6..8] != [0, 0] {
+    if flags & !BATCH_FLAGS_KNOWN != 0 || buf[6..8] != [0, 0] {
         return Probe::Invalid(FormatError::BadFlags(flags));
     }
     let producer = if flags & BATCH_FLAG_PRODUCER != 0 {
@@ -274,8 +307,17 @@ pub fn probe(buf: &[u8], batch_bytes_limit: usize) -> Probe {
     } else {
         None
     };
+    let epoch = if flags & BATCH_FLAG_EPOCH != 0 {
+        let at = epoch_at(producer);
+        if buf.len() < at + EPOCH_BYTES {
+            return Probe::Short;
+        }
+        Some(u64_at(buf, at))
+    } else {
+        None
+    };
     let len = u32_at(buf, 12);
-    if (len as usize) < header_bytes(producer) + RECORD_HEADER_BYTES
+    if (len as usize) < header_bytes(producer, epoch) + RECORD_HEADER_BYTES
         || len as usize > batch_bytes_limit
     {
         return Probe::Invalid(FormatError::BadLength(len));
@@ -288,6 +330,7 @@ pub fn probe(buf: &[u8], batch_bytes_limit: usize) -> Probe {
         first_timestamp_ms: u64_at(buf, 32),
         last_timestamp_ms: u64_at(buf, 40),
         producer,
+        epoch,
     })
 }
 
@@ -441,8 +484,8 @@ mod tests {
     }
 
     fn encoded(records: &[Record]) -> Vec<u8> {
-        let mut out = vec![0u8; batch_encoded_len(records, None)];
-        encode_batch(&mut out, ShardId(3), Offset(42), 1_000, None, records);
+        let mut out = vec![0u8; batch_encoded_len(records, None, None)];
+        encode_batch(&mut out, ShardId(3), Offset(42), 1_000, None, None, records);
         out
     }
 
@@ -482,14 +525,18 @@ mod tests {
         let want: Vec<u8> =
             hex.split_whitespace().map(|b| u8::from_str_radix(b, 16).unwrap()).collect();
         let records = [Record::unkeyed(&b"ab"[..])];
-        let mut out = vec![0u8; batch_encoded_len(&records, None)];
-        encode_batch(&mut out, ShardId(3), Offset(42), 1000, None, &records);
+        let mut out = vec![0u8; batch_encoded_len(&records, None, None)];
+        encode_batch(&mut out, ShardId(3), Offset(42), 1000, None, None, &records);
         assert_eq!(out, want);
     }
 
     fn tagged(records: &[Record], tag: ProducerTag) -> Vec<u8> {
-        let mut out = vec![0u8; batch_encoded_len(records, Some(tag))];
-        encode_batch(&mut out, ShardId(3), Offset(42), 1_000, Some(tag), records);
+        stamped(records, Some(tag), None)
+    }
+
+    fn stamped(records: &[Record], tag: Option<ProducerTag>, epoch: Option<u64>) -> Vec<u8> {
+        let mut out = vec![0u8; batch_encoded_len(records, tag, epoch)];
+        encode_batch(&mut out, ShardId(3), Offset(42), 1_000, tag, epoch, records);
         out
     }
 
@@ -511,6 +558,81 @@ mod tests {
         assert_eq!(decode_records(&Bytes::from(buf), &header).unwrap(), records);
         // Untagged batches decode without a tag.
         assert_eq!(verify_batch(&encoded(&records), 1 << 20).unwrap().producer, None);
+        assert_eq!(verify_batch(&encoded(&records), 1 << 20).unwrap().epoch, None);
+    }
+
+    const EPOCH: u64 = 0x1112_1314_1516_1718;
+
+    #[test]
+    fn an_epoch_follows_the_header_or_the_tag_and_round_trips() {
+        let records = sample();
+        let plain = encoded(&records);
+        // Epoch only: right after the 48-byte header.
+        let buf = stamped(&records, None, Some(EPOCH));
+        assert_eq!(buf.len(), plain.len() + EPOCH_BYTES);
+        assert_eq!(buf[5], BATCH_FLAG_EPOCH);
+        assert_eq!(&buf[48..56], &[0x18, 0x17, 0x16, 0x15, 0x14, 0x13, 0x12, 0x11]);
+        assert_eq!(&buf[56..], &plain[BATCH_HEADER_BYTES..]);
+        let header = verify_batch(&buf, 1 << 20).unwrap();
+        assert_eq!((header.producer, header.epoch), (None, Some(EPOCH)));
+        assert_eq!(header.records_start(), 56);
+        assert_eq!(decode_records(&Bytes::from(buf), &header).unwrap(), records);
+        // Tag and epoch: the tag first (bit 0), then the epoch (bit 1).
+        let buf = stamped(&records, Some(TAG), Some(EPOCH));
+        assert_eq!(buf.len(), plain.len() + PRODUCER_TAG_BYTES + EPOCH_BYTES);
+        assert_eq!(buf[5], BATCH_FLAG_PRODUCER | BATCH_FLAG_EPOCH);
+        assert_eq!(&buf[48..64], &tagged(&records, TAG)[48..64]);
+        assert_eq!(&buf[64..72], &EPOCH.to_le_bytes());
+        assert_eq!(&buf[BATCH_HEADER_BYTES_MAX..], &plain[BATCH_HEADER_BYTES..]);
+        let header = verify_batch(&buf, 1 << 20).unwrap();
+        assert_eq!((header.producer, header.epoch), (Some(TAG), Some(EPOCH)));
+        assert_eq!(header.records_start(), BATCH_HEADER_BYTES_MAX);
+        assert_eq!(decode_records(&Bytes::from(buf), &header).unwrap(), records);
+        // Epoch 0 is an epoch (flag set), distinct from none.
+        let zero = stamped(&records, None, Some(0));
+        assert_eq!(verify_batch(&zero, 1 << 20).unwrap().epoch, Some(0));
+    }
+
+    #[test]
+    fn damage_to_the_epoch_bytes_or_flag_is_detected() {
+        for tag in [None, Some(TAG)] {
+            let buf = stamped(&sample(), tag, Some(EPOCH));
+            let at = epoch_at(tag);
+            for byte in at..at + EPOCH_BYTES {
+                for bit in 0..8 {
+                    let mut bad = buf.clone();
+                    bad[byte] ^= 1 << bit;
+                    assert!(
+                        matches!(verify_batch(&bad, 1 << 20), Err(FormatError::BadCrc { .. })),
+                        "flip {byte}:{bit} of the epoch undetected"
+                    );
+                }
+            }
+            // A header cut before its epoch is short, not a header.
+            assert_eq!(probe(&buf[..at + EPOCH_BYTES - 1], 1 << 20), Probe::Short);
+            assert!(matches!(probe(&buf[..at + EPOCH_BYTES], 1 << 20), Probe::Header(_)));
+        }
+        // Clearing the flag of a stamped batch (CRC recomputed): the epoch bytes are read as
+        // records, which do not line up.
+        let mut bad = stamped(&[Record::unkeyed(&b"ab"[..])], None, Some(EPOCH));
+        bad[5] = 0;
+        let crc = batch_crc(&bad);
+        bad[8..12].copy_from_slice(&crc.to_le_bytes());
+        assert!(verify_batch(&bad, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn every_single_bit_flip_of_a_stamped_batch_is_detected() {
+        for tag in [None, Some(TAG)] {
+            let buf = stamped(&sample(), tag, Some(EPOCH));
+            for byte in 0..buf.len() {
+                for bit in 0..8 {
+                    let mut bad = buf.clone();
+                    bad[byte] ^= 1 << bit;
+                    assert!(verify_batch(&bad, 1 << 20).is_err(), "flip {byte}:{bit} undetected");
+                }
+            }
+        }
     }
 
     #[test]
@@ -521,7 +643,7 @@ mod tests {
             let crc = batch_crc(b);
             b[8..12].copy_from_slice(&crc.to_le_bytes());
         };
-        for (at, value) in [(5usize, 2u8), (5, 0x80), (6, 1), (7, 1)] {
+        for (at, value) in [(5usize, 4u8), (5, 0x80), (6, 1), (7, 1)] {
             let mut bad = encoded(&sample());
             bad[at] |= value;
             fix_crc(&mut bad);
@@ -571,6 +693,27 @@ mod tests {
     }
 
     #[test]
+    fn doc_epoch_test_vectors() {
+        // The stamped examples in docs/storage-format.md, section 2: epoch 5 alone, then
+        // with the producer tag before it.
+        let unhex = |hex: &str| -> Vec<u8> {
+            hex.split_whitespace().map(|b| u8::from_str_radix(b, 16).unwrap()).collect()
+        };
+        let epoch_only = "46 58 42 31 01 02 00 00 fb 58 4d 46 43 00 00 00 03 00 00 00 01 00 00 00 \
+                          2a 00 00 00 00 00 00 00 e8 03 00 00 00 00 00 00 e8 03 00 00 00 00 00 00 \
+                          05 00 00 00 00 00 00 00 \
+                          00 00 00 00 00 02 00 00 00 61 62";
+        let both = "46 58 42 31 01 03 00 00 a9 d6 79 e1 53 00 00 00 03 00 00 00 01 00 00 00 \
+                    2a 00 00 00 00 00 00 00 e8 03 00 00 00 00 00 00 e8 03 00 00 00 00 00 00 \
+                    08 07 06 05 04 03 02 01 09 00 00 00 00 00 00 00 \
+                    05 00 00 00 00 00 00 00 \
+                    00 00 00 00 00 02 00 00 00 61 62";
+        let records = [Record::unkeyed(&b"ab"[..])];
+        assert_eq!(stamped(&records, None, Some(5)), unhex(epoch_only));
+        assert_eq!(stamped(&records, Some(TAG), Some(5)), unhex(both));
+    }
+
+    #[test]
     fn every_single_bit_flip_is_detected() {
         let buf = encoded(&sample());
         for byte in 0..buf.len() {
@@ -614,17 +757,19 @@ mod tests {
                  proptest::collection::vec(0u8.., 0..100)), 1..20),
             base in 0u64..u64::MAX / 2,
             tag in proptest::option::of((0u64.., 0u32..)),
+            epoch in proptest::option::of(0u64..),
         ) {
             let records: Vec<Record> = values
                 .into_iter()
                 .map(|(k, v)| Record { key: k.map(Bytes::from), value: v.into() })
                 .collect();
             let tag = tag.map(|(p, seq)| ProducerTag { producer: ProducerId(p), seq });
-            let mut out = vec![0u8; batch_encoded_len(&records, tag)];
-            encode_batch(&mut out, ShardId(1), Offset(base), 5, tag, &records);
+            let mut out = vec![0u8; batch_encoded_len(&records, tag, epoch)];
+            encode_batch(&mut out, ShardId(1), Offset(base), 5, tag, epoch, &records);
             let header = verify_batch(&out, 1 << 20).unwrap();
             proptest::prop_assert_eq!(header.base_offset, Offset(base));
             proptest::prop_assert_eq!(header.producer, tag);
+            proptest::prop_assert_eq!(header.epoch, epoch);
             let decoded = decode_records(&Bytes::from(out), &header).unwrap();
             proptest::prop_assert_eq!(decoded, records);
         }

@@ -1,7 +1,8 @@
 //! felix-storage: the durable logs of the shards that one core owns.
 //!
 //! Owns: the on-disk format ([`format`], byte-exact in `docs/storage-format.md`), group
-//! commit, recovery, per-shard indexes, per-shard producer tables (idempotent appends) and
+//! commit, recovery, per-shard indexes, per-shard producer tables (idempotent appends),
+//! per-shard epoch indexes (leader epochs, for replication's truncation handshake) and
 //! retention.
 //! Never does: talk to the network, or share any state with another core. Everything in
 //! this crate runs inside one glommio executor; nothing is `Send` on purpose.
@@ -10,7 +11,7 @@
 //! stream, so shard count never multiplies fdatasyncs; a per-shard in-memory index maps
 //! offsets to log positions and is rebuilt on recovery.
 //!
-//! Code map: [`format`], [`index`] and `producers` are pure; `state` is a log's shared state; `log`
+//! Code map: [`format`], [`index`], `producers` and `epochs` are pure; `state` is a log's shared state; `log`
 //! (appends, reads), `commit` (writer and group commit), `recovery`, `retention` and
 //! `truncate` (logical truncation of one shard, durable markers) hold the logic; `io` is
 //! the only module that touches glommio, files and clocks; `sys` wraps the syscalls
@@ -20,6 +21,7 @@
 
 mod commit;
 mod config;
+mod epochs;
 mod error;
 pub mod format;
 pub mod index;
@@ -41,8 +43,11 @@ pub use config::{
     SEGMENT_GROW_MIN_BYTES, STREAM_NAME_BYTES_MAX, WRITE_BYTES_MAX, WRITE_BYTES_TARGET,
     WRITE_IN_FLIGHT_BYTES_MAX,
 };
+pub use epochs::EPOCH_CHANGES_PER_SHARD_MAX;
 pub use error::{is_no_space, Result, StorageError};
-pub use log::{AppendOutcome, RetentionOutcome, StoredBatch, StreamLog, READ_GAP_BYTES_MAX};
+pub use log::{
+    AppendOutcome, BatchMeta, RetentionOutcome, StoredBatch, StreamLog, READ_GAP_BYTES_MAX,
+};
 pub use producers::{PRODUCERS_PER_SHARD_MAX, PRODUCER_SEQ_WINDOW};
 pub use recovery::{RecoveryReport, RepairReport, SEGMENT_SUFFIX};
 pub use stats::StorageStats;

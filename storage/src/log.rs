@@ -3,8 +3,11 @@
 //! path (writer and group commit) is in `commit`.
 //!
 //! Call order: [`StreamLog::open`] (recovers) -> any number of concurrent
-//! [`StreamLog::append`] (or [`StreamLog::append_tagged`], idempotent per producer),
-//! [`StreamLog::read`], [`StreamLog::wait_for`] from tasks of the
+//! [`StreamLog::append`] (or [`StreamLog::append_tagged`], idempotent per producer, or
+//! [`StreamLog::append_with`], which also stamps a leader epoch and places a follower's copy),
+//! [`StreamLog::read`], [`StreamLog::wait_for`] and the epoch queries
+//! ([`StreamLog::last_epoch`], [`StreamLog::largest_epoch_at_most`],
+//! [`StreamLog::end_of_epoch`]) from tasks of the
 //! same executor -> optionally [`StreamLog::close`]. Two background tasks run per log: the
 //! writer (turns queued batches into aligned writes, up to 8 MiB in flight, published in
 //! log order) and the flusher (group commit: one fdatasync covers every write published
@@ -21,6 +24,7 @@ use bytes::Bytes;
 use felix_proto::{AckMode, Offset, ProducerTag, Record, ShardId};
 
 use crate::config::{RetentionConfig, StorageConfig};
+use crate::epochs::EpochIndex;
 use crate::error::{Result, StorageError};
 use crate::format::{
     batch_encoded_len, decode_records, verify_batch, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX,
@@ -48,6 +52,26 @@ pub struct AppendOutcome {
     pub duplicate: bool,
 }
 
+/// What an append says about its batch besides the records ([`StreamLog::append_with`]).
+/// The default is a plain batch: no tag, no epoch, wherever the shard's next offset is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchMeta {
+    /// The producer tag of an idempotent batch: stored after the header, and checked against
+    /// the shard's producer table (see [`StreamLog::append_tagged`]) unless `expected_base`
+    /// is set.
+    pub producer: Option<ProducerTag>,
+    /// The leader epoch that appended the batch (replication): stored after the header (and
+    /// the tag), read back in [`StoredBatch::epoch`], and recorded in the shard's epoch index.
+    /// Never lower than the shard's last epoch (`EpochRegression`).
+    pub epoch: Option<u64>,
+    /// A follower's copy of a leader's batch: the offset its first record must get, i.e. the
+    /// shard's next offset (queued appends included), else `OffsetMismatch` and nothing is
+    /// stored. A follower stores exactly the leader's batches: their producer tags are
+    /// recorded in the table but not checked (a second copy the leader stored, e.g. after
+    /// evicting the producer, is stored again).
+    pub expected_base: Option<Offset>,
+}
+
 /// One batch returned by a read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StoredBatch {
@@ -61,6 +85,8 @@ pub struct StoredBatch {
     pub last_timestamp_ms: u64,
     /// The producer tag of an idempotent batch.
     pub producer: Option<ProducerTag>,
+    /// The leader epoch the batch was stamped with ([`BatchMeta::epoch`]).
+    pub epoch: Option<u64>,
     /// The records; keys and values are slices of one read buffer.
     pub records: Vec<Record>,
 }
@@ -159,7 +185,7 @@ impl StreamLog {
         timestamp_ms: u64,
         ack: AckMode,
     ) -> Result<AppendOutcome> {
-        self.append_tagged(shard, records, timestamp_ms, ack, None).await
+        self.append_with(shard, records, timestamp_ms, ack, BatchMeta::default()).await
     }
 
     /// [`StreamLog::append`] with an optional producer tag: a tagged batch is stored once
@@ -186,9 +212,31 @@ impl StreamLog {
         ack: AckMode,
         tag: Option<ProducerTag>,
     ) -> Result<AppendOutcome> {
+        let meta = BatchMeta { producer: tag, ..BatchMeta::default() };
+        self.append_with(shard, records, timestamp_ms, ack, meta).await
+    }
+
+    /// [`StreamLog::append_tagged`] with everything a batch may carry ([`BatchMeta`]): the
+    /// producer tag, the leader epoch that appended it (replication), and for a follower's
+    /// copy of a leader's batch the offset it must land at. Checked before anything else,
+    /// in this order: `expected_base` against the shard's next offset (`OffsetMismatch`),
+    /// then `epoch` against the shard's last epoch (`EpochRegression`); then the producer tag
+    /// as in `append_tagged` (not for a follower's copy). A refused batch stores nothing and
+    /// takes no offset.
+    ///
+    /// A batch without an epoch is allowed anywhere, also after stamped ones: the epoch
+    /// queries count it as epoch 0 (see [`StreamLog::end_of_epoch`]).
+    pub async fn append_with(
+        &self,
+        shard: ShardId,
+        records: &[Record],
+        timestamp_ms: u64,
+        ack: AckMode,
+        meta: BatchMeta,
+    ) -> Result<AppendOutcome> {
         let (outcome, wait) = {
             let mut st = self.inner.state.borrow_mut();
-            match self.enqueue(&mut st, shard, records, timestamp_ms, ack, tag) {
+            match self.enqueue(&mut st, shard, records, timestamp_ms, ack, meta) {
                 Ok(x) => x,
                 Err(e) => {
                     st.stats.append_errors += 1;
@@ -217,8 +265,9 @@ impl StreamLog {
         records: &[Record],
         timestamp_ms: u64,
         ack: AckMode,
-        tag: Option<ProducerTag>,
+        meta: BatchMeta,
     ) -> Result<(AppendOutcome, AckWait)> {
+        let tag = meta.producer;
         if let Some(reason) = &st.poisoned {
             return Err(StorageError::Poisoned { reason: reason.clone() });
         }
@@ -232,7 +281,7 @@ impl StreamLog {
                 limit: config.batch_records_max,
             });
         }
-        let len = batch_encoded_len(records, tag);
+        let len = batch_encoded_len(records, tag, meta.epoch);
         if len > config.batch_bytes_max {
             return Err(StorageError::BatchTooLarge { bytes: len, limit: config.batch_bytes_max });
         }
@@ -241,8 +290,24 @@ impl StreamLog {
         if s.truncating {
             return Err(StorageError::ShardBusy { shard, reason: "the shard is being truncated" });
         }
-        // Before the queue limit: a duplicate queues nothing.
-        if let Some(tag) = tag {
+        if let Some(expected) = meta.expected_base {
+            if expected.0 != s.next_offset {
+                return Err(StorageError::OffsetMismatch {
+                    shard,
+                    expected,
+                    next: Offset(s.next_offset),
+                });
+            }
+        }
+        if let Some(epoch) = meta.epoch {
+            let last = s.epochs.epoch_max();
+            if epoch < last {
+                return Err(StorageError::EpochRegression { shard, epoch, last });
+            }
+        }
+        // Before the queue limit: a duplicate queues nothing. A follower's copy is not
+        // checked: the leader decided it is new.
+        if let Some(tag) = tag.filter(|_| meta.expected_base.is_none()) {
             match s.producers.check(tag, record_count) {
                 Check::Append => {}
                 Check::Duplicate(e) => return Ok(self.duplicate(st, shard, e, ack)),
@@ -289,6 +354,10 @@ impl StreamLog {
                 st.stats.producers_evicted += 1;
             }
         }
+        // Likewise the epoch index (a failed write cuts it back in `ShardState::rewind`).
+        if s.epochs.push(meta.epoch, base_offset) {
+            st.stats.epoch_changes_dropped += 1;
+        }
         let (tx, wait) = match ack {
             AckMode::None => (None, AckWait::Now),
             _ => {
@@ -302,6 +371,7 @@ impl StreamLog {
             records: records.to_vec(),
             timestamp_ms,
             producer: tag,
+            epoch: meta.epoch,
             len,
             ack,
             done: tx,
@@ -570,6 +640,47 @@ impl StreamLog {
         Ok(s.producers.len())
     }
 
+    /// The epoch of the last batch of `shard` (queued ones included; a batch without an
+    /// epoch counts as epoch 0), `None` if the shard holds no batch. Mirrors
+    /// `felix_replication::ReplicaLog::last_epoch` (whose empty log says `Epoch::NONE`).
+    /// Exact unless a truncation cut below every change the epoch index keeps
+    /// (`EPOCH_CHANGES_PER_SHARD_MAX`); then an upper bound.
+    pub fn last_epoch(&self, shard: ShardId) -> Result<Option<u64>> {
+        self.with_epochs(shard, |ix, _, _| ix.last_epoch())
+    }
+
+    /// The largest epoch `<= epoch` that batches of `shard` were stamped with (0 for batches
+    /// without one), if any; mirrors `ReplicaLog::largest_epoch_at_most`, the leader's answer
+    /// in the epoch handshake. Conservative where the index cannot vouch for the answer (docs/
+    /// storage-format.md, "Epoch index"): `None` when the answer would lie among the epoch
+    /// changes dropped for the bound, and only batches before the first one whose epoch is
+    /// lower than its predecessor's (an epoch-less batch after stamped ones) count.
+    pub fn largest_epoch_at_most(&self, shard: ShardId, epoch: u64) -> Result<Option<u64>> {
+        self.with_epochs(shard, |ix, _, next| ix.largest_epoch_at_most(epoch, next))
+    }
+
+    /// Where `epoch` ends in `shard`: the first offset of the first batch of a later epoch,
+    /// else the shard's next offset (queued batches included); mirrors
+    /// `ReplicaLog::end_of_epoch`. Batches without an epoch count as epoch 0. Conservative,
+    /// never larger than the truth, so that the truncation handshake never keeps more than the
+    /// common prefix: the shard's start offset when a later epoch may begin among the epoch
+    /// changes dropped for the bound, and never past the first batch whose epoch is lower
+    /// than its predecessor's. Always in `start_offset..=next`.
+    pub fn end_of_epoch(&self, shard: ShardId, epoch: u64) -> Result<Offset> {
+        self.with_epochs(shard, |ix, start, next| Offset(ix.end_of_epoch(epoch, start, next)))
+    }
+
+    /// Answer `f(epoch index, start offset, next offset assigned)` about `shard`.
+    fn with_epochs<T>(
+        &self,
+        shard: ShardId,
+        f: impl FnOnce(&EpochIndex, u64, u64) -> T,
+    ) -> Result<T> {
+        let mut st = self.inner.state.borrow_mut();
+        let s = owned_shard(&self.inner.name, &mut st.shards, shard)?;
+        Ok(f(&s.epochs, s.index.start_offset(), s.next_offset))
+    }
+
     /// The first offset of `shard` still stored.
     pub fn start_offset(&self, shard: ShardId) -> Result<Offset> {
         let mut st = self.inner.state.borrow_mut();
@@ -641,6 +752,7 @@ fn stored(
         first_timestamp_ms: h.first_timestamp_ms,
         last_timestamp_ms: h.last_timestamp_ms,
         producer: h.producer,
+        epoch: h.epoch,
         records: decode_records(bytes, h)?,
     })
 }

@@ -1,6 +1,7 @@
 //! Opening a stream log: list segments, verify every batch, truncate a torn tail, refuse
-//! (or repair) corruption before the tail, rebuild the per-shard indexes and producer
-//! tables. Also segment creation and rolling, which recovery must be able to undo.
+//! (or repair) corruption before the tail, rebuild the per-shard indexes, producer tables
+//! and epoch indexes. Also segment creation and rolling, which recovery must be able to
+//! undo.
 
 use std::collections::BTreeMap;
 use std::ops::ControlFlow;
@@ -10,6 +11,7 @@ use std::rc::Rc;
 use felix_proto::{Offset, ShardId};
 
 use crate::config::StorageConfig;
+use crate::epochs::{EpochIndex, EPOCH_CHANGES_PER_SHARD_MAX};
 use crate::error::{Result, StorageError};
 use crate::format::{align_up, SegmentHeader, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX};
 use crate::index::{IndexEntry, ShardIndex};
@@ -143,6 +145,7 @@ pub(crate) async fn recover(
         report: RecoveryReport::default(),
         indexes: BTreeMap::new(),
         producers: BTreeMap::new(),
+        epochs: BTreeMap::new(),
         segments: Vec::new(),
         flushes: 0,
     };
@@ -170,6 +173,8 @@ struct Recovery<'a> {
     indexes: BTreeMap<ShardId, ShardIndex>,
     /// Each shard's producer table, rebuilt from the tags of its batches in log order.
     producers: BTreeMap<ShardId, ProducerTable>,
+    /// Each shard's epoch index, rebuilt from the epochs of its batches in log order.
+    epochs: BTreeMap<ShardId, EpochIndex>,
     segments: Vec<Segment>,
     /// fdatasyncs (and directory fsyncs counted as flushes) done so far.
     flushes: u64,
@@ -210,10 +215,10 @@ impl Recovery<'_> {
         if self.segments.is_empty() {
             self.walk.skip_before(base);
         } else {
-            apply_markers(&mut self.indexes, &mut self.producers, &mut self.walk, base, false);
+            self.apply_markers(base, false);
         }
         self.check_start_offsets(&path, &header)?;
-        apply_markers(&mut self.indexes, &mut self.producers, &mut self.walk, base, true);
+        self.apply_markers(base, true);
         let scanned = self.index_batches(&file, base, size, header.created_ms).await?;
         self.report.batches += scanned.batches;
         let mut valid_end = scanned.valid_end;
@@ -298,8 +303,11 @@ impl Recovery<'_> {
         size: u64,
         created_ms: u64,
     ) -> Result<Scanned> {
-        let indexes = &mut self.indexes;
-        let producers = &mut self.producers;
+        let mut tables = Tables {
+            indexes: &mut self.indexes,
+            producers: &mut self.producers,
+            epochs: &mut self.epochs,
+        };
         let producers_max = self.config.producers_per_shard_max;
         let walk = &mut self.walk;
         let mut last_ts = created_ms;
@@ -308,8 +316,8 @@ impl Recovery<'_> {
         let mut gap = None;
         let end = scan_segment(file, SEGMENT_HEADER_BYTES, size, self.limit, |pos, h, _| {
             // Truncations at or before this batch's position happened before it was written.
-            apply_markers(indexes, producers, walk, base + pos, true);
-            let ix = indexes.entry(h.shard).or_insert_with(|| ShardIndex::new(0));
+            apply_markers_to(&mut tables, walk, base + pos, true);
+            let ix = tables.indexes.entry(h.shard).or_insert_with(|| ShardIndex::new(0));
             if h.base_offset.0 != ix.next_offset() {
                 gap = Some((
                     pos,
@@ -329,10 +337,21 @@ impl Recovery<'_> {
                 position: base + pos,
             });
             if let Some(tag) = h.producer {
-                producers
+                tables
+                    .producers
                     .entry(h.shard)
                     .or_insert_with(|| ProducerTable::new(producers_max))
                     .record(tag, h.base_offset.0, h.record_count);
+            }
+            // A batch that a later marker cuts wholly is left out of the epoch index: the
+            // cut would remove its change anyway, and it must not push older changes out of
+            // the bounded index (so a reopen rebuilds the index of the log as it ends up).
+            if walk.cut_after(h.shard, base + pos).is_none_or(|cut| cut > h.base_offset.0) {
+                tables
+                    .epochs
+                    .entry(h.shard)
+                    .or_insert_with(|| EpochIndex::new(EPOCH_CHANGES_PER_SHARD_MAX))
+                    .push(h.epoch, h.base_offset.0);
             }
             last_ts = last_ts.max(h.last_timestamp_ms);
             valid_end = pos + crate::format::batch_slot(u64::from(h.len));
@@ -417,7 +436,7 @@ impl Recovery<'_> {
                     ),
                 ));
             }
-            cut(&mut self.indexes, &mut self.producers, *m);
+            cut(&mut self.tables(), *m);
         }
         for shard in owned {
             self.indexes.entry(*shard).or_insert_with(|| ShardIndex::new(0));
@@ -449,6 +468,7 @@ impl Recovery<'_> {
             self.flushes += 1;
         }
         let mut producers = self.producers;
+        let mut epochs = self.epochs;
         let producers_max = self.config.producers_per_shard_max;
         let shards = self
             .indexes
@@ -456,7 +476,10 @@ impl Recovery<'_> {
             .map(|(id, ix)| {
                 let table =
                     producers.remove(&id).unwrap_or_else(|| ProducerTable::new(producers_max));
-                (id, ShardState::new(owned.contains(&id), ix, table))
+                let epochs = epochs
+                    .remove(&id)
+                    .unwrap_or_else(|| EpochIndex::new(EPOCH_CHANGES_PER_SHARD_MAX));
+                (id, ShardState::new(owned.contains(&id), ix, table, epochs))
             })
             .collect();
         Ok(Recovered {
@@ -471,29 +494,53 @@ impl Recovery<'_> {
     }
 }
 
-/// Apply the markers at or before log position `position` (`inclusive`) or before it.
-fn apply_markers(
-    indexes: &mut BTreeMap<ShardId, ShardIndex>,
-    producers: &mut BTreeMap<ShardId, ProducerTable>,
+impl Recovery<'_> {
+    /// The per-shard tables the walk rebuilds, borrowed together.
+    fn tables(&mut self) -> Tables<'_> {
+        Tables {
+            indexes: &mut self.indexes,
+            producers: &mut self.producers,
+            epochs: &mut self.epochs,
+        }
+    }
+
+    /// Apply the markers at or before log position `position` (`inclusive`) or before it.
+    fn apply_markers(&mut self, position: u64, inclusive: bool) {
+        while let Some(m) = self.walk.next_through(position, inclusive) {
+            cut(&mut self.tables(), m);
+        }
+    }
+}
+
+/// The per-shard tables recovery rebuilds from the batches and cuts with the markers.
+struct Tables<'a> {
+    indexes: &'a mut BTreeMap<ShardId, ShardIndex>,
+    producers: &'a mut BTreeMap<ShardId, ProducerTable>,
+    epochs: &'a mut BTreeMap<ShardId, EpochIndex>,
+}
+
+/// [`Recovery::apply_markers`] for a walk whose tables are borrowed apart.
+fn apply_markers_to(
+    tables: &mut Tables<'_>,
     walk: &mut MarkerWalk<'_>,
     position: u64,
     inclusive: bool,
 ) {
     while let Some(m) = walk.next_through(position, inclusive) {
-        cut(indexes, producers, m);
+        cut(tables, m);
     }
 }
 
-/// Apply one marker: the shard ends at its offset, and its producer table forgets the
-/// batches the marker cut (wholly or in part); they were all written before the marker.
-fn cut(
-    indexes: &mut BTreeMap<ShardId, ShardIndex>,
-    producers: &mut BTreeMap<ShardId, ProducerTable>,
-    m: Marker,
-) {
-    indexes.entry(m.shard).or_insert_with(|| ShardIndex::new(0)).truncate(m.offset);
-    if let Some(table) = producers.get_mut(&m.shard) {
+/// Apply one marker: the shard ends at its offset, and its producer table and epoch index
+/// forget the batches the marker cut (wholly or in part); they were all written before the
+/// marker.
+fn cut(tables: &mut Tables<'_>, m: Marker) {
+    tables.indexes.entry(m.shard).or_insert_with(|| ShardIndex::new(0)).truncate(m.offset);
+    if let Some(table) = tables.producers.get_mut(&m.shard) {
         table.forget_after(m.offset);
+    }
+    if let Some(epochs) = tables.epochs.get_mut(&m.shard) {
+        epochs.truncate(m.offset);
     }
 }
 

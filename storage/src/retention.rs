@@ -41,6 +41,7 @@ impl StreamLog {
                         .map_or(s.index.start_offset(), |(_, o): &(_, Offset)| o.0);
                     let start = st.truncations.start_after_drop(*id, next.base_position, start);
                     s.index.drop_before(next.base_position, start);
+                    s.epochs.drop_before(s.index.start_offset(), s.next_offset);
                 }
                 st.stats.segments_deleted += 1;
                 st.stats.retention_bytes_deleted += victim.end;

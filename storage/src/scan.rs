@@ -57,8 +57,8 @@ pub(crate) async fn scan_segment(
     let mut w = Window { file, end, buf: Vec::new(), buf_pos: start };
     let mut pos = start;
     while pos < end {
-        // Enough for a tagged header; an untagged one needs only its first 48 bytes.
-        let head = w.get(pos, crate::format::BATCH_TAGGED_HEADER_BYTES).await?;
+        // Enough for a header with every extension; a plain one needs only its first 48 bytes.
+        let head = w.get(pos, crate::format::BATCH_HEADER_BYTES_MAX).await?;
         let header = match probe(head, batch_bytes_limit) {
             Probe::Padding => {
                 pos = align_up(pos + 1).min(end);

@@ -14,6 +14,7 @@ use std::rc::Rc;
 use felix_proto::{AckMode, Offset, ProducerTag, Record, ShardId};
 
 use crate::config::{RetentionConfig, StorageConfig};
+use crate::epochs::EpochIndex;
 use crate::error::{Result, StorageError};
 use crate::index::ShardIndex;
 use crate::io::LogFile;
@@ -46,26 +47,35 @@ pub(crate) struct ShardState {
     pub(crate) truncating: bool,
     /// The last tagged batches of each producer (idempotent appends), queued ones included.
     pub(crate) producers: ProducerTable,
+    /// Where the leader epoch of the shard's batches changes, queued ones included.
+    pub(crate) epochs: EpochIndex,
     tail_waiters: Vec<(u64, Completer<()>)>,
 }
 
 impl ShardState {
-    pub(crate) fn new(owned: bool, index: ShardIndex, producers: ProducerTable) -> Self {
+    pub(crate) fn new(
+        owned: bool,
+        index: ShardIndex,
+        producers: ProducerTable,
+        epochs: EpochIndex,
+    ) -> Self {
         Self {
             owned,
             next_offset: index.next_offset(),
             index,
             truncating: false,
             producers,
+            epochs,
             tail_waiters: Vec::new(),
         }
     }
 
     /// Offsets from `next` on are handed out again (a failed write): set the next offset
-    /// back and forget the producers' batches that held them.
+    /// back and forget the producers' batches and the epoch changes that held them.
     pub(crate) fn rewind(&mut self, next: u64) {
         self.next_offset = next;
         self.producers.forget_after(next);
+        self.epochs.truncate(next);
     }
 
     /// Wake the tail readers waiting for an offset that is now written.
@@ -98,6 +108,8 @@ pub(crate) struct Pending {
     pub(crate) timestamp_ms: u64,
     /// The producer tag of an idempotent batch, written after the batch header.
     pub(crate) producer: Option<ProducerTag>,
+    /// The leader epoch the batch is stamped with, written after the tag.
+    pub(crate) epoch: Option<u64>,
     pub(crate) len: usize,
     pub(crate) ack: AckMode,
     pub(crate) done: Option<Completer<Result<()>>>,

@@ -18,6 +18,7 @@
 //! Pure part: [`Marker`] encoding and the position rules of [`Truncations`]. I/O goes through
 //! `io` only.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
@@ -378,8 +379,10 @@ impl StreamLog {
         s.index.truncate(offset);
         s.next_offset = offset;
         // The batches the cut removed, wholly or in part, are no longer stored: a retry of
-        // one is not a duplicate (docs/storage-format.md, "Producer table").
+        // one is not a duplicate (docs/storage-format.md, "Producer table"), and the epoch
+        // changes at or after the cut are gone ("Epoch index").
         s.producers.forget_after(offset);
+        s.epochs.truncate(offset);
         tracing::info!(stream = %self.inner.name, %shard, offset, position = marker.position, "truncated shard");
         Ok(())
     }
@@ -393,11 +396,34 @@ fn corrupt(path: &Path, position: u64, reason: String) -> StorageError {
 pub(crate) struct MarkerWalk<'a> {
     markers: &'a [Marker],
     applied: usize,
+    /// Per shard, its markers as (position, the smallest offset of this marker and of every
+    /// later one of the shard), in position order: [`MarkerWalk::cut_after`].
+    later_cuts: BTreeMap<ShardId, Vec<(u64, u64)>>,
 }
 
 impl<'a> MarkerWalk<'a> {
     pub(crate) fn new(markers: &'a [Marker]) -> Self {
-        Self { markers, applied: 0 }
+        let mut later_cuts: BTreeMap<ShardId, Vec<(u64, u64)>> = BTreeMap::new();
+        for m in markers {
+            later_cuts.entry(m.shard).or_default().push((m.position, m.offset));
+        }
+        for cuts in later_cuts.values_mut() {
+            let mut min = u64::MAX;
+            for (_, offset) in cuts.iter_mut().rev() {
+                min = min.min(*offset);
+                *offset = min;
+            }
+        }
+        Self { markers, applied: 0, later_cuts }
+    }
+
+    /// The first offset of `shard` that some marker after log position `position` cuts, if
+    /// any: the records of a batch at `position` from there on are gone once the walk ends
+    /// ([`limit_at`], in O(log n)).
+    pub(crate) fn cut_after(&self, shard: ShardId, position: u64) -> Option<u64> {
+        let cuts = self.later_cuts.get(&shard)?;
+        let i = cuts.partition_point(|(p, _)| *p <= position);
+        cuts.get(i).map(|(_, offset)| *offset)
     }
 
     /// Skip the markers before `position` (they concern deleted segments only).
@@ -460,6 +486,32 @@ mod tests {
         assert_eq!(limit_at(&ms, 100), Some(60));
         assert_eq!(limit_at(&ms, 250), Some(60));
         assert_eq!(limit_at(&ms, 300), None);
+    }
+
+    #[test]
+    fn cut_after_is_limit_at_per_shard() {
+        let markers = [
+            Marker { shard: ShardId(1), offset: 50, position: 100 },
+            Marker { shard: ShardId(2), offset: 7, position: 150 },
+            Marker { shard: ShardId(1), offset: 80, position: 200 },
+            Marker { shard: ShardId(1), offset: 60, position: 300 },
+        ];
+        let walk = MarkerWalk::new(&markers);
+        let of_1: Vec<(u64, u64)> = markers
+            .iter()
+            .filter(|m| m.shard == ShardId(1))
+            .map(|m| (m.position, m.offset))
+            .collect();
+        for position in [0u64, 99, 100, 150, 199, 200, 250, 300, 301] {
+            assert_eq!(
+                walk.cut_after(ShardId(1), position),
+                limit_at(&of_1, position),
+                "{position}"
+            );
+        }
+        assert_eq!(walk.cut_after(ShardId(2), 149), Some(7));
+        assert_eq!(walk.cut_after(ShardId(2), 150), None);
+        assert_eq!(walk.cut_after(ShardId(3), 0), None);
     }
 
     #[test]

@@ -7,7 +7,7 @@ mod common;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use common::{records, run, small_config};
+use common::{records, run, small_config, small_fs};
 use felix_proto::{AckMode, CoreId, Offset, ProducerId, ProducerTag, ShardId};
 use felix_storage::{CoreStore, RetentionConfig, StorageConfig, StorageError, StreamLog};
 
@@ -272,43 +272,6 @@ fn background_retention_runs_in_a_low_share_queue() {
         }
         assert_eq!(log.segment_count(), 1, "background retention did not run");
     });
-}
-
-/// Unmounts (lazily) and removes the mount point when dropped.
-struct MountGuard(PathBuf);
-
-impl Drop for MountGuard {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
-    }
-}
-
-fn sh(cmd: &str, args: &[&str]) -> bool {
-    std::process::Command::new(cmd)
-        .args(args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
-}
-
-/// A ~24 MiB ext4 on a loop device, or else a 24 MiB tmpfs; None if neither can be made.
-fn small_fs(work: &Path) -> Option<(MountGuard, &'static str)> {
-    let mnt = work.join("mnt");
-    std::fs::create_dir_all(&mnt).ok()?;
-    let img = work.join("fs.img");
-    let img_s = img.to_str()?;
-    let mnt_s = mnt.to_str()?;
-    if std::fs::File::create(&img).and_then(|f| f.set_len(24 << 20)).is_ok()
-        && sh("mkfs.ext4", &["-q", "-F", img_s])
-        && sh("mount", &["-o", "loop", img_s, mnt_s])
-    {
-        return Some((MountGuard(mnt), "ext4 on a loop device"));
-    }
-    if sh("mount", &["-t", "tmpfs", "-o", "size=24m", "tmpfs", mnt_s]) {
-        return Some((MountGuard(mnt), "tmpfs (buffered, no O_DIRECT)"));
-    }
-    None
 }
 
 #[test]

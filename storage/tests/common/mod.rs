@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
 use felix_proto::Record;
@@ -48,4 +49,41 @@ pub fn records(shard: u32, base: u64, n: usize, value_len: usize) -> Vec<Record>
             }
         })
         .collect()
+}
+
+/// Unmounts (lazily) and removes the mount point when dropped.
+pub struct MountGuard(pub PathBuf);
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn sh(cmd: &str, args: &[&str]) -> bool {
+    std::process::Command::new(cmd)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// A ~24 MiB ext4 on a loop device, or else a 24 MiB tmpfs; None if neither can be made.
+pub fn small_fs(work: &Path) -> Option<(MountGuard, &'static str)> {
+    let mnt = work.join("mnt");
+    std::fs::create_dir_all(&mnt).ok()?;
+    let img = work.join("fs.img");
+    let img_s = img.to_str()?;
+    let mnt_s = mnt.to_str()?;
+    if std::fs::File::create(&img).and_then(|f| f.set_len(24 << 20)).is_ok()
+        && sh("mkfs.ext4", &["-q", "-F", img_s])
+        && sh("mount", &["-o", "loop", img_s, mnt_s])
+    {
+        return Some((MountGuard(mnt), "ext4 on a loop device"));
+    }
+    if sh("mount", &["-t", "tmpfs", "-o", "size=24m", "tmpfs", mnt_s]) {
+        return Some((MountGuard(mnt), "tmpfs (buffered, no O_DIRECT)"));
+    }
+    None
 }

@@ -764,6 +764,8 @@ pub fn storage_error(e: &StorageError) -> WireError {
             (ErrorCode::StorageFailed, "the stream's log failed; see the broker's log".to_owned())
         }
         StorageError::InvalidConfig { .. }
+        | StorageError::OffsetMismatch { .. }
+        | StorageError::EpochRegression { .. }
         | StorageError::TruncateOutOfRange { .. }
         | StorageError::ShardBusy { .. }
         | StorageError::TooManyTruncations { .. } => (ErrorCode::StorageFailed, e.to_string()),

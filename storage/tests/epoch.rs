@@ -8,7 +8,7 @@
 mod common;
 
 use bytes::Bytes;
-use common::{records, run, small_config, small_fs};
+use common::{read_all, records, run, small_config, small_fs};
 use felix_proto::{AckMode, Offset, ProducerId, ProducerTag, ShardId};
 use felix_replication::{Batch, Epoch, ReplicaLog};
 use felix_storage::{
@@ -57,22 +57,6 @@ async fn offer(
     meta: BatchMeta,
 ) -> felix_storage::Result<AppendOutcome> {
     log.append_with(S0, &records(0, base, n, len), 1, ack, meta).await
-}
-
-/// Every batch of `shard` from its start offset.
-async fn read_all(log: &StreamLog, shard: ShardId) -> Vec<StoredBatch> {
-    let mut out = Vec::new();
-    let next = log.next_offset(shard).unwrap().0;
-    let mut at = log.start_offset(shard).unwrap().0;
-    while at < next {
-        let batches = log.read(shard, Offset(at), 1 << 20).await.expect("read");
-        assert!(!batches.is_empty(), "{shard} has nothing at {at}");
-        for b in batches {
-            at = b.base_offset.0 + b.records.len() as u64;
-            out.push(b);
-        }
-    }
-    out
 }
 
 /// The replication model of what `shard` stores (epoch-less batches are epoch 0).

@@ -6,11 +6,10 @@
 mod common;
 
 use bytes::Bytes;
-use common::{run, small_config};
+use common::{read_all, run, small_config};
 use felix_proto::{AckMode, Offset, ProducerId, ProducerTag, Record, ShardId};
 use felix_storage::{
-    AppendOutcome, RetentionConfig, StorageConfig, StorageError, StoredBatch, StreamLog,
-    PRODUCER_SEQ_WINDOW,
+    AppendOutcome, RetentionConfig, StorageConfig, StorageError, StreamLog, PRODUCER_SEQ_WINDOW,
 };
 use futures_lite::future::zip;
 use rand::{Rng, SeedableRng};
@@ -39,22 +38,6 @@ fn recs(producer: u64, seq: u32, attempt: u32, n: usize, value_len: usize) -> Ve
             Record::unkeyed(Bytes::from(v))
         })
         .collect()
-}
-
-/// Every batch of `shard` from offset 0.
-async fn read_all(log: &StreamLog, shard: ShardId) -> Vec<StoredBatch> {
-    let mut out = Vec::new();
-    let next = log.next_offset(shard).unwrap().0;
-    let mut at = 0;
-    while at < next {
-        let batches = log.read(shard, Offset(at), 1 << 20).await.expect("read");
-        assert!(!batches.is_empty(), "{shard} has nothing at {at}");
-        for b in batches {
-            at = b.base_offset.0 + b.records.len() as u64;
-            out.push(b);
-        }
-    }
-    out
 }
 
 fn appended(base: u64, count: u32) -> AppendOutcome {

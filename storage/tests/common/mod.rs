@@ -5,8 +5,8 @@ use std::future::Future;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use felix_proto::Record;
-use felix_storage::StorageConfig;
+use felix_proto::{Offset, Record, ShardId};
+use felix_storage::{StorageConfig, StoredBatch, StreamLog};
 use glommio::{LocalExecutorBuilder, Placement};
 
 /// Registered I/O memory of test executors (memlock is 8 MiB here).
@@ -86,4 +86,21 @@ pub fn small_fs(work: &Path) -> Option<(MountGuard, &'static str)> {
         return Some((MountGuard(mnt), "tmpfs (buffered, no O_DIRECT)"));
     }
     None
+}
+
+/// Every batch of `shard` from its start offset to its next one, read in 1 MiB steps; a gap
+/// (nothing at an offset below the next one) fails the test.
+pub async fn read_all(log: &StreamLog, shard: ShardId) -> Vec<StoredBatch> {
+    let mut out = Vec::new();
+    let next = log.next_offset(shard).unwrap().0;
+    let mut at = log.start_offset(shard).unwrap().0;
+    while at < next {
+        let batches = log.read(shard, Offset(at), 1 << 20).await.expect("read");
+        assert!(!batches.is_empty(), "{shard} has nothing at {at}");
+        for b in batches {
+            at = b.base_offset.0 + b.records.len() as u64;
+            out.push(b);
+        }
+    }
+    out
 }

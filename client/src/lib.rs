@@ -18,6 +18,7 @@ pub mod config;
 mod conn;
 pub mod error;
 mod pool;
+mod producer;
 pub mod publisher;
 pub mod subscriber;
 pub mod tls;

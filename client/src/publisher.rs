@@ -22,16 +22,16 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use felix_proto::{
     key_hash, shard_for_key, AckMode, AckRequest, Capabilities, ErrorCode, Frame, Limits, Payload,
-    ProducerId, ProducerTag, Publish, Record, RequestId, ShardId,
+    ProducerTag, Publish, Record, RequestId, ShardId,
 };
-use tokio::sync::{oneshot, Notify, Semaphore};
+use tokio::sync::{oneshot, Semaphore};
 use tokio::time::Instant;
 
 use crate::batch::{
@@ -47,6 +47,8 @@ use crate::config::PublishSettings;
 use crate::conn::{Conn, Lane};
 use crate::error::ClientError;
 use crate::pool::Pool;
+pub use crate::producer::PRODUCER_IN_FLIGHT_MAX;
+use crate::producer::{mark_broken, outcome_unknown, Producer, TagHold};
 
 /// Publishes records to one stream. Cheap to clone; clones share the workers.
 #[derive(Clone)]
@@ -375,51 +377,6 @@ struct Worker {
     sent: u64,
 }
 
-/// The most batches of one producer sent and not yet acked or failed (parked ones included):
-/// the broker remembers a producer's last 8 sequence numbers (docs/protocol.md, "Idempotent
-/// publishing"), so a batch sent again is always among them, and a retry is never refused as
-/// too old because later batches of its producer went ahead of it.
-pub const PRODUCER_IN_FLIGHT_MAX: usize = 8;
-
-/// One idempotent producer: its id, next sequence number and what its batches share.
-struct Producer {
-    id: ProducerId,
-    next_seq: u32,
-    shared: Arc<ProducerShared>,
-}
-
-/// What a producer's batches in flight share with the worker.
-#[derive(Default)]
-struct ProducerShared {
-    /// One of its batches failed for good (its sequence number is then a gap the broker would
-    /// refuse): the next batch starts a new producer.
-    broken: AtomicBool,
-    /// Batches sent and not yet acked or failed, parked ones included.
-    unresolved: AtomicUsize,
-    /// Signalled whenever `unresolved` drops.
-    resolved: Notify,
-}
-
-impl Producer {
-    fn new() -> Self {
-        Self { id: new_producer_id(), next_seq: 0, shared: Arc::default() }
-    }
-}
-
-/// A tagged batch's tag and its place in its producer's window: dropping it (the batch acked,
-/// failed or dropped) frees the place.
-struct TagHold {
-    tag: ProducerTag,
-    producer: Arc<ProducerShared>,
-}
-
-impl Drop for TagHold {
-    fn drop(&mut self) {
-        self.producer.unresolved.fetch_sub(1, Ordering::Relaxed);
-        self.producer.resolved.notify_waiters();
-    }
-}
-
 /// A batch on its way: what sending it (again) needs.
 struct Outgoing {
     key: Option<Bytes>,
@@ -432,23 +389,6 @@ struct Outgoing {
     first_sent: Instant,
     /// Send order, for sending parked batches again oldest first.
     order: u64,
-}
-
-/// A random producer id: SipHash with the process's random keys over a counter and the clock.
-fn new_producer_id() -> ProducerId {
-    use std::hash::{BuildHasher, Hasher};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(NEXT.fetch_add(1, Ordering::Relaxed));
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
-    h.write_u128(now.map_or(0, |d| d.as_nanos()));
-    ProducerId(h.finish())
-}
-
-/// Whether a tagged batch that got `e` may have been stored, or not, and is worth sending again
-/// (the broker stores it once either way).
-fn outcome_unknown(e: &ClientError) -> bool {
-    matches!(e, ClientError::ConnectionLost(_) | ClientError::Timeout { .. })
 }
 
 /// A worker gone (stopped, or its task dropped) fails what is still queued.
@@ -582,21 +522,12 @@ impl Worker {
     /// (`id mod shards`) is owned by the core of this worker's connection (shard `s` lives on
     /// core `s % cores`), so its batches need no hop inside the broker.
     fn new_producer(&self, which: (Option<ShardId>, usize)) -> Producer {
-        let mut p = Producer::new();
-        let (None, Some(shards), Some(core)) =
-            (which.0, self.ctx.shard_count, self.pool.slot_core(self.slot))
-        else {
-            return p;
-        };
-        let cores = u64::from(self.pool.hello().core_count.max(1));
-        let owned = |id: ProducerId| (id.0 % u64::from(shards.max(1))) % cores == u64::from(core);
-        for _ in 0..PRODUCER_ID_DRAWS_MAX {
-            if owned(p.id) {
-                break;
+        match (which.0, self.ctx.shard_count, self.pool.slot_core(self.slot)) {
+            (None, Some(shards), Some(core)) => {
+                Producer::on_core(shards, self.pool.hello().core_count, core)
             }
-            p.id = new_producer_id();
+            _ => Producer::new(),
         }
-        p
     }
 
     /// The next tag of producer `which`, once the producer has fewer than
@@ -792,10 +723,6 @@ impl Worker {
     }
 }
 
-/// Most ids drawn for an unkeyed producer whose shard the connection's core owns (with fewer
-/// shards than cores, no id may fit: the last one drawn is kept).
-const PRODUCER_ID_DRAWS_MAX: usize = 256;
-
 /// Pause before sending parked batches again when the last attempt parked all of them.
 const RESEND_PAUSE_MS: u64 = 50;
 
@@ -815,13 +742,6 @@ fn park_or_fail(
     tracing::debug!(error = %e, "idempotent batch parked, to be sent again");
     lost.lock().unwrap_or_else(|p| p.into_inner()).push(out);
     queue.wake();
-}
-
-/// A tagged batch failed for good: its producer starts over under a new id.
-fn mark_broken(tag: Option<&TagHold>) {
-    if let Some(hold) = tag {
-        hold.producer.broken.store(true, Ordering::Relaxed);
-    }
 }
 
 /// An acked batch kept for sending again in a cluster.

@@ -422,17 +422,16 @@ impl Session {
                 return fail(e);
             }
         };
-        let shard = match (&p.key, &app.cluster) {
-            (Some(k), _) => felix_proto::shard_for_key(k, entry.meta.shards),
+        let shard = match (&p.key, p.producer, &app.cluster) {
+            (Some(k), _, _) => felix_proto::shard_for_key(k, entry.meta.shards),
             // An idempotent producer's batches all go to one shard, so a retry finds its
             // original (docs/protocol.md, "Idempotent publishing").
-            (None, _) if p.producer.is_some() => {
-                let producer = p.producer.map_or(0, |t| t.producer.0);
-                ShardId((producer % u64::from(entry.meta.shards.max(1))) as u32)
+            (None, Some(tag), _) => {
+                ShardId((tag.producer.0 % u64::from(entry.meta.shards.max(1))) as u32)
             }
-            (None, None) => app.unkeyed_shard(&entry),
+            (None, None, None) => app.unkeyed_shard(&entry),
             // In a cluster: a shard this broker owns (shard 0, refused below, if none).
-            (None, Some(link)) => app
+            (None, None, Some(link)) => app
                 .unkeyed_shard_among(&entry, &link.owned(&p.stream, entry.meta.shards))
                 .unwrap_or(ShardId(0)),
         };

@@ -3,12 +3,11 @@
 
 mod e2e_support;
 
-use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use e2e_support::{connect_when_up, free_addr, spawn_felix, TestBroker, WAIT};
+use e2e_support::{connect_when_up, free_addr, spawn_felix, ReadBack, TestBroker, WAIT};
 use felix_client::{AckMode, PublishSettings, Record, StartAt, SubscribeOptions, Trust};
 
 const TRIALS: u64 = 3;
@@ -85,43 +84,20 @@ async fn kill_9_during_durable_publishing_loses_no_acked_record() {
             .subscribe(SubscribeOptions::new("acme/app/crash").start(StartAt::Earliest))
             .await
             .unwrap();
-        let mut seen: HashMap<u32, Vec<u32>> = HashMap::new();
-        let mut offsets: HashMap<u32, Vec<u64>> = HashMap::new();
-        let mut all = HashSet::new();
+        let what = format!("trial {trial} seed {seed}");
+        let mut back = ReadBack::default();
         // Read until the log is drained (no record for a while).
         while let Ok(next) = tokio::time::timeout(Duration::from_millis(800), sub.next()).await {
-            let r = next.unwrap().expect("subscription ended");
-            let key: u32 =
-                String::from_utf8_lossy(r.key.as_ref().unwrap())["key-".len()..].parse().unwrap();
-            let seq = u32::from_be_bytes(r.value[..4].try_into().unwrap());
-            assert!(all.insert((key, seq)), "trial {trial}: ({key}, {seq}) stored twice");
-            seen.entry(key).or_default().push(seq);
-            offsets.entry(r.shard.0).or_default().push(r.offset.0);
+            back.add(&next.unwrap().expect("subscription ended"), &what);
         }
         for (key, seq) in &acked {
-            assert!(
-                all.contains(&(*key, *seq)),
-                "trial {trial} seed {seed}: acked ({key}, {seq}) lost"
-            );
+            assert!(back.all.contains(&(*key, *seq)), "{what}: acked ({key}, {seq}) lost");
         }
-        for (key, seqs) in &seen {
-            assert_eq!(
-                *seqs,
-                (0..seqs.len() as u32).collect::<Vec<_>>(),
-                "trial {trial}: order of key {key}"
-            );
-        }
-        for (shard, offs) in &offsets {
-            assert_eq!(
-                *offs,
-                (0..offs.len() as u64).collect::<Vec<_>>(),
-                "trial {trial}: offsets of shard {shard}"
-            );
-        }
+        back.assert_ordered_and_dense(&what);
         println!(
             "trial {trial}: killed after {kill_after:?}, {} acked, {} stored",
             acked.len(),
-            all.len()
+            back.all.len()
         );
     }
 }

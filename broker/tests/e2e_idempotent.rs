@@ -8,10 +8,10 @@
 
 mod e2e_support;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use e2e_support::{connect_when_up, free_addr, spawn_felix, TestBroker, WAIT};
+use e2e_support::{connect_when_up, free_addr, spawn_felix, ReadBack, TestBroker, WAIT};
 use felix_client::{
     AckMode, ClientConfig, PublishSettings, Receipt, Record, StartAt, SubscribeOptions, Trust,
 };
@@ -99,50 +99,27 @@ async fn retried_batches_after_kill_9_are_stored_exactly_once() {
         let reader = broker.client().await;
         let mut sub =
             reader.subscribe(SubscribeOptions::new(STREAM).start(StartAt::Earliest)).await.unwrap();
-        let mut seen: HashMap<u32, Vec<u32>> = HashMap::new();
-        let mut offsets: HashMap<u32, Vec<u64>> = HashMap::new();
-        let mut all = HashSet::new();
+        let what = format!("trial {trial} seed {seed}");
+        let mut back = ReadBack::default();
         let total = KEYS as usize * sent as usize;
         let deadline = Instant::now() + WAIT;
-        while all.len() < total && Instant::now() < deadline {
+        while back.all.len() < total && Instant::now() < deadline {
             let Ok(next) = tokio::time::timeout(Duration::from_secs(2), sub.next()).await else {
                 break;
             };
-            let r = next.unwrap().expect("subscription ended");
-            let key: u32 =
-                String::from_utf8_lossy(r.key.as_ref().unwrap())["key-".len()..].parse().unwrap();
-            let seq = u32::from_be_bytes(r.value[..4].try_into().unwrap());
-            assert!(
-                all.insert((key, seq)),
-                "trial {trial} seed {seed}: ({key}, {seq}) stored twice"
-            );
-            seen.entry(key).or_default().push(seq);
-            offsets.entry(r.shard.0).or_default().push(r.offset.0);
+            back.add(&next.unwrap().expect("subscription ended"), &what);
         }
         // Nothing more than what was sent (a duplicate would show up as a later record).
         if let Ok(Ok(Some(r))) = tokio::time::timeout(Duration::from_millis(500), sub.next()).await
         {
-            panic!("trial {trial} seed {seed}: a record beyond those sent: {r:?}");
+            panic!("{what}: a record beyond those sent: {r:?}");
         }
-        assert_eq!(all.len(), total, "trial {trial} seed {seed}: records missing");
-        for (key, seqs) in &seen {
-            assert_eq!(
-                *seqs,
-                (0..seqs.len() as u32).collect::<Vec<_>>(),
-                "trial {trial} seed {seed}: order of key {key}"
-            );
-        }
-        for (shard, offs) in &offsets {
-            assert_eq!(
-                *offs,
-                (0..offs.len() as u64).collect::<Vec<_>>(),
-                "trial {trial} seed {seed}: offsets of shard {shard}"
-            );
-        }
+        assert_eq!(back.all.len(), total, "{what}: records missing");
+        back.assert_ordered_and_dense(&what);
         println!(
             "trial {trial}: killed after {kill_after:?}, {} sent, {acked} acked, {} stored",
             total,
-            all.len()
+            back.all.len()
         );
     }
 }

@@ -192,3 +192,39 @@ pub async fn connect_when_up(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A read-back of records published as `Record::keyed("key-<k>", <seq as u32 big-endian>..)`:
+/// what was stored, per key in order and per shard by offset, checked as records arrive (none
+/// twice) and at the end (each key's sequence numbers in order from 0, each shard's offsets
+/// dense from 0). `what` names the trial in every failure.
+#[derive(Default)]
+pub struct ReadBack {
+    /// Every (key, seq) stored.
+    pub all: std::collections::HashSet<(u32, u32)>,
+    seqs: std::collections::HashMap<u32, Vec<u32>>,
+    offsets: std::collections::HashMap<u32, Vec<u64>>,
+}
+
+impl ReadBack {
+    /// Records one received record; a (key, seq) seen before fails the test.
+    pub fn add(&mut self, r: &felix_client::ReceivedRecord, what: &str) {
+        let key: u32 =
+            String::from_utf8_lossy(r.key.as_ref().unwrap())["key-".len()..].parse().unwrap();
+        let seq = u32::from_be_bytes(r.value[..4].try_into().unwrap());
+        assert!(self.all.insert((key, seq)), "{what}: ({key}, {seq}) stored twice");
+        self.seqs.entry(key).or_default().push(seq);
+        self.offsets.entry(r.shard.0).or_default().push(r.offset.0);
+    }
+
+    /// Each key's records in publish order from seq 0, each shard's offsets dense from 0.
+    pub fn assert_ordered_and_dense(&self, what: &str) {
+        for (key, seqs) in &self.seqs {
+            let want: Vec<u32> = (0..seqs.len() as u32).collect();
+            assert_eq!(*seqs, want, "{what}: order of key {key}");
+        }
+        for (shard, offs) in &self.offsets {
+            let want: Vec<u64> = (0..offs.len() as u64).collect();
+            assert_eq!(*offs, want, "{what}: offsets of shard {shard}");
+        }
+    }
+}

@@ -176,6 +176,22 @@ pub struct ServeArgs {
     /// stops acknowledging writes, and the others see it as down.
     #[arg(long, env = "FELIX_LEASE_TTL_S", default_value_t = felix_cluster::agent::LEASE_TTL_S_DEFAULT)]
     pub lease_ttl_s: u32,
+    /// Replication factor of streams this broker creates in a cluster (1..=5): each shard
+    /// kept on this many brokers, acks `durable` once fdatasync'd on a quorum.
+    #[arg(long, env = "FELIX_DEFAULT_REPLICAS", default_value_t = 1)]
+    pub default_replicas: u8,
+    /// In-sync replicas a durable append to a replicated shard needs (leader included);
+    /// 0: a majority of its replicas.
+    #[arg(long, env = "FELIX_MIN_INSYNC", default_value_t = 0)]
+    pub min_insync: usize,
+    /// Certificates (PEM) the other brokers' certificates are verified against when this
+    /// broker connects to them for replication. Default: this broker's own certificate
+    /// (--cert, or the development certificate), i.e. brokers sharing one certificate.
+    #[arg(long, env = "FELIX_PEER_CA")]
+    pub peer_ca: Option<PathBuf>,
+    /// The name the other brokers' certificates must carry.
+    #[arg(long, env = "FELIX_PEER_SERVER_NAME", default_value = "localhost")]
+    pub peer_server_name: String,
     /// A TOML file with any of these settings (names as the flags, with underscores).
     #[arg(long, env = "FELIX_CONFIG")]
     pub config: Option<PathBuf>,
@@ -220,6 +236,10 @@ struct FileConfig {
     advertise: Option<String>,
     cluster_name: Option<String>,
     lease_ttl_s: Option<u32>,
+    default_replicas: Option<u8>,
+    min_insync: Option<usize>,
+    peer_ca: Option<PathBuf>,
+    peer_server_name: Option<String>,
 }
 
 /// `min_free_bytes` in the config file: a number of bytes or `"auto"`.
@@ -338,8 +358,14 @@ impl ServeArgs {
             auth_keys,
             cluster_etcd,
             cluster_name,
-            lease_ttl_s
+            lease_ttl_s,
+            default_replicas,
+            min_insync,
+            peer_server_name
         );
+        if f.peer_ca.is_some() && unset("peer_ca") {
+            self.peer_ca = f.peer_ca;
+        }
         if f.node_id.is_some() && unset("node_id") {
             self.node_id = f.node_id;
         }
@@ -404,6 +430,13 @@ impl ServeArgs {
         if self.cluster_name.is_empty() || self.cluster_name.contains('/') {
             return bad("--cluster-name is non-empty, without '/'".into());
         }
+        let max = felix_cluster::placement::REPLICAS_MAX;
+        if self.default_replicas == 0 || self.default_replicas > max {
+            return bad(format!("--default-replicas must be 1..={max}"));
+        }
+        if self.min_insync > usize::from(max) {
+            return bad(format!("--min-insync must be 0..={max}"));
+        }
         Ok(())
     }
 
@@ -462,6 +495,10 @@ impl ServeArgs {
             format!("advertise = {:?}", self.advertise.as_deref().unwrap_or("")),
             format!("cluster_name = {:?}", self.cluster_name),
             format!("lease_ttl_s = {}", self.lease_ttl_s),
+            format!("default_replicas = {}", self.default_replicas),
+            format!("min_insync = {}", self.min_insync),
+            format!("peer_ca = {}", opt(&self.peer_ca)),
+            format!("peer_server_name = {:?}", self.peer_server_name),
         ]
         .join("\n")
     }

@@ -28,7 +28,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a broker (defaults: 127.0.0.1:7400, one core per CPU, ./felix-data, dev certificate).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     #[command(flatten)]
     Client(felix_client::cli::ClientCommand),
     /// Look at a cluster of brokers (members, controller, placement, load).
@@ -68,7 +68,7 @@ fn main() -> ExitCode {
     match cli.command {
         Command::Serve(args) => {
             let sub = matches.subcommand_matches("serve").cloned().unwrap_or_default();
-            serve(args, &sub)
+            serve(*args, &sub)
         }
         // Reads the environment without validating it: trust may come from a flag alone.
         Command::Client(cmd) => felix_client::cli::main(cmd),

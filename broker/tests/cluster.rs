@@ -10,11 +10,10 @@
 mod cluster_support;
 mod e2e_support;
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cluster_support::Hosts;
+use cluster_support::{cluster_client, status, Hosts, Node, TTL_S};
 use e2e_support::{raw_connection, read_frames, WAIT};
 use felix_cluster::testing::Etcd;
 use felix_proto::{
@@ -24,90 +23,6 @@ use felix_proto::{
 
 const STREAM: &str = "acme/app/orders";
 const SHARDS: u32 = 12;
-const TTL_S: u64 = 2;
-
-/// One broker process.
-struct Node {
-    id: String,
-    command: Box<dyn Fn() -> Command>,
-    addr: std::net::SocketAddr,
-    dir: std::path::PathBuf,
-    child: Option<Child>,
-    etcd: String,
-    metrics: String,
-}
-
-impl Node {
-    fn start(
-        hosts: &std::rc::Rc<Hosts>,
-        host: usize,
-        id: &str,
-        root: &std::path::Path,
-        etcd: &str,
-    ) -> Node {
-        let metrics = match hosts.isolated() {
-            true => std::net::SocketAddr::new(hosts.ip(host), 9400).to_string(),
-            false => {
-                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-                l.local_addr().unwrap().to_string()
-            }
-        };
-        let h = hosts.clone();
-        let mut node = Node {
-            id: id.to_owned(),
-            command: Box::new(move || h.command(host, env!("CARGO_BIN_EXE_felix"))),
-            addr: hosts.broker_addr(host),
-            dir: root.join(id),
-            child: None,
-            etcd: etcd.to_owned(),
-            metrics,
-        };
-        node.spawn();
-        node
-    }
-
-    fn spawn(&mut self) {
-        let mut cmd = (self.command)();
-        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FELIX_")) {
-            cmd.env_remove(k);
-        }
-        let addr = self.addr.to_string();
-        cmd.args(["serve", "--listen", &addr, "--advertise", &addr, "--node-id", &self.id])
-            .args(["--cores", "1", "--no-pin", "--metrics", &self.metrics, "--min-free-bytes", "0"])
-            .args(["--cluster-etcd", &self.etcd, "--lease-ttl-s", &TTL_S.to_string()])
-            .arg("--allow-anonymous")
-            .arg("--data-dir")
-            .arg(&self.dir)
-            .stdout(Stdio::null())
-            .stderr(self.log());
-        self.child = Some(cmd.spawn().expect("spawn felix"));
-    }
-
-    /// The broker's stderr goes to `<data dir>.log` (appended across restarts), shown when
-    /// the test fails.
-    fn log(&self) -> Stdio {
-        let path = self.dir.with_extension("log");
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
-        Stdio::from(f)
-    }
-
-    fn log_text(&self) -> String {
-        std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
-    }
-
-    fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        self.kill9();
-    }
-}
 
 /// A raw connection's control stream after Hello with `caps`.
 struct Raw {
@@ -154,17 +69,6 @@ impl Raw {
         self.send.write_all(&frame.to_bytes()).await.unwrap();
         read_frames(&mut self.recv, 1).await.pop().expect("an answer")
     }
-}
-
-/// `felix cluster status --json` against the test's etcd.
-fn status(etcd: &str) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_felix"))
-        .args(["cluster", "status", "--json", "--etcd", etcd])
-        .env_remove("FELIX_CLUSTER_NAME")
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).expect("status is JSON")
 }
 
 fn cluster_caps() -> Capabilities {
@@ -424,32 +328,6 @@ async fn three_brokers_place_route_refuse_and_survive_a_kill() {
     }
     client.close();
     drop(etcd);
-}
-
-/// A client of the whole cluster through one seed, trusting every broker's certificate.
-async fn cluster_client(
-    nodes: &[Node],
-    seed: usize,
-    root: &std::path::Path,
-) -> felix_client::Client {
-    let bundle = root.join("ca-bundle.pem");
-    let mut pem = String::new();
-    for n in nodes {
-        pem.push_str(&std::fs::read_to_string(n.dir.join("dev-cert.pem")).unwrap());
-    }
-    std::fs::write(&bundle, pem).unwrap();
-    let config = felix_client::ClientConfig {
-        addr: nodes[seed].addr.to_string(),
-        trust: Some(felix_client::Trust::CaFile(bundle)),
-        connect_timeout_ms: 2000,
-        publish: felix_client::PublishSettings {
-            ack_mode: AckMode::Durable,
-            linger_us: 200,
-            ..felix_client::PublishSettings::default()
-        },
-        ..felix_client::ClientConfig::default()
-    };
-    felix_client::Client::connect(config).await.expect("client connects through the seed")
 }
 
 /// Records each broker stored, from its own metrics (`felix_broker_acks_total` counts acked

@@ -372,12 +372,16 @@ impl Cluster {
     /// [`SHARD_UNAVAILABLE_RETRY_MS`], refresh the placement and try the shard's owner again,
     /// until [`SHARD_UNAVAILABLE_DEADLINE_MS`] have passed. Any other answer is returned.
     ///
-    /// `attempt` must be safe to repeat after these answers: the broker stored nothing.
+    /// `attempt` must be safe to repeat after these answers: the broker stored nothing (or,
+    /// for an idempotent batch, a repeat is stored once). `patience_ms` replaces
+    /// [`SHARD_UNAVAILABLE_DEADLINE_MS`] when given (an idempotent batch waits out a
+    /// failover: its retry timeout).
     pub(crate) async fn follow<T, F, Fut>(
         &self,
         stream: &str,
         mut shard: Option<ShardId>,
         first: Result<T, ClientError>,
+        patience_ms: Option<u64>,
         mut attempt: F,
     ) -> Result<T, ClientError>
     where
@@ -386,7 +390,7 @@ impl Cluster {
     {
         let mut answer = first;
         let mut redirects = 0u32;
-        let mut patience = Patience::default();
+        let mut patience = Patience::new(patience_ms.unwrap_or(SHARD_UNAVAILABLE_DEADLINE_MS));
         loop {
             let target = match answer {
                 Err(ClientError::NotOwner { stream: s, shard: refused, owner }) => {
@@ -462,12 +466,23 @@ impl Cluster {
 }
 
 /// Waits between tries of an unavailable shard, and says when to give up.
-#[derive(Default)]
 pub(crate) struct Patience {
     since: Option<Instant>,
+    deadline: Duration,
+}
+
+impl Default for Patience {
+    fn default() -> Self {
+        Patience::new(SHARD_UNAVAILABLE_DEADLINE_MS)
+    }
 }
 
 impl Patience {
+    /// Gives up `deadline_ms` after the first wait.
+    pub(crate) fn new(deadline_ms: u64) -> Self {
+        Patience { since: None, deadline: Duration::from_millis(deadline_ms) }
+    }
+
     /// Waits before the next try, or fails with `ShardUnavailable` once the deadline passed.
     pub(crate) async fn wait(
         &mut self,
@@ -475,7 +490,7 @@ impl Patience {
         shard: Option<ShardId>,
     ) -> Result<(), ClientError> {
         let since = *self.since.get_or_insert_with(Instant::now);
-        let deadline = Duration::from_millis(SHARD_UNAVAILABLE_DEADLINE_MS);
+        let deadline = self.deadline;
         let waited = since.elapsed();
         if waited >= deadline {
             return Err(ClientError::ShardUnavailable {

@@ -3,8 +3,9 @@
 //! while it is in flight. The publisher's workers (`crate::publisher`) own the producers and
 //! decide when a batch is sent again (docs/client.md, "Idempotent publishing and retries").
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use felix_proto::{ProducerId, ProducerTag};
 use tokio::sync::Notify;
@@ -30,10 +31,37 @@ pub(crate) struct ProducerShared {
     /// One of its batches failed for good (its sequence number is then a gap the broker would
     /// refuse): the next batch starts a new producer.
     pub(crate) broken: AtomicBool,
-    /// Batches sent and not yet acked or failed, parked ones included.
-    pub(crate) unresolved: AtomicUsize,
-    /// Signalled whenever `unresolved` drops.
+    /// The sequence numbers of its batches sent and not yet acked or failed, parked ones
+    /// included.
+    unresolved: Mutex<BTreeSet<u32>>,
+    /// Signalled whenever a batch is resolved.
     pub(crate) resolved: Notify,
+}
+
+impl ProducerShared {
+    /// Whether the batch with sequence number `next` may go: it lies within
+    /// [`PRODUCER_IN_FLIGHT_MAX`] of the oldest unresolved one. The broker remembers a
+    /// producer's last 8 sequence numbers, so then every unresolved batch is among them
+    /// whatever was stored after it (a window on the count alone lets an old batch whose ack
+    /// was lost fall out of it while later ones are acked).
+    pub(crate) fn admits(&self, next: u32) -> bool {
+        let unresolved = self.unresolved.lock().unwrap_or_else(|p| p.into_inner());
+        unresolved
+            .first()
+            .is_none_or(|&oldest| next.wrapping_sub(oldest) < PRODUCER_IN_FLIGHT_MAX as u32)
+    }
+
+    /// Holds a place in the window for sequence number `seq`.
+    pub(crate) fn hold(self: &Arc<Self>, tag: ProducerTag) -> TagHold {
+        self.unresolved.lock().unwrap_or_else(|p| p.into_inner()).insert(tag.seq);
+        TagHold { tag, producer: self.clone() }
+    }
+
+    /// Batches sent and not yet resolved.
+    #[cfg(test)]
+    pub(crate) fn unresolved(&self) -> usize {
+        self.unresolved.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
 }
 
 impl Producer {
@@ -67,7 +95,9 @@ pub(crate) struct TagHold {
 
 impl Drop for TagHold {
     fn drop(&mut self) {
-        self.producer.unresolved.fetch_sub(1, Ordering::Relaxed);
+        let mut unresolved = self.producer.unresolved.lock().unwrap_or_else(|p| p.into_inner());
+        unresolved.remove(&self.tag.seq);
+        drop(unresolved);
         self.producer.resolved.notify_waiters();
     }
 }
@@ -121,13 +151,27 @@ mod tests {
     #[test]
     fn a_tag_holds_its_place_in_the_window_until_dropped() {
         let p = Producer::new();
-        p.shared.unresolved.fetch_add(1, Ordering::Relaxed);
-        let hold =
-            TagHold { tag: ProducerTag { producer: p.id, seq: 0 }, producer: p.shared.clone() };
-        assert_eq!(p.shared.unresolved.load(Ordering::Relaxed), 1);
+        let hold = p.shared.hold(ProducerTag { producer: p.id, seq: 0 });
+        assert_eq!(p.shared.unresolved(), 1);
         mark_broken(Some(&hold));
         drop(hold);
-        assert_eq!(p.shared.unresolved.load(Ordering::Relaxed), 0);
+        assert_eq!(p.shared.unresolved(), 0);
         assert!(p.shared.broken.load(Ordering::Relaxed));
+    }
+
+    #[test]
+    fn the_window_spans_from_the_oldest_unresolved_batch() {
+        let p = Producer::new();
+        let tag = |seq| ProducerTag { producer: p.id, seq };
+        let oldest = p.shared.hold(tag(0));
+        let mut later: Vec<TagHold> = (1..8).map(|s| p.shared.hold(tag(s))).collect();
+        assert!(!p.shared.admits(8), "8 unresolved");
+        // Later batches acked, the oldest not: still no room past 0 + 8.
+        later.clear();
+        assert_eq!(p.shared.unresolved(), 1);
+        assert!(!p.shared.admits(8), "seq 8 would push 0 out of the broker's last 8");
+        assert!(p.shared.admits(7));
+        drop(oldest);
+        assert!(p.shared.admits(8));
     }
 }

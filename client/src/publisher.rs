@@ -48,7 +48,7 @@ use crate::conn::{Conn, Lane};
 use crate::error::ClientError;
 use crate::pool::Pool;
 pub use crate::producer::PRODUCER_IN_FLIGHT_MAX;
-use crate::producer::{mark_broken, outcome_unknown, Producer, TagHold};
+use crate::producer::{mark_broken, outcome_unknown, Producer, ProducerShared, TagHold};
 
 /// Publishes records to one stream. Cheap to clone; clones share the workers.
 #[derive(Clone)]
@@ -77,6 +77,32 @@ struct WorkerCtx {
     settings: PublishSettings,
     /// The stream's shard count when the publisher started (keys map to producers by shard).
     shard_count: Option<u32>,
+    /// In a cluster, the producers of keyed batches, by (shard, lane), shared by the workers
+    /// of every broker: when a shard's leader changes, its keys' batches go on under the same
+    /// producer at the next leader, whose sequence check keeps them in order behind the
+    /// retried ones.
+    keyed_producers: Mutex<HashMap<(ShardId, usize), Producer>>,
+    /// In a cluster, each key with records queued and not yet tagged: the worker holding them
+    /// (its broker's address and index) and how many. A key's next records go to that worker
+    /// too, whatever the placement says meanwhile, so a key's batches take their producer's
+    /// sequence numbers in record order even while its shard moves (bounded by the records
+    /// queued).
+    untagged: Mutex<HashMap<Bytes, (SocketAddr, usize, usize)>>,
+}
+
+impl WorkerCtx {
+    /// `records` records of `key` left the untagged state (their batch got its tag, or goes
+    /// without one).
+    fn tagged(&self, key: Option<&Bytes>, records: usize) {
+        let Some(key) = key else { return };
+        let mut untagged = self.untagged.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(entry) = untagged.get_mut(key) {
+            entry.2 = entry.2.saturating_sub(records);
+            if entry.2 == 0 {
+                untagged.remove(key);
+            }
+        }
+    }
 }
 
 /// The workers of one broker's pool, one per connection.
@@ -127,7 +153,14 @@ impl Publisher {
         let limits = client.limits();
         let home = client.shared.home.clone();
         let shard_count = shard_count.filter(|n| *n > 0);
-        let ctx = Arc::new(WorkerCtx { client, stream, settings, shard_count });
+        let ctx = Arc::new(WorkerCtx {
+            client,
+            stream,
+            settings,
+            shard_count,
+            keyed_producers: Mutex::default(),
+            untagged: Mutex::default(),
+        });
         Ok(Self {
             shared: Arc::new(PubShared {
                 home: BrokerWorkers::start(home, &ctx),
@@ -178,8 +211,40 @@ impl Publisher {
         if record.value.len() > room {
             return Err(ClientError::RecordTooLarge { len: record.value.len(), max: room });
         }
-        let (broker, worker) = self.route(record.key.as_deref()).await?;
+        let (broker, worker) = match (self.cluster(), &record.key) {
+            (Some(_), Some(key)) => self.route_sticky(key).await?,
+            _ => self.route(record.key.as_deref()).await?,
+        };
         broker.workers[worker].push(record).await
+    }
+
+    /// In a cluster: where a keyed record goes. To the worker still holding untagged records
+    /// of its key, if one does (see `WorkerCtx::untagged`), else by the placement.
+    async fn route_sticky(&self, key: &Bytes) -> Result<(Arc<BrokerWorkers>, usize), ClientError> {
+        let s = &self.shared;
+        let held = s.ctx.untagged.lock().unwrap_or_else(|p| p.into_inner()).get(key).copied();
+        let target = match held
+            .and_then(|(addr, worker, _)| self.workers_by_addr(addr).map(|b| (b, worker)))
+        {
+            Some(t) => t,
+            None => self.route(Some(key)).await?,
+        };
+        let addr = target.0.pool.addr();
+        let mut untagged = s.ctx.untagged.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = untagged.entry(key.clone()).or_insert((addr, target.1, 0));
+        if (entry.0, entry.1) == (addr, target.1) {
+            entry.2 += 1;
+        }
+        Ok(target)
+    }
+
+    /// The started workers of the broker at `addr`.
+    fn workers_by_addr(&self, addr: SocketAddr) -> Option<Arc<BrokerWorkers>> {
+        let s = &self.shared;
+        if s.home.pool.addr() == addr {
+            return Some(s.home.clone());
+        }
+        s.others.lock().unwrap_or_else(|p| p.into_inner()).get(&addr).cloned()
     }
 
     /// Sends `record` and waits for its ack.
@@ -330,6 +395,7 @@ impl BrokerWorkers {
                     next_lane: 0,
                     in_flight: Arc::new(Semaphore::new(settings.in_flight_batches_max)),
                     producers: HashMap::new(),
+                    unreachable_until: None,
                     lost: Arc::new(Mutex::new(Vec::new())),
                     sent: 0,
                 };
@@ -371,6 +437,9 @@ struct Worker {
     in_flight: Arc<Semaphore>,
     /// The producer of each (shard, lane) this worker sent tagged batches on.
     producers: HashMap<(Option<ShardId>, usize), Producer>,
+    /// In a cluster: until when the worker's broker counts as unreachable (it could not be
+    /// reached a moment ago).
+    unreachable_until: Option<Instant>,
     /// Tagged batches to send again (bounded: each held an in-flight permit when parked).
     lost: Arc<Mutex<Vec<Outgoing>>>,
     /// Batches sent so far: the send order of parked batches.
@@ -518,36 +587,25 @@ impl Worker {
         Some((shard, lane))
     }
 
-    /// A new producer for `which`. An unkeyed producer's id is drawn until its shard
-    /// (`id mod shards`) is owned by the core of this worker's connection (shard `s` lives on
-    /// core `s % cores`), so its batches need no hop inside the broker.
-    fn new_producer(&self, which: (Option<ShardId>, usize)) -> Producer {
-        match (which.0, self.ctx.shard_count, self.pool.slot_core(self.slot)) {
-            (None, Some(shards), Some(core)) => {
-                Producer::on_core(shards, self.pool.hello().core_count, core)
-            }
-            _ => Producer::new(),
-        }
-    }
-
-    /// The next tag of producer `which`, once the producer has fewer than
-    /// `PRODUCER_IN_FLIGHT_MAX` batches unresolved (sending parked batches again meanwhile).
+    /// The next tag of producer `which`, once its window (`PRODUCER_IN_FLIGHT_MAX` sequence numbers from its oldest unresolved batch)
+    /// has room (sending parked batches again meanwhile).
     async fn next_tag(&mut self, which: (Option<ShardId>, usize)) -> TagHold {
+        let cluster = self.ctx.client.shared.cluster.is_some();
         loop {
-            let stale = self.producers.get(&which);
-            if stale.is_none_or(|p| p.shared.broken.load(Ordering::Relaxed)) {
-                let fresh = self.new_producer(which);
-                self.producers.insert(which, fresh);
-            }
-            let p = self.producers.entry(which).or_insert_with(Producer::new);
-            let shared = p.shared.clone();
+            let (ctx, pool, slot) = (&self.ctx, &self.pool, self.slot);
+            let fresh = move || new_producer(ctx, pool, slot, which);
+            let taken = match which {
+                (Some(shard), lane) if cluster => {
+                    let mut shared = ctx.keyed_producers.lock().unwrap_or_else(|p| p.into_inner());
+                    take_tag(&mut shared, (shard, lane), fresh)
+                }
+                _ => take_tag(&mut self.producers, which, fresh),
+            };
+            let shared = match taken {
+                Ok(hold) => return hold,
+                Err(shared) => shared,
+            };
             let resolved = shared.resolved.notified();
-            if shared.unresolved.load(Ordering::Relaxed) < PRODUCER_IN_FLIGHT_MAX {
-                let tag = ProducerTag { producer: p.id, seq: p.next_seq };
-                p.next_seq = p.next_seq.wrapping_add(1);
-                shared.unresolved.fetch_add(1, Ordering::Relaxed);
-                return TagHold { tag, producer: p.shared.clone() };
-            }
             if self.has_lost() {
                 self.resend_lost().await;
                 continue;
@@ -566,6 +624,7 @@ impl Worker {
             Some(which) => Some(self.next_tag(which).await),
             None => None,
         };
+        self.ctx.tagged(key.as_ref(), records.len());
         self.sent += 1;
         let out = Outgoing {
             key,
@@ -587,37 +646,57 @@ impl Worker {
     async fn send_outgoing(&mut self, out: Outgoing) {
         let cluster = self.ctx.client.shared.cluster.clone();
         let mode = self.ctx.settings.ack_mode;
-        let (conn, lane, changed) = match self.lane(out.lane).await {
+        // In a cluster, a broker that could not be reached a moment ago is not waited for
+        // again (each wait costs the reconnect attempts): its batches go to the shard's next
+        // owner at once.
+        let down = cluster.is_some() && self.unreachable_until.is_some_and(|t| Instant::now() < t);
+        let lane = match down {
+            true => Err(ClientError::ConnectionLost("the broker was unreachable just now".into())),
+            false => self.lane(out.lane).await,
+        };
+        let (conn, lane, changed) = match lane {
             Ok(x) => x,
             Err(e) => {
                 if out.tag.is_some() && cluster.is_none() && is_unreachable(&e) {
                     return self.park_or_fail(out, e);
                 }
-                let Outgoing { key, records, completion, tag, .. } = out;
-                mark_broken(tag.as_ref());
                 // Nothing was sent: in a cluster, an acked batch whose broker is out of reach
-                // is retried at the shard's owner after a fresh look at the placement.
+                // is retried at the shard's owner after a fresh look at the placement (an
+                // idempotent one keeps its place in its producer's window until answered).
                 if let Some(cluster) = cluster.filter(|_| mode != AckMode::None) {
                     if is_unreachable(&e) {
+                        if !down {
+                            let pause = Duration::from_millis(crate::cluster::POOL_RETRY_AFTER_MS);
+                            self.unreachable_until = Some(Instant::now() + pause);
+                        }
                         cluster.invalidate(&self.ctx.stream);
                         let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
-                            return completion.resolve(BatchResult::Failed(ClientError::Closed));
+                            return out
+                                .completion
+                                .resolve(BatchResult::Failed(ClientError::Closed));
                         };
+                        let Outgoing { key, records, completion, tag, .. } = out;
                         let producer = tag.as_ref().map(|t| t.tag);
                         let stream = self.ctx.stream.clone();
-                        let resend = Resend { stream, key, producer, records, mode };
+                        let retry_ms = self.ctx.settings.retry_timeout_ms;
+                        let resend = Resend { stream, key, producer, records, mode, retry_ms };
                         let first = Err(unavailable(&self.ctx.stream, None));
                         tokio::spawn(async move {
                             let _permit = permit;
                             let answer = resend.follow(&cluster, first).await;
+                            if !matches!(answer, Ok(Frame::PublishAck(_))) {
+                                mark_broken(tag.as_ref());
+                            }
                             resolve(completion, resend.records.len(), answer);
                         });
                         return;
                     }
                 }
-                return completion.resolve(BatchResult::Failed(e));
+                mark_broken(out.tag.as_ref());
+                return out.completion.resolve(BatchResult::Failed(e));
             }
         };
+        self.unreachable_until = None;
         if changed && out.tag.is_some() {
             // A new connection: the batches of the old one are answered or parked first, so
             // that a producer's parked batches go out again before this later one.
@@ -656,6 +735,7 @@ impl Worker {
                 producer: out.tag.as_ref().map(|t| t.tag),
                 records: out.records.clone(),
                 mode,
+                retry_ms: self.ctx.settings.retry_timeout_ms,
             }),
             _ => None,
         };
@@ -666,10 +746,25 @@ impl Worker {
                 if let Some(c) = &cluster {
                     c.invalidate(&self.ctx.stream);
                 }
-                drop(permit);
                 if out.tag.is_some() && cluster.is_none() && outcome_unknown(&e) {
+                    drop(permit);
                     return self.park_or_fail(out, e);
                 }
+                if let (Some(cluster), Some(resend)) =
+                    (cluster, resend.filter(|r| r.producer.is_some()))
+                {
+                    // An idempotent batch follows its shard to the next leader.
+                    tokio::spawn(async move {
+                        let _permit = permit;
+                        let answer = resend.follow(&cluster, Err(e)).await;
+                        if !matches!(answer, Ok(Frame::PublishAck(_))) {
+                            mark_broken(out.tag.as_ref());
+                        }
+                        resolve(out.completion, count, answer);
+                    });
+                    return;
+                }
+                drop(permit);
                 mark_broken(out.tag.as_ref());
                 return out.completion.resolve(BatchResult::Failed(e));
             }
@@ -723,6 +818,46 @@ impl Worker {
     }
 }
 
+/// A new producer for `which` on worker `slot` of `pool`. An unkeyed producer's id is drawn
+/// until its shard (`id mod shards`) is owned by the core of the worker's connection (shard
+/// `s` lives on core `s % cores`), so its batches need no hop inside the broker.
+fn new_producer(
+    ctx: &WorkerCtx,
+    pool: &Pool,
+    slot: usize,
+    which: (Option<ShardId>, usize),
+) -> Producer {
+    match (which.0, ctx.shard_count, pool.slot_core(slot)) {
+        (None, Some(shards), Some(core)) => {
+            Producer::on_core(shards, pool.hello().core_count, core)
+        }
+        _ => Producer::new(),
+    }
+}
+
+/// The next tag of the producer at `which` in `producers` (a fresh one, `fresh`, when it has
+/// none or its last one broke), or, when its window is full, what its batches share (to wait
+/// on).
+fn take_tag<K: std::hash::Hash + Eq>(
+    producers: &mut HashMap<K, Producer>,
+    which: K,
+    fresh: impl FnOnce() -> Producer,
+) -> Result<TagHold, Arc<ProducerShared>> {
+    let p = match producers.entry(which) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => e.insert(fresh()),
+    };
+    if p.shared.broken.load(Ordering::Relaxed) {
+        *p = Producer::new();
+    }
+    if !p.shared.admits(p.next_seq) {
+        return Err(p.shared.clone());
+    }
+    let tag = ProducerTag { producer: p.id, seq: p.next_seq };
+    p.next_seq = p.next_seq.wrapping_add(1);
+    Ok(p.shared.hold(tag))
+}
+
 /// Pause before sending parked batches again when the last attempt parked all of them.
 const RESEND_PAUSE_MS: u64 = 50;
 
@@ -752,11 +887,17 @@ struct Resend {
     producer: Option<ProducerTag>,
     records: Vec<felix_proto::Payload>,
     mode: AckMode,
+    /// How long an idempotent batch is retried (`PublishSettings::retry_timeout_ms`).
+    retry_ms: u64,
 }
 
 impl Resend {
     /// Follows `first` (see `Cluster::follow`): a NotOwner or ShardUnavailable answer sends
-    /// the batch again, on the control lane of the owner's connection for its shard.
+    /// the batch again, on the control lane of the owner's connection for its shard. An
+    /// idempotent batch is also sent again when its outcome is unknown (the connection was
+    /// lost, or the ack timed out: its broker may have died, and the shard's next leader
+    /// stores a repeat once) or came before an earlier batch of its producer
+    /// (`OutOfOrderSequence`: that one is being sent again too), until its retry timeout.
     async fn follow(
         &self,
         cluster: &Cluster,
@@ -766,22 +907,38 @@ impl Resend {
             (Some(key), Some(n)) => Some(shard_for_key(key, n)),
             _ => None,
         };
+        let patience = self.producer.map(|_| self.retry_ms);
         cluster
-            .follow(&self.stream, shard, first, |conn| {
+            .follow(&self.stream, shard, self.retryable(first), patience, |conn| {
                 let batch = self.clone();
                 async move {
                     let id = conn.next_request_id();
                     let frame = Frame::Publish(Publish {
                         ack: Some(AckRequest { request_id: id, mode: batch.mode }),
-                        key: batch.key,
+                        key: batch.key.clone(),
                         producer: batch.producer,
-                        stream: batch.stream,
-                        records: batch.records,
+                        stream: batch.stream.clone(),
+                        records: batch.records.clone(),
                     });
-                    conn.request(id, &frame).await
+                    batch.retryable(conn.request(id, &frame).await)
                 }
             })
             .await
+    }
+
+    /// `answer`, with the failures an idempotent batch retries turned into `ShardUnavailable`.
+    fn retryable(&self, answer: Result<Frame, ClientError>) -> Result<Frame, ClientError> {
+        match answer {
+            Err(e) if self.producer.is_some() && outcome_unknown(&e) => {
+                Err(unavailable(&self.stream, None))
+            }
+            Err(ClientError::Broker { code: ErrorCode::OutOfOrderSequence, .. })
+                if self.producer.is_some() =>
+            {
+                Err(unavailable(&self.stream, None))
+            }
+            other => other,
+        }
     }
 }
 

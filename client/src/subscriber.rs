@@ -378,7 +378,7 @@ impl Subscriber {
         };
         let mut answer = commit(conn).await;
         if let Some(cluster) = &self.client.shared.cluster {
-            answer = cluster.follow(stream, Some(shard), answer, commit).await;
+            answer = cluster.follow(stream, Some(shard), answer, None, commit).await;
         }
         match answer? {
             Frame::CommitOk(_) => Ok(()),

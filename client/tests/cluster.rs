@@ -265,7 +265,11 @@ async fn group_commits_go_to_the_shards_owner() {
 async fn an_unavailable_shard_fails_with_the_typed_error_within_the_deadline() {
     let cluster = MockCluster::start(3).await;
     cluster.create_stream(STREAM, &[0, 1, 2]);
-    let client = Client::connect(cluster.client_config(&[0])).await.unwrap();
+    let mut config = cluster.client_config(&[0]);
+    // An idempotent batch waits for the shard as long as it is retried (a failover takes a
+    // lease TTL): here as long as an untagged one.
+    config.publish.retry_timeout_ms = SHARD_UNAVAILABLE_DEADLINE_MS;
+    let client = Client::connect(config).await.unwrap();
     let publisher = client.publisher(STREAM).await.unwrap();
     let k1 = key_for(1, 3, 0);
     publisher.publish(Record::keyed(k1.clone(), "before")).await.unwrap();
@@ -395,6 +399,7 @@ async fn an_owner_that_cannot_be_reached_fails_with_the_typed_error() {
     let mut config = cluster.client_config(&[0]);
     config.connect_timeout_ms = 300;
     config.reconnect_attempts_max = 1;
+    config.publish.retry_timeout_ms = SHARD_UNAVAILABLE_DEADLINE_MS;
     let client = Client::connect(config).await.unwrap();
     let publisher = client.publisher(STREAM).await.unwrap();
     let k1 = key_for(1, 2, 0);

@@ -385,7 +385,13 @@ async fn session(
     let mut keep_sent = Instant::now();
 
     let (elected_tx, mut elected_rx) = oneshot::channel::<Result<LeaderKey, ClusterError>>();
-    let mut campaign_client = client.clone();
+    // The campaign blocks until this broker is elected, which may be never: it gets a
+    // connection without the per-request timeout (with it, every broker but the controller
+    // lost its session each REQUEST_TIMEOUT_MS). The session's other paths notice an etcd
+    // that went away; the campaign is aborted with the session.
+    let campaign_options =
+        ConnectOptions::new().with_connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS));
+    let mut campaign_client = Client::connect(&st.config.endpoints, Some(campaign_options)).await?;
     let name = keys::controller(&st.config.cluster);
     let node = st.config.member.node.to_string();
     let campaign = tokio::spawn(async move {

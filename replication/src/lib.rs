@@ -76,7 +76,7 @@ pub use disk::{DiskOp, DiskOpId};
 pub use error::{AppendError, CasError, LogError};
 pub use log::ReplicaLog;
 pub use message::{Message, Output};
-pub use replica::{AppendRequest, Replica, ReplicaStats, RoleView};
+pub use replica::{AppendRequest, FollowerView, Replica, ReplicaStats, RoleView};
 pub use types::{
     AckMode, Batch, Epoch, LeaseId, NodeId, Offset, ProducerId, ProducerSeq, RequestId, Seq, Time,
 };

@@ -16,6 +16,8 @@ pub struct ReplicaLog {
     batches: Vec<Batch>,
     generation: u64,
     producers: HashMap<ProducerId, VecDeque<(Seq, Offset, u32)>>,
+    /// The first `released` batches have had their payloads released ([`Self::release_payloads`]).
+    released: usize,
 }
 
 /// What the idempotence table says about an incoming producer batch.
@@ -99,6 +101,7 @@ impl ReplicaLog {
         }
         debug_assert!(self.batches[keep].base == to, "truncation inside a batch");
         self.batches.truncate(keep);
+        self.released = self.released.min(keep);
         self.generation += 1;
         let kept = std::mem::take(&mut self.batches);
         self.producers.clear();
@@ -155,6 +158,28 @@ impl ReplicaLog {
         out
     }
 
+    /// Drops the payloads of the batches that end at or below `below` (keeping their offsets,
+    /// epochs and producer tags), so a long log does not keep every payload in memory: a
+    /// released batch's payload is empty, and a driver that sends it (a `FetchReply`) reads it
+    /// back from its storage first. Returns the payload bytes released.
+    pub fn release_payloads(&mut self, below: Offset) -> u64 {
+        let mut freed = 0;
+        while let Some(b) = self.batches.get_mut(self.released) {
+            if b.end() > below {
+                break;
+            }
+            freed += b.payload.len() as u64;
+            b.payload = bytes::Bytes::new();
+            self.released += 1;
+        }
+        freed
+    }
+
+    /// Offsets below this have released payloads ([`Self::release_payloads`]).
+    pub fn released_end(&self) -> Offset {
+        self.released.checked_sub(1).map_or(Offset(0), |i| self.batches[i].end())
+    }
+
     /// Whether `offset` is a batch boundary of this log (or its end).
     pub fn is_boundary(&self, offset: Offset) -> bool {
         offset == self.end() || self.batches.binary_search_by_key(&offset, |b| b.base).is_ok()
@@ -163,8 +188,10 @@ impl ReplicaLog {
     /// What the idempotence table says about `tag`.
     pub fn check_seq(&self, tag: ProducerSeq) -> SeqCheck {
         let Some(recent) = self.producers.get(&tag.producer) else {
-            // An unknown producer may start anywhere (its earlier batches may have gone).
-            return SeqCheck::New;
+            // An unknown producer starts at 0. A later sequence number first means its earlier
+            // batches are still on their way (retried out of order after a failover): refused
+            // until they arrive, so the producer's batches are stored in order.
+            return if tag.seq == Seq(0) { SeqCheck::New } else { SeqCheck::OutOfOrder };
         };
         if let Some(&(_, base, records)) = recent.iter().find(|(seq, _, _)| *seq == tag.seq) {
             return SeqCheck::Duplicate { base, records };
@@ -228,6 +255,9 @@ mod tests {
         log.truncate(Offset(2));
         assert_eq!(log.check_seq(tag(1)), SeqCheck::New);
         assert_eq!(log.check_seq(tag(0)), SeqCheck::Duplicate { base: Offset(0), records: 2 });
+        log.truncate(Offset(0));
+        assert_eq!(log.check_seq(tag(1)), SeqCheck::OutOfOrder, "an unknown producer starts at 0");
+        assert_eq!(log.check_seq(tag(0)), SeqCheck::New);
     }
 
     #[test]

@@ -124,12 +124,18 @@ impl ClusterLink {
         }
     }
 
-    /// The shards of `stream` (of `shards`) this broker owns.
+    /// The shards of `stream` (of `shards`) this broker owns (leads, when replicated).
     pub fn owned(&self, stream: &str, shards: u32) -> Vec<ShardId> {
         let view = self.view.borrow();
         let me = self.agent.node();
         view.placements.get(stream).map_or_else(Vec::new, |p| {
-            (0..shards.min(p.shards())).filter(|s| p.owner(*s) == Some(me)).map(ShardId).collect()
+            (0..shards.min(p.shards()))
+                .filter(|s| match view.route(stream, *s) {
+                    Route::Owner(m) => m.node == *me,
+                    _ => false,
+                })
+                .map(ShardId)
+                .collect()
         })
     }
 
@@ -161,15 +167,20 @@ impl ClusterLink {
                 format!("{stream} is not placed yet"),
             ));
         };
-        let owners = p
-            .owners
-            .iter()
-            .map(|node| {
-                let member = view.members.get(node);
+        // A replicated shard's owner is its group's leader.
+        let owners = (0..p.shards())
+            .map(|s| {
+                let group = view.group(stream, s);
+                let node = match group {
+                    Some(g) => g.leader.as_ref().or(g.replicas.first()),
+                    None => p.owner(s),
+                };
+                let member = node.and_then(|n| view.members.get(n));
+                let leads = group.is_none_or(|g| g.leader_alive(&view.member_leases));
                 ShardOwner {
-                    node: node.to_string(),
+                    node: node.map_or_else(String::new, |n| n.to_string()),
                     address: member.map_or_else(String::new, |m| m.advertise.clone()),
-                    live: member.is_some(),
+                    live: member.is_some() && leads,
                 }
             })
             .collect();
@@ -178,8 +189,18 @@ impl ClusterLink {
 
     /// Defines `stream` cluster-wide (an existing definition wins) and waits for its
     /// placement; returns the definition in force.
-    pub async fn define(&self, stream: &str, def: StreamDef) -> Result<StreamDef, WireError> {
-        match self.agent.create_stream(stream, def).await {
+    /// With `replicas` > 1 every shard gets a replica group of that many brokers.
+    pub async fn define(
+        &self,
+        stream: &str,
+        def: StreamDef,
+        replicas: u8,
+    ) -> Result<StreamDef, WireError> {
+        let created = match replicas {
+            0 | 1 => self.agent.create_stream(stream, def).await,
+            n => self.agent.create_replicated_stream(stream, def, n).await,
+        };
+        match created {
             Ok((def, _)) => {
                 // The agent's view has the placement now; so must this core's.
                 self.refresh();

@@ -82,6 +82,10 @@ pub struct Settings {
     pub auth: Option<Arc<super::auth::Authenticator>>,
     /// The cluster agent; `None` for a single-node broker.
     pub cluster: Option<felix_cluster::AgentClient>,
+    /// Replication factor of the streams this broker creates in a cluster.
+    pub default_replicas: u8,
+    /// Replication between brokers (in a cluster).
+    pub replication: Option<super::replication::ReplicationSettings>,
 }
 
 /// A stream known to this core.
@@ -121,6 +125,8 @@ pub struct CoreApp {
     pub stopping: Cell<bool>,
     /// The cluster view of this core; `None` for a single-node broker.
     pub cluster: Option<Rc<super::cluster::ClusterLink>>,
+    /// The replication driver of this core (in a cluster), set once the core is open.
+    pub replication: std::cell::OnceCell<Rc<super::replication::Host>>,
 }
 
 impl CoreApp {
@@ -158,6 +164,7 @@ impl CoreApp {
             offsets: RefCell::default(),
             offsets_log,
             stopping: Cell::new(false),
+            replication: std::cell::OnceCell::new(),
         });
         if let Some(link) = app.cluster.clone() {
             let weak = Rc::downgrade(&app);
@@ -204,7 +211,7 @@ impl CoreApp {
                     None if create && self.settings.auto_create => {
                         let wanted =
                             cluster_def(self.settings.default_shards, self.settings.retention);
-                        link.define(name, wanted).await?
+                        link.define(name, wanted, self.settings.default_replicas).await?
                     }
                     None => {
                         return Err(WireError::new(
@@ -249,7 +256,9 @@ impl CoreApp {
                 Some(link) => {
                     // The cluster's definition wins; this broker keeps a copy to open its logs.
                     let wanted = cluster_def(m.shards, m.retention);
-                    let def = link.define(m.name.as_str(), wanted).await?;
+                    let def = link
+                        .define(m.name.as_str(), wanted, self.settings.default_replicas)
+                        .await?;
                     let local = StreamMeta {
                         name: m.name.clone(),
                         shards: def.shards,
@@ -427,6 +436,13 @@ impl CoreApp {
             .iter()
             .map(|r| (r.value.len() + r.key.as_ref().map_or(0, Bytes::len)) as u64)
             .sum();
+        if let Some(host) = self.replication.get().filter(|h| h.is_replicated(stream, shard)) {
+            let base = host.append(stream, shard, records, timestamp_ms, ack, producer).await?;
+            stats::add(&self.stats.counters.storage_append_bytes, bytes);
+            stats::add(&self.stats.counters.storage_appends, 1);
+            let record_count = records.len() as u32;
+            return Ok(AppendOutcome { base_offset: base, record_count, duplicate: false });
+        }
         // Every append waits at least for its write, so the tail only ever holds written data.
         let mode = if ack == AckMode::None { AckMode::Written } else { ack };
         let out = log
@@ -463,12 +479,14 @@ impl CoreApp {
         let entry = self.stream(stream, false).await?;
         let deadline = std::time::Instant::now() + Duration::from_millis(wait_ms);
         loop {
-            let next = log.next_offset(shard).map_err(|e| storage_error(&e))?;
+            let next = self.visible_next(&log, stream, shard)?;
             match self.read_tail(&entry, shard, from, max_bytes, next) {
                 TailRead::Batches(b) => return Ok(b),
                 TailRead::Miss => {
-                    let batches =
+                    let mut batches =
                         log.read(shard, from, max_bytes).await.map_err(|e| storage_error(&e))?;
+                    // Only what is committed, on a replicated shard.
+                    batches.retain(|b| b.base_offset < next);
                     if !batches.is_empty() {
                         stats::add(&self.stats.counters.log_batches, batches.len() as u64);
                         return Ok(encode_from(shard, from, batches));
@@ -500,7 +518,7 @@ impl CoreApp {
                     .await;
                     if std::time::Instant::now() >= deadline {
                         // One last look, then give up until the reader asks again.
-                        let next = log.next_offset(shard).map_err(|e| storage_error(&e))?;
+                        let next = self.visible_next(&log, stream, shard)?;
                         return Ok(
                             match entry.tails.with(shard, |t| t.read(from, max_bytes, next)) {
                                 TailRead::Batches(b) => b,
@@ -511,6 +529,18 @@ impl CoreApp {
                 }
             }
         }
+    }
+
+    /// The shard's next offset as readers see it: on a replicated shard, its commit point.
+    fn visible_next(
+        &self,
+        log: &StreamLog,
+        stream: &str,
+        shard: ShardId,
+    ) -> Result<Offset, WireError> {
+        let next = log.next_offset(shard).map_err(|e| storage_error(&e))?;
+        let visible = self.replication.get().and_then(|h| h.visible_end(stream, shard));
+        Ok(visible.map_or(next, |v| v.min(next)))
     }
 
     fn read_tail(
@@ -547,7 +577,7 @@ impl CoreApp {
     ) -> Result<Offset, WireError> {
         let log = self.owned_log(stream, shard).await?;
         let first = log.start_offset(shard).map_err(|e| storage_error(&e))?;
-        let next = log.next_offset(shard).map_err(|e| storage_error(&e))?;
+        let next = self.visible_next(&log, stream, shard)?;
         if let Some(g) = group {
             if let Some(o) = self.offsets.borrow().get(&(stream.to_owned(), g, shard.0)) {
                 return Ok(Offset((*o).max(first.0).min(next.0)));

@@ -197,6 +197,15 @@ pub enum CoreOpenError {
     /// The stream definitions cannot be read.
     #[error(transparent)]
     Definitions(MetaError),
+    /// The certificates other brokers are verified against (`--peer-ca`) cannot be loaded.
+    #[error("{core}: replication peers' certificates (--peer-ca): {source}")]
+    PeerTls {
+        /// The core.
+        core: CoreId,
+        /// Why.
+        #[source]
+        source: crate::net::tls::TlsError,
+    },
     /// A stream's logs could not be recovered (the message names the file and position of a
     /// corrupt log, for the operator).
     #[error("{core}: stream {name}: {source}")]

@@ -12,6 +12,8 @@
 //! - `meta`: stream definitions, the per-tenant stream quota, and the data directory's layout
 //!   file.
 //! - `disk`: the free-space floor (`--min-free-bytes`).
+//! - `replication`: the replication driver (in a cluster): each replicated shard's state
+//!   machine, its disk operations, and the links to the peer brokers.
 //! - `stats`: per-core counters and histograms.
 
 pub mod auth;
@@ -21,6 +23,7 @@ pub mod disk;
 pub mod error;
 pub mod mesh;
 pub mod meta;
+pub mod replication;
 pub mod session;
 pub mod stats;
 pub mod subscribe;
@@ -31,7 +34,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use felix_proto::{CoreId, Limits, Retention};
+use felix_proto::{Limits, Retention};
 use felix_storage::{CoreStore, RetentionConfig, StorageConfig, BATCH_BYTES_LIMIT};
 use futures_lite::future::poll_once;
 use glommio::sync::Semaphore;
@@ -212,7 +215,7 @@ impl CoreLauncher {
                 return;
             };
             tracing::debug!(core = core.0, "opening core");
-            let started = open_core(core, ends, settings, storage, stats).await;
+            let started = open_core(&ctx, ends, settings, storage, stats).await;
             let app = match started {
                 Ok(app) => {
                     let _ = ready.send(Ok(()));
@@ -262,6 +265,16 @@ fn core_settings(
     };
     Ok(Settings {
         cluster: agent.as_ref().map(felix_cluster::AgentHandle::client),
+        default_replicas: args.default_replicas,
+        replication: agent.as_ref().map(|_| replication::ReplicationSettings {
+            peer_ca: args
+                .peer_ca
+                .clone()
+                .or_else(|| args.cert.clone())
+                .unwrap_or_else(|| args.data_dir.join(crate::net::tls::DEV_CERT_FILE)),
+            server_name: args.peer_server_name.clone(),
+            min_insync: args.min_insync,
+        }),
         data_dir: args.data_dir.clone(),
         cores: args.cores,
         auto_create: args.auto_create,
@@ -356,18 +369,28 @@ pub struct ShutdownFlags {
 }
 
 async fn open_core(
-    core: CoreId,
+    ctx: &crate::net::CoreContext,
     ends: mesh::Ends,
     settings: Settings,
     storage: StorageConfig,
     stats: Arc<AppStats>,
 ) -> Result<Rc<CoreApp>, CoreOpenError> {
+    let core = ctx.core();
     let (mesh, request_rx, reply_rx) = Mesh::connect(ends).await;
     tracing::debug!(core = core.0, "mesh connected");
     let store = CoreStore::open(storage, core)
         .await
         .map_err(|source| CoreOpenError::Storage { core, source })?;
+    let replication = settings.replication.clone();
     let app = CoreApp::open(core, settings, store.clone(), mesh.clone(), stats).await?;
+    if let (Some(r), Some(agent), Some(link)) =
+        (replication, app.settings.cluster.clone(), app.cluster.clone())
+    {
+        let host = replication::Host::new(ctx.clone(), app.settings.cores, &r, agent, link)
+            .map_err(|source| CoreOpenError::PeerTls { core, source })?;
+        let _ = app.replication.set(host.clone());
+        glommio::spawn_local(host.run(Rc::downgrade(&app))).detach();
+    }
     // Replies only complete local waiters: their loops never block.
     for (_, rx) in reply_rx {
         let app = app.clone();

@@ -58,6 +58,8 @@ pub struct Session {
     hello: Cell<bool>,
     /// What the client advertised in Hello.
     client_capabilities: Cell<Capabilities>,
+    /// The peer is another broker of the cluster, sending replication frames.
+    peer: Cell<bool>,
     grant: std::cell::RefCell<Option<Grant>>,
     budget: Rc<Semaphore>,
     /// Set once the connection is gone.
@@ -78,6 +80,7 @@ pub async fn serve_connection(app: Rc<CoreApp>, conn: Connection) {
         conn: conn.clone(),
         hello: Cell::new(false),
         client_capabilities: Cell::new(Capabilities::NONE),
+        peer: Cell::new(false),
         grant: std::cell::RefCell::new(None),
         closed: Cell::new(false),
         active_subscriptions: Cell::new(0),
@@ -120,7 +123,21 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
         decoder.handle_chunk(chunk);
         while let Some(result) = decoder.poll_frame() {
             let answer = match result {
-                Ok(frame) => session.dispatch(frame).await,
+                Ok(Frame::Replicate(r)) if session.peer.get() => {
+                    if let Some(host) = session.app.replication.get() {
+                        host.handle_frame(r);
+                    }
+                    continue;
+                }
+                Ok(frame) => {
+                    let answer = session.dispatch(frame).await;
+                    if session.peer.get() {
+                        decoder.set_accepted(Capabilities(
+                            BROKER_CAPABILITIES.0 | Capabilities::REPLICATION.0,
+                        ));
+                    }
+                    answer
+                }
                 Err(e) => {
                     let fatal = e.fatal;
                     let answer = reject(&session, &e);
@@ -174,6 +191,14 @@ impl Session {
     async fn dispatch(self: &Rc<Self>, frame: Frame) -> Answer {
         if !self.hello.get() {
             return self.handle_first_frame(frame);
+        }
+        if self.peer.get() && !matches!(frame, Frame::Ping(_) | Frame::Pong(_)) {
+            stats::add(&self.app.stats.counters.rejected_frames, 1);
+            let e = WireError::new(
+                ErrorCode::InvalidArgument,
+                "a replication peer sends only Replicate",
+            );
+            return ready(error_frame(request_id_of(&frame), e));
         }
         if let Some(refusal) = self.check_grant(&frame) {
             return refusal;
@@ -236,6 +261,9 @@ impl Session {
     /// answer HelloOk.
     fn handle_hello(self: &Rc<Self>, h: felix_proto::Hello) -> Answer {
         let app = &self.app;
+        if h.capabilities.contains(Capabilities::REPLICATION) {
+            return self.handle_peer_hello();
+        }
         if let Some(auth) = &app.settings.auth {
             let verified = match &h.token {
                 None => {
@@ -262,6 +290,29 @@ impl Session {
         ready(Some(Frame::HelloOk(HelloOk {
             version: PROTOCOL_VERSION,
             capabilities: broker_capabilities(app),
+            limits: app.settings.limits,
+            core: app.core,
+            core_count: app.settings.cores as u16,
+        })))
+    }
+
+    /// Hello from another broker of the cluster (capability `REPLICATION`): from then on this
+    /// stream carries only its `Replicate` frames. Refused by a broker outside a cluster.
+    fn handle_peer_hello(self: &Rc<Self>) -> Answer {
+        let app = &self.app;
+        if app.replication.get().is_none() {
+            stats::add(&app.stats.counters.rejected_frames, 1);
+            let e = WireError::new(
+                ErrorCode::InvalidArgument,
+                "REPLICATION is spoken only between brokers of a cluster",
+            );
+            return ready(error_frame(RequestId(0), e));
+        }
+        self.hello.set(true);
+        self.peer.set(true);
+        ready(Some(Frame::HelloOk(HelloOk {
+            version: PROTOCOL_VERSION,
+            capabilities: Capabilities(broker_capabilities(app).0 | Capabilities::REPLICATION.0),
             limits: app.settings.limits,
             core: app.core,
             core_count: app.settings.cores as u16,

@@ -43,6 +43,7 @@ const CPU_SAMPLE_MS: u64 = 500;
 pub struct Server;
 
 /// What the application's per-core future gets: its core's accepted connections.
+#[derive(Clone)]
 pub struct CoreContext {
     core: CoreRef,
     core_id: CoreId,

@@ -6,7 +6,9 @@
 #![allow(dead_code)]
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+
+use felix_proto::AckMode;
 use std::sync::atomic::{AtomicU8, Ordering};
 
 /// Subnets handed out in this process: 10.213.<n>.0/24.
@@ -150,4 +152,157 @@ impl Drop for Hosts {
         }
         let _ = self.count;
     }
+}
+
+/// The lease TTL test brokers run with, in seconds.
+pub const TTL_S: u64 = 2;
+
+/// One broker process.
+pub struct Node {
+    pub id: String,
+    command: Box<dyn Fn() -> Command>,
+    pub addr: std::net::SocketAddr,
+    pub dir: std::path::PathBuf,
+    child: Option<Child>,
+    etcd: String,
+    metrics: String,
+    /// More `felix serve` arguments.
+    pub extra: Vec<String>,
+}
+
+impl Node {
+    pub fn start(
+        hosts: &std::rc::Rc<Hosts>,
+        host: usize,
+        id: &str,
+        root: &std::path::Path,
+        etcd: &str,
+    ) -> Node {
+        Node::start_with(hosts, host, id, root, etcd, &[])
+    }
+
+    /// [`Node::start`] with more `felix serve` arguments.
+    pub fn start_with(
+        hosts: &std::rc::Rc<Hosts>,
+        host: usize,
+        id: &str,
+        root: &std::path::Path,
+        etcd: &str,
+        extra: &[&str],
+    ) -> Node {
+        let metrics = match hosts.isolated() {
+            true => std::net::SocketAddr::new(hosts.ip(host), 9400).to_string(),
+            false => {
+                let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+                l.local_addr().unwrap().to_string()
+            }
+        };
+        let h = hosts.clone();
+        let mut node = Node {
+            id: id.to_owned(),
+            command: Box::new(move || h.command(host, env!("CARGO_BIN_EXE_felix"))),
+            addr: hosts.broker_addr(host),
+            dir: root.join(id),
+            child: None,
+            etcd: etcd.to_owned(),
+            metrics,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        node.spawn();
+        node
+    }
+
+    pub fn spawn(&mut self) {
+        let mut cmd = (self.command)();
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FELIX_") && k != "FELIX_LOG")
+        {
+            cmd.env_remove(k);
+        }
+        let addr = self.addr.to_string();
+        cmd.args(["serve", "--listen", &addr, "--advertise", &addr, "--node-id", &self.id])
+            .args(["--cores", "1", "--no-pin", "--metrics", &self.metrics, "--min-free-bytes", "0"])
+            .args(["--cluster-etcd", &self.etcd, "--lease-ttl-s", &TTL_S.to_string()])
+            .arg("--allow-anonymous")
+            .args(&self.extra)
+            .arg("--data-dir")
+            .arg(&self.dir)
+            .stdout(Stdio::null())
+            .stderr(self.log());
+        self.child = Some(cmd.spawn().expect("spawn felix"));
+    }
+
+    /// The broker's stderr goes to `<data dir>.log` (appended across restarts), shown when
+    /// the test fails.
+    fn log(&self) -> Stdio {
+        let path = self.dir.with_extension("log");
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(path).unwrap();
+        Stdio::from(f)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.with_extension("log")).unwrap_or_default()
+    }
+
+    /// The broker's process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `signal` (a `kill -s` name: STOP, CONT) to the broker.
+    pub fn signal(&self, signal: &str) {
+        if let Some(pid) = self.pid() {
+            let ok = Command::new("kill").args(["-s", signal, &pid.to_string()]).status();
+            assert!(ok.is_ok_and(|s| s.success()), "kill -s {signal} {pid}");
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// `felix cluster status --json` against the test's etcd.
+pub fn status(etcd: &str) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_felix"))
+        .args(["cluster", "status", "--json", "--etcd", etcd])
+        .env_remove("FELIX_CLUSTER_NAME")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("status is JSON")
+}
+
+/// A client of the whole cluster through one seed, trusting every broker's certificate.
+pub async fn cluster_client(
+    nodes: &[Node],
+    seed: usize,
+    root: &std::path::Path,
+) -> felix_client::Client {
+    let bundle = root.join("ca-bundle.pem");
+    let mut pem = String::new();
+    for n in nodes {
+        pem.push_str(&std::fs::read_to_string(n.dir.join("dev-cert.pem")).unwrap());
+    }
+    std::fs::write(&bundle, pem).unwrap();
+    let config = felix_client::ClientConfig {
+        addr: nodes[seed].addr.to_string(),
+        trust: Some(felix_client::Trust::CaFile(bundle)),
+        connect_timeout_ms: 2000,
+        publish: felix_client::PublishSettings {
+            ack_mode: AckMode::Durable,
+            linger_us: 200,
+            ..felix_client::PublishSettings::default()
+        },
+        ..felix_client::ClientConfig::default()
+    };
+    felix_client::Client::connect(config).await.expect("client connects through the seed")
 }

@@ -203,6 +203,8 @@ pub struct ReadBack {
     pub all: std::collections::HashSet<(u32, u32)>,
     seqs: std::collections::HashMap<u32, Vec<u32>>,
     offsets: std::collections::HashMap<u32, Vec<u64>>,
+    /// Where each (key, seq) was read: (shard, offset).
+    at: std::collections::HashMap<(u32, u32), (u32, u64)>,
 }
 
 impl ReadBack {
@@ -214,6 +216,34 @@ impl ReadBack {
         assert!(self.all.insert((key, seq)), "{what}: ({key}, {seq}) stored twice");
         self.seqs.entry(key).or_default().push(seq);
         self.offsets.entry(r.shard.0).or_default().push(r.offset.0);
+        self.at.insert((key, seq), (r.shard.0, r.offset.0));
+    }
+
+    /// Every record of `acked` stored; each key's records in publish order (seq numbers
+    /// increasing: a record never acked may be missing); each shard's offsets dense from 0.
+    pub fn assert_acked_in_order_and_dense(
+        &self,
+        acked: &std::collections::HashSet<(u32, u32)>,
+        what: &str,
+    ) {
+        let missing: Vec<_> = acked.difference(&self.all).take(10).collect();
+        assert!(missing.is_empty(), "{what}: acked records not stored, e.g. {missing:?}");
+        for (key, seqs) in &self.seqs {
+            if let Some(w) = seqs.windows(2).find(|w| w[0] >= w[1]) {
+                let at = |s: u32| self.at.get(&(*key, s)).copied();
+                panic!(
+                    "{what}: order of key {key}: seq {} at {:?} before seq {} at {:?} (shard, offset)",
+                    w[0],
+                    at(w[0]),
+                    w[1],
+                    at(w[1])
+                );
+            }
+        }
+        for (shard, offs) in &self.offsets {
+            let want: Vec<u64> = (0..offs.len() as u64).collect();
+            assert_eq!(*offs, want, "{what}: offsets of shard {shard}");
+        }
     }
 
     /// Each key's records in publish order from seq 0, each shard's offsets dense from 0.

@@ -40,6 +40,37 @@ struct Progress {
     told_committed: Offset,
 }
 
+/// What a leader knows of one follower ([`crate::Replica::followers`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FollowerView {
+    /// The follower.
+    pub node: NodeId,
+    /// Its log end, from its last fetch.
+    pub log_end: Offset,
+    /// Its fdatasync'd end, from its last fetch.
+    pub durable_end: Offset,
+    /// Whether the controller's in-sync set holds it.
+    pub in_sync: bool,
+}
+
+impl LeaderState {
+    /// What this leader knows of each follower; `isr` is the controller's in-sync set.
+    pub(super) fn follower_views(
+        &self,
+        isr: &std::collections::BTreeSet<NodeId>,
+    ) -> Vec<FollowerView> {
+        self.followers
+            .iter()
+            .map(|(&node, p)| FollowerView {
+                node,
+                log_end: p.log_end,
+                durable_end: p.durable_end,
+                in_sync: isr.contains(&node),
+            })
+            .collect()
+    }
+}
+
 /// An append waiting for its acknowledgement.
 pub(super) struct Waiter {
     pub(super) request: RequestId,

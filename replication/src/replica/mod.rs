@@ -16,6 +16,7 @@ use crate::message::{Message, Output};
 use crate::types::{AckMode, Epoch, LeaseId, NodeId, Offset, ProducerSeq, RequestId, Time};
 
 use follower::FollowerState;
+pub use leader::FollowerView;
 use leader::LeaderState;
 
 /// A client's append, as the broker hands it to the shard's replica.
@@ -213,6 +214,21 @@ impl Replica {
     /// Its log (in memory; the disk may lag, see [`durable_end`](Self::durable_end)).
     pub fn log(&self) -> &ReplicaLog {
         &self.log
+    }
+
+    /// Releases the in-memory payloads of committed batches that end at or below `below`
+    /// ([`ReplicaLog::release_payloads`]); never those above the commit point, which a
+    /// truncation could still need to replay. Returns the bytes released.
+    pub fn release_payloads(&mut self, below: Offset) -> u64 {
+        self.log.release_payloads(below.min(self.committed))
+    }
+
+    /// On a leader, what it knows of each follower (for lag metrics); empty otherwise.
+    pub fn followers(&self) -> Vec<FollowerView> {
+        match (&self.role, &self.group) {
+            (Role::Leader(l), Some(g)) => l.follower_views(&g.isr),
+            _ => Vec::new(),
+        }
     }
 
     /// The committed offset (high watermark): batches below it are durable on every in-sync

@@ -1,0 +1,340 @@
+//! The replication driver: runs `felix_replication`'s state machine for every shard of a
+//! replicated stream that lives on this core, and wires it to QUIC, etcd and `felix-storage`
+//! (docs/replication.md, "The broker driver").
+//!
+//! Shard `s` lives on core `s % cores` of each of its brokers, so core i talks only to core i
+//! of its peers: each core keeps one outbound link per peer broker ([`peer`]) and receives its
+//! peers' frames on the connections they opened ([`Host::handle_frame`]). Every
+//! [`TICK_MS`] the host copies what the cluster agent knows into the state machines: the group
+//! record of each shard (leader, epoch, in-sync set; `handle_controller`) and this broker's
+//! lease (`handle_lease`), then ticks them. Nothing here blocks on etcd: proposals go to the
+//! agent's thread and their outcome comes back in the view.
+
+pub mod payload;
+pub mod peer;
+pub mod shard;
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use felix_cluster::{AgentClient, ClusterView};
+use felix_proto::{CoreId, ErrorCode, Frame, Offset, ProducerTag, Record, ShardId};
+use felix_replication::{
+    wire, AckMode, AppendError, IsrProposal, LeaseId, Message, NodeId, ReplicaConfig, Time,
+};
+
+use self::peer::PeerLink;
+use self::shard::ShardReplica;
+use super::cluster::ClusterLink;
+use super::core::CoreApp;
+use super::error::WireError;
+
+/// How often the host feeds the cluster view to the replicas and ticks them.
+pub const TICK_MS: u64 = 10;
+/// Taken off the lease's validity before the replicas see it: clocks of brokers and etcd may
+/// drift apart a little over one TTL.
+pub const LEASE_DRIFT_MARGIN_MS: u64 = 100;
+/// Disk operations queued per replicated shard; the state machine bounds what it emits (its
+/// waiting acks and the follower's unwritten bytes), so reaching this stops the replica.
+pub const DISK_OPS_MAX: usize = 16_384;
+/// Payload bytes of the newest committed batches each replica keeps in memory (for fetches
+/// and the subscribers' tail); older payloads are read back from storage when a fetch needs
+/// them.
+pub const RESIDENT_PAYLOAD_BYTES: u64 = 4 << 20;
+/// Bytes per storage read when a replica recovers its log at start.
+pub const RECOVERY_READ_BYTES: usize = 1 << 20;
+
+/// Replication settings every core shares.
+#[derive(Clone, Debug)]
+pub struct ReplicationSettings {
+    /// The certificates (PEM) other brokers' certificates are verified against.
+    pub peer_ca: std::path::PathBuf,
+    /// The name their certificates must carry.
+    pub server_name: String,
+    /// In-sync replicas a durable append needs (0: a majority of the replicas).
+    pub min_insync: usize,
+}
+
+/// One core's replication driver.
+pub struct Host {
+    me: felix_cluster::NodeId,
+    core: CoreId,
+    cores: usize,
+    base: Instant,
+    ctx: crate::net::CoreContext,
+    tls: quinn_proto::ClientConfig,
+    server_name: String,
+    min_insync: usize,
+    agent: AgentClient,
+    link: Rc<ClusterLink>,
+    shards: RefCell<HashMap<(String, u32), Rc<ShardReplica>>>,
+    opening: RefCell<HashSet<(String, u32)>>,
+    peers: RefCell<HashMap<felix_cluster::NodeId, Rc<PeerLink>>>,
+    /// The second of the last status line (debug).
+    last_report: std::cell::Cell<u64>,
+}
+
+impl Host {
+    /// The driver of core `ctx.core()`.
+    pub fn new(
+        ctx: crate::net::CoreContext,
+        cores: usize,
+        settings: &ReplicationSettings,
+        agent: AgentClient,
+        link: Rc<ClusterLink>,
+    ) -> Result<Rc<Host>, crate::net::tls::TlsError> {
+        let mut tls = crate::net::tls::quic_client_config(&settings.peer_ca)?;
+        tls.transport_config(Arc::new(peer::transport()));
+        Ok(Rc::new(Host {
+            me: agent.node().clone(),
+            core: ctx.core(),
+            cores,
+            base: Instant::now(),
+            ctx,
+            tls,
+            server_name: settings.server_name.clone(),
+            min_insync: settings.min_insync,
+            agent,
+            link,
+            shards: RefCell::default(),
+            opening: RefCell::default(),
+            peers: RefCell::default(),
+            last_report: std::cell::Cell::new(0),
+        }))
+    }
+
+    /// The state machines' clock: milliseconds since this host started.
+    pub fn now(&self) -> Time {
+        Time(self.base.elapsed().as_millis() as u64)
+    }
+
+    fn time_of(&self, at: Instant) -> Time {
+        Time(at.saturating_duration_since(self.base).as_millis() as u64)
+    }
+
+    /// The replica of `shard` of `stream` on this core, if the stream is replicated and the
+    /// replica is running.
+    pub fn replica(&self, stream: &str, shard: ShardId) -> Option<Rc<ShardReplica>> {
+        self.shards.borrow().get(&(stream.to_owned(), shard.0)).cloned()
+    }
+
+    /// Whether `stream` is replicated (the cluster keeps a group per shard).
+    pub fn is_replicated(&self, stream: &str, shard: ShardId) -> bool {
+        self.link.view().group(stream, shard.0).is_some()
+    }
+
+    /// Appends a client's batch to a replicated shard this broker leads; resolves to its base
+    /// offset once `ack` is met. `None` acks wait for the leader's write, as unreplicated
+    /// appends do.
+    pub async fn append(
+        self: &Rc<Self>,
+        stream: &str,
+        shard: ShardId,
+        records: &[Record],
+        timestamp_ms: u64,
+        ack: felix_proto::AckMode,
+        producer: Option<ProducerTag>,
+    ) -> Result<Offset, WireError> {
+        let Some(replica) = self.replica(stream, shard) else {
+            return Err(WireError::new(
+                ErrorCode::ShardUnavailable,
+                format!("{shard} of {stream}: its replica is starting on this broker"),
+            ));
+        };
+        let mode = match ack {
+            felix_proto::AckMode::Durable => AckMode::Durable,
+            _ => AckMode::Written,
+        };
+        let rx = replica.append(self, records, timestamp_ms, mode, producer);
+        match rx.await {
+            Ok(Ok(base)) => Ok(base),
+            Ok(Err(e)) => Err(self.append_error(stream, shard, &replica, e)),
+            Err(_) => Err(WireError::new(ErrorCode::ShardUnavailable, "the replica stopped")),
+        }
+    }
+
+    fn append_error(
+        &self,
+        stream: &str,
+        shard: ShardId,
+        replica: &ShardReplica,
+        e: AppendError,
+    ) -> WireError {
+        let code = match e {
+            AppendError::Busy => ErrorCode::Overloaded,
+            AppendError::InvalidBatch(_) => ErrorCode::InvalidArgument,
+            AppendError::OutOfOrderSequence => ErrorCode::OutOfOrderSequence,
+            AppendError::SequenceTooOld => ErrorCode::SequenceTooOld,
+            AppendError::NotLeader { .. }
+            | AppendError::LeaseExpired
+            | AppendError::NotEnoughReplicas { .. } => ErrorCode::ShardUnavailable,
+        };
+        let leader = match e {
+            AppendError::NotLeader { leader: Some(l) } => {
+                replica.nodes.get(l.0 as usize).map(|n| format!(" (leader: {n})"))
+            }
+            _ => None,
+        };
+        WireError::new(code, format!("{shard} of {stream}: {e}{}", leader.unwrap_or_default()))
+    }
+
+    /// Subscribers may read `shard` of `stream` below this offset (its commit point), when
+    /// the shard is replicated.
+    pub fn visible_end(&self, stream: &str, shard: ShardId) -> Option<Offset> {
+        if !self.is_replicated(stream, shard) {
+            return None;
+        }
+        Some(self.replica(stream, shard).map_or(Offset(0), |r| r.visible_end()))
+    }
+
+    /// A frame from a peer's replica, for a shard of this core.
+    pub fn handle_frame(self: &Rc<Self>, frame: felix_proto::Replicate) {
+        let (stream, shard, from, message) = wire::from_frame(frame);
+        let Some(replica) = self.replica(&stream, shard) else { return };
+        let now = self.now();
+        replica.with(self, |r| r.handle_message(now, from, message));
+    }
+
+    /// Sends `message` from replica `me` of `shard` to the broker `node`.
+    pub fn send(
+        self: &Rc<Self>,
+        node: &felix_cluster::NodeId,
+        stream: &str,
+        shard: ShardId,
+        me: NodeId,
+        message: &Message,
+    ) {
+        let link = self.peers.borrow().get(node).cloned();
+        let link = link.unwrap_or_else(|| {
+            let l = PeerLink::open(self, node.clone());
+            self.peers.borrow_mut().insert(node.clone(), l.clone());
+            l
+        });
+        let mut buf = BytesMut::new();
+        Frame::Replicate(wire::to_frame(stream, shard, me, message)).encode(&mut buf);
+        if !link.send(buf.freeze()) {
+            tracing::trace!(%node, "replication link queue full: frame dropped");
+        }
+    }
+
+    /// Where `node` listens, as the cluster view says.
+    pub fn address_of(&self, node: &felix_cluster::NodeId) -> Option<String> {
+        self.link.view().members.get(node).map(|m| m.advertise.clone())
+    }
+
+    /// Hands an in-sync-set proposal to the agent; its outcome comes back with the view.
+    pub fn propose(&self, replica: &ShardReplica, p: IsrProposal) {
+        let isr: Vec<felix_cluster::NodeId> =
+            p.isr.iter().filter_map(|n| replica.nodes.get(n.0 as usize).cloned()).collect();
+        let (agent, stream, shard) = (self.agent.clone(), replica.stream.clone(), replica.shard.0);
+        let version = i64::try_from(p.expected_version).unwrap_or(i64::MAX);
+        glommio::spawn_local(async move {
+            if let Err(e) = agent.propose_isr(&stream, shard, version, p.epoch.0, isr).await {
+                tracing::debug!(%stream, shard, error = %e, "in-sync set proposal refused");
+            }
+        })
+        .detach();
+    }
+
+    /// Feeds the cluster view to the replicas and ticks them every [`TICK_MS`], until the core
+    /// stops.
+    pub async fn run(self: Rc<Self>, app: Weak<CoreApp>) {
+        loop {
+            glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
+            let Some(app) = app.upgrade() else { return };
+            let view = self.link.view();
+            self.adopt(&app, &view);
+            self.tick(&view);
+        }
+    }
+
+    /// Starts a replica for every group of the view with a replica on this core.
+    fn adopt(self: &Rc<Self>, app: &Rc<CoreApp>, view: &ClusterView) {
+        for ((stream, shard), group) in &view.groups {
+            if *shard as usize % self.cores != usize::from(self.core.0) {
+                continue;
+            }
+            let Some(me) = group.number(&self.me) else { continue };
+            let key = (stream.clone(), *shard);
+            if self.shards.borrow().contains_key(&key)
+                || !self.opening.borrow_mut().insert(key.clone())
+            {
+                continue;
+            }
+            let replicas = group.replicas.len();
+            let mut config = ReplicaConfig::for_replicas(replicas);
+            if self.min_insync > 0 {
+                config.min_insync = self.min_insync.min(replicas);
+            }
+            let (host, app, nodes) = (self.clone(), app.clone(), group.replicas.clone());
+            glommio::spawn_local(async move {
+                let opened = host.open_replica(&app, &key, nodes, me, config).await;
+                host.opening.borrow_mut().remove(&key);
+                if let Err(e) = opened {
+                    tracing::warn!(stream = %key.0, shard = key.1, "cannot start the replica: {e}");
+                }
+            })
+            .detach();
+        }
+    }
+
+    async fn open_replica(
+        self: &Rc<Self>,
+        app: &Rc<CoreApp>,
+        key: &(String, u32),
+        nodes: Vec<felix_cluster::NodeId>,
+        me: NodeId,
+        config: ReplicaConfig,
+    ) -> Result<(), String> {
+        let entry = app.stream(&key.0, false).await.map_err(|e| e.message)?;
+        let log = entry.log.clone().ok_or("no log on this core")?;
+        let shard = ShardId(key.1);
+        let (replica, disk_rx) = ShardReplica::open(entry, log, shard, nodes, me, config).await?;
+        glommio::spawn_local(replica.clone().run_disk(self.clone(), disk_rx)).detach();
+        self.shards.borrow_mut().insert(key.clone(), replica);
+        tracing::info!(stream = %key.0, shard = key.1, replica = me.0, "replica started");
+        Ok(())
+    }
+
+    /// One round: each replica gets its newest group record, the lease, and a tick.
+    fn tick(self: &Rc<Self>, view: &ClusterView) {
+        let now = self.now();
+        let lease = view.member_leases.get(&self.me).copied();
+        let valid_until = view.lease_valid_until.map(|at| {
+            let t = self.time_of(at);
+            Time(t.0.saturating_sub(LEASE_DRIFT_MARGIN_MS))
+        });
+        let shards: Vec<Rc<ShardReplica>> = self.shards.borrow().values().cloned().collect();
+        let report = now.0 / 1000 != self.last_report.replace(now.0 / 1000);
+        for r in shards {
+            if report {
+                let replica = r.replica();
+                tracing::debug!(
+                    stream = %r.stream,
+                    shard = r.shard.0,
+                    role = ?replica.role(),
+                    log_end = replica.log().end().0,
+                    durable_end = replica.durable_end().0,
+                    committed = replica.committed().0,
+                    lease_left_ms = valid_until.map(|u| u.0 as i64 - now.0 as i64),
+                    followers = ?replica.followers(),
+                    "replica"
+                );
+            }
+            let state = view.group(&r.stream, r.shard.0).and_then(|g| g.state().ok());
+            r.with(self, |replica| {
+                if let (Some(lease), Some(until)) = (lease, valid_until) {
+                    replica.handle_lease(now, LeaseId(lease as u64), until);
+                }
+                if let Some(state) = state {
+                    replica.handle_controller(now, state);
+                }
+                replica.handle_tick(now);
+            });
+        }
+    }
+}

@@ -1,0 +1,477 @@
+//! One replicated shard on this core: its `felix_replication::Replica`, the appends waiting
+//! for its acks, and the ordered execution of its disk operations through `felix-storage`.
+//!
+//! Everything here runs on the shard's core. Inputs (appends, messages, ticks, controller
+//! records, disk completions) go into the state machine, then [`ShardReplica::drain`] takes
+//! every output: messages go to the host's peer links, disk operations to the shard's disk
+//! task (in order), acks to the waiting appends, proposals to the cluster agent.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+
+use bytes::Bytes;
+use felix_proto::{Offset, ProducerTag, Record, ShardId};
+use felix_replication::{
+    AckMode, AppendError, AppendRequest, Batch, DiskOp, DiskOpId, Epoch, Message, NodeId, Output,
+    ProducerId, ProducerSeq, Replica, ReplicaConfig, ReplicaLog, RequestId, Seq,
+};
+use felix_storage::{BatchMeta, StorageError, StreamLog};
+use futures_lite::future::poll_once;
+use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
+use tokio::sync::oneshot;
+
+use super::payload;
+use super::{Host, RECOVERY_READ_BYTES, RESIDENT_PAYLOAD_BYTES};
+use crate::app::core::StreamEntry;
+
+/// What an append waits for: the base offset its records got, or why it was refused.
+pub type AppendResult = Result<Offset, AppendError>;
+
+/// An append waiting for its answer, with its producer tag (for the log).
+type Waiter = (oneshot::Sender<AppendResult>, Option<ProducerSeq>);
+
+/// A queued storage operation's completion, reported in order.
+type Pending = Pin<Box<dyn Future<Output = Result<(), StorageError>>>>;
+
+/// One replicated shard on this core.
+pub struct ShardReplica {
+    /// The stream.
+    pub stream: String,
+    /// The shard.
+    pub shard: ShardId,
+    /// The broker of each replica number (the group's `replicas`, fixed at creation).
+    pub nodes: Vec<felix_cluster::NodeId>,
+    /// This broker's replica number in the group.
+    pub me: NodeId,
+    replica: RefCell<Replica>,
+    waiters: RefCell<HashMap<u64, Waiter>>,
+    next_request: Cell<u64>,
+    disk_tx: LocalSender<DiskOp>,
+    log: StreamLog,
+    entry: Rc<StreamEntry>,
+    /// The subscribers' tail has every committed batch below this.
+    fed: Cell<Offset>,
+    /// Set when a storage operation failed: the replica stops (see `fail`).
+    pub failed: Cell<bool>,
+}
+
+impl ShardReplica {
+    /// The replica of `shard`, its log recovered from storage (every stored batch; payloads of
+    /// all but the last [`RESIDENT_PAYLOAD_BYTES`] are read back from storage when needed).
+    pub async fn open(
+        entry: Rc<StreamEntry>,
+        log: StreamLog,
+        shard: ShardId,
+        nodes: Vec<felix_cluster::NodeId>,
+        me: NodeId,
+        config: ReplicaConfig,
+    ) -> Result<(Rc<ShardReplica>, LocalReceiver<DiskOp>), String> {
+        let batches = recover(&log, shard).await?;
+        let recovered =
+            ReplicaLog::from_batches(batches).map_err(|e| format!("recovered log: {e}"))?;
+        let end = recovered.end();
+        let (disk_tx, disk_rx) = local_channel::new_bounded(super::DISK_OPS_MAX);
+        let replica = Replica::new(me, config, recovered);
+        let shard_replica = Rc::new(ShardReplica {
+            stream: entry.meta.name.as_str().to_owned(),
+            shard,
+            nodes,
+            me,
+            replica: RefCell::new(replica),
+            waiters: RefCell::default(),
+            next_request: Cell::new(1),
+            disk_tx,
+            log,
+            entry,
+            fed: Cell::new(end),
+            failed: Cell::new(false),
+        });
+        Ok((shard_replica, disk_rx))
+    }
+
+    /// Runs `f` on the state machine, then drains its outputs.
+    pub fn with(&self, host: &Rc<Host>, f: impl FnOnce(&mut Replica)) {
+        if self.failed.get() {
+            return;
+        }
+        let before = self.replica.borrow().role();
+        f(&mut self.replica.borrow_mut());
+        let after = self.replica.borrow().role();
+        if before != after {
+            let r = self.replica.borrow();
+            tracing::info!(
+                stream = %self.stream,
+                shard = self.shard.0,
+                role = ?after,
+                log_end = r.log().end().0,
+                committed = r.committed().0,
+                "replica role changed"
+            );
+        }
+        self.drain(host);
+    }
+
+    /// The state machine, for reading.
+    pub fn replica(&self) -> std::cell::Ref<'_, Replica> {
+        self.replica.borrow()
+    }
+
+    /// Subscribers may read below this offset (the commit point).
+    pub fn visible_end(&self) -> Offset {
+        self.fed.get()
+    }
+
+    /// Appends a client's batch; resolves to its base offset once the ack mode is met
+    /// (`Durable`: committed on a quorum).
+    pub fn append(
+        &self,
+        host: &Rc<Host>,
+        records: &[Record],
+        timestamp_ms: u64,
+        mode: AckMode,
+        producer: Option<ProducerTag>,
+    ) -> oneshot::Receiver<AppendResult> {
+        let (tx, rx) = oneshot::channel();
+        if self.failed.get() {
+            let _ = tx.send(Err(AppendError::NotLeader { leader: None }));
+            return rx;
+        }
+        let id = self.next_request.get();
+        self.next_request.set(id + 1);
+        let producer =
+            producer.map(|t| ProducerSeq { producer: ProducerId(t.producer.0), seq: Seq(t.seq) });
+        self.waiters.borrow_mut().insert(id, (tx, producer));
+        let request = AppendRequest {
+            request: RequestId(id),
+            producer,
+            records: records.len() as u32,
+            payload: payload::encode(timestamp_ms, records),
+            mode,
+        };
+        let now = host.now();
+        self.with(host, |r| r.handle_append(now, request));
+        rx
+    }
+
+    /// Takes every output of the state machine.
+    pub fn drain(&self, host: &Rc<Host>) {
+        loop {
+            let out = self.replica.borrow_mut().poll();
+            let Some(out) = out else { break };
+            match out {
+                Output::Send { to, message } => self.send(host, to, message),
+                Output::Disk(DiskOp::Truncate { id, to }) => {
+                    tracing::info!(stream = %self.stream, shard = self.shard.0, to = to.0, "replica truncates its log");
+                    if self.disk_tx.try_send(DiskOp::Truncate { id, to }).is_err() {
+                        self.fail("the disk queue is full");
+                        return;
+                    }
+                }
+                Output::Disk(op) => {
+                    if self.disk_tx.try_send(op).is_err() {
+                        self.fail("the disk queue is full");
+                        return;
+                    }
+                }
+                Output::Ack { request, base, .. } => self.answer(request, Ok(base)),
+                Output::Reject { request, error } => self.answer(request, Err(error)),
+                Output::Propose(p) => host.propose(self, p),
+            }
+        }
+        self.feed_tail();
+        let committed = self.replica.borrow().committed();
+        let keep_from = self.resident_start(committed);
+        self.replica.borrow_mut().release_payloads(keep_from);
+    }
+
+    fn answer(&self, request: RequestId, result: AppendResult) {
+        if let Some((tx, producer)) = self.waiters.borrow_mut().remove(&request.0) {
+            if let (Ok(base), Some(p)) = (&result, producer) {
+                tracing::trace!(
+                    stream = %self.stream,
+                    shard = self.shard.0,
+                    producer = p.producer.0,
+                    seq = p.seq.0,
+                    base = base.0,
+                    "append acked"
+                );
+            }
+            if let (Err(error), Some(p)) = (&result, producer) {
+                tracing::debug!(
+                    stream = %self.stream,
+                    shard = self.shard.0,
+                    producer = p.producer.0,
+                    seq = p.seq.0,
+                    %error,
+                    "append refused"
+                );
+            }
+            let _ = tx.send(result);
+        }
+    }
+
+    /// Sends `message` to replica `to`; a fetch reply whose older batches were released from
+    /// memory is completed from storage first.
+    fn send(&self, host: &Rc<Host>, to: NodeId, message: Message) {
+        if matches!(message, Message::EpochAnswer { .. } | Message::EpochQuery { .. }) {
+            tracing::debug!(stream = %self.stream, shard = self.shard.0, to = to.0, ?message, "replica sends");
+        }
+        let Some(node) = self.nodes.get(to.0 as usize).cloned() else { return };
+        let needs_read = matches!(&message, Message::FetchReply { batches, .. }
+            if batches.iter().any(|b| b.payload.is_empty()));
+        if !needs_read {
+            host.send(&node, &self.stream, self.shard, self.me, &message);
+            return;
+        }
+        let (host, log, shard, stream, me) =
+            (host.clone(), self.log.clone(), self.shard, self.stream.clone(), self.me);
+        glommio::spawn_local(async move {
+            if let Some(message) = fill_from_storage(&log, shard, message).await {
+                host.send(&node, &stream, shard, me, &message);
+            }
+        })
+        .detach();
+    }
+
+    /// Gives the subscribers' tail every batch that became committed.
+    fn feed_tail(&self) {
+        let replica = self.replica.borrow();
+        let committed = replica.committed().min(replica.log().end());
+        let fed = self.fed.get();
+        if committed <= fed {
+            return;
+        }
+        let batches = replica.log().batches();
+        let start = batches.partition_point(|b| b.end() <= fed);
+        for b in &batches[start..] {
+            if b.base >= committed {
+                break;
+            }
+            if b.payload.is_empty() {
+                continue; // released: subscribers read it from storage
+            }
+            match payload::decode(&b.payload, b.records) {
+                Ok((ts, records)) => self
+                    .entry
+                    .tails
+                    .with(self.shard, |t| t.handle_append(self.shard, b.base, ts, records)),
+                Err(e) => {
+                    tracing::warn!(stream = %self.stream, shard = self.shard.0, error = %e, "tail feed")
+                }
+            }
+        }
+        self.fed.set(committed);
+    }
+
+    /// Payloads of committed batches below the returned offset leave memory: the newest
+    /// [`RESIDENT_PAYLOAD_BYTES`] stay for fetches and the tail.
+    fn resident_start(&self, committed: Offset) -> Offset {
+        let replica = self.replica.borrow();
+        let batches = replica.log().batches();
+        let mut bytes = 0u64;
+        let upto = batches.partition_point(|b| b.end() <= committed);
+        for b in batches[..upto].iter().rev() {
+            bytes += b.payload.len() as u64;
+            if bytes > RESIDENT_PAYLOAD_BYTES {
+                return b.end();
+            }
+        }
+        Offset(0)
+    }
+
+    /// Stops the replica after a storage failure: waiting appends are refused, nothing more is
+    /// written or acked here until the broker restarts (the other replicas carry on; the
+    /// leader drops this one from the in-sync set).
+    fn fail(&self, why: &str) {
+        if self.failed.replace(true) {
+            return;
+        }
+        tracing::error!(stream = %self.stream, shard = self.shard.0, "replica stopped: {why}");
+        for (_, (tx, _)) in self.waiters.borrow_mut().drain() {
+            let _ = tx.send(Err(AppendError::NotLeader { leader: None }));
+        }
+    }
+
+    /// Executes the disk operations in order, queueing consecutive writes in storage at once
+    /// (group commit) and reporting completions in order.
+    pub async fn run_disk(self: Rc<Self>, host: Rc<Host>, rx: LocalReceiver<DiskOp>) {
+        let mut inflight: VecDeque<(Option<DiskOpId>, Pending)> = VecDeque::new();
+        let mut queued: VecDeque<DiskOp> = VecDeque::new();
+        loop {
+            if queued.is_empty() {
+                if let Some((id, fut)) = inflight.pop_front() {
+                    // Take what else arrived while the oldest write completes.
+                    let r = fut.await;
+                    if !self.completed(&host, id, r) {
+                        return;
+                    }
+                    while let Some(Some(op)) = poll_once(rx.recv()).await {
+                        queued.push_back(op);
+                    }
+                    continue;
+                }
+                match rx.recv().await {
+                    Some(op) => queued.push_back(op),
+                    None => return,
+                }
+            }
+            let Some(op) = queued.pop_front() else { continue };
+            match op {
+                DiskOp::Write { id, batches } => {
+                    let n = batches.len();
+                    for (i, b) in batches.into_iter().enumerate() {
+                        let mut fut = self.write(b);
+                        // The first poll queues the batch in storage, in order.
+                        match poll_once(&mut fut).await {
+                            Some(r) => inflight.push_back((None, Box::pin(async move { r }))),
+                            None => inflight.push_back((None, fut)),
+                        }
+                        if i + 1 == n {
+                            if let Some(last) = inflight.back_mut() {
+                                last.0 = Some(id);
+                            }
+                        }
+                    }
+                }
+                DiskOp::Sync { id } | DiskOp::Truncate { id, .. } => {
+                    while let Some((done, fut)) = inflight.pop_front() {
+                        let r = fut.await;
+                        if !self.completed(&host, done, r) {
+                            return;
+                        }
+                    }
+                    let r = match op {
+                        DiskOp::Truncate { to, .. } => {
+                            self.log.truncate_shard(self.shard, to).await
+                        }
+                        _ => self.log.flush().await,
+                    };
+                    if !self.completed(&host, Some(id), r) {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The storage append of one replicated batch, at its offset, stamped with its epoch.
+    fn write(&self, b: Batch) -> Pending {
+        let log = self.log.clone();
+        let shard = self.shard;
+        Box::pin(async move {
+            let (ts, records) =
+                payload::decode(&b.payload, b.records).map_err(|e| StorageError::Io {
+                    context: "decoding a replicated batch",
+                    path: std::path::PathBuf::new(),
+                    source: std::io::Error::other(e),
+                })?;
+            let meta = BatchMeta {
+                producer: b.producer.map(|p| ProducerTag {
+                    producer: felix_proto::ProducerId(p.producer.0),
+                    seq: p.seq.0,
+                }),
+                epoch: Some(b.epoch.0),
+                expected_base: Some(b.base),
+            };
+            log.append_with(shard, &records, ts, felix_proto::AckMode::Written, meta)
+                .await
+                .map(|_| ())
+        })
+    }
+
+    /// Reports a completed operation; false (and the replica stops) if it failed.
+    fn completed(
+        &self,
+        host: &Rc<Host>,
+        id: Option<DiskOpId>,
+        r: Result<(), StorageError>,
+    ) -> bool {
+        if let Err(e) = r {
+            self.fail(&format!("storage: {e}"));
+            return false;
+        }
+        if let Some(id) = id {
+            let now = host.now();
+            self.with(host, |r| r.handle_disk_done(now, id));
+        }
+        true
+    }
+}
+
+/// Every batch of `shard` in `log`, as the state machine's batches; the payloads of all but
+/// the newest [`RESIDENT_PAYLOAD_BYTES`] left out (read back when a fetch needs them).
+async fn recover(log: &StreamLog, shard: ShardId) -> Result<Vec<Batch>, String> {
+    let mut at = log.start_offset(shard).map_err(|e| e.to_string())?;
+    if at.0 != 0 {
+        return Err(format!(
+            "{shard} starts at {} (retention): not supported on replicated streams",
+            at.0
+        ));
+    }
+    let mut out: Vec<Batch> = Vec::new();
+    let (mut resident, mut released) = (0u64, 0usize);
+    loop {
+        let read = log.read(shard, at, RECOVERY_READ_BYTES).await.map_err(|e| e.to_string())?;
+        let Some(last) = read.last() else { break };
+        at = Offset(last.base_offset.0 + last.records.len() as u64);
+        for b in read {
+            let b = to_batch(b);
+            resident += b.payload.len() as u64;
+            out.push(b);
+        }
+        // Keep only the newest payloads in memory while reading.
+        while resident > RESIDENT_PAYLOAD_BYTES && released + 1 < out.len() {
+            resident -= out[released].payload.len() as u64;
+            out[released].payload = Bytes::new();
+            released += 1;
+        }
+    }
+    Ok(out)
+}
+
+fn to_batch(b: felix_storage::StoredBatch) -> Batch {
+    Batch {
+        epoch: Epoch(b.epoch.unwrap_or(0)),
+        base: b.base_offset,
+        records: b.records.len() as u32,
+        producer: b
+            .producer
+            .map(|t| ProducerSeq { producer: ProducerId(t.producer.0), seq: Seq(t.seq) }),
+        payload: payload::encode(b.first_timestamp_ms, &b.records),
+    }
+}
+
+/// `message` (a fetch reply) with the payloads it lacks read from storage; cut short at the
+/// first batch storage cannot give (the follower fetches the rest again). `None` when not
+/// even the first can be read.
+async fn fill_from_storage(log: &StreamLog, shard: ShardId, message: Message) -> Option<Message> {
+    let Message::FetchReply { epoch, from, batches, committed } = message else {
+        return Some(message);
+    };
+    let mut out = Vec::with_capacity(batches.len());
+    for mut b in batches {
+        if b.payload.is_empty() {
+            let read = match log.read(shard, b.base, 1).await {
+                Ok(read) => read,
+                Err(e) => {
+                    tracing::warn!(shard = shard.0, error = %e, "reading a batch for a follower");
+                    break;
+                }
+            };
+            match read.into_iter().next() {
+                Some(s) if s.base_offset == b.base && s.records.len() as u32 == b.records => {
+                    b.payload = payload::encode(s.first_timestamp_ms, &s.records);
+                }
+                _ => break,
+            }
+        }
+        out.push(b);
+    }
+    if out.is_empty() {
+        return None;
+    }
+    Some(Message::FetchReply { epoch, from, batches: out, committed })
+}

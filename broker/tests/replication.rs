@@ -1,0 +1,345 @@
+//! Replicated streams on three `felix serve` processes, each in a network namespace of its own,
+//! with an etcd of the test's own (docs/replication.md). Several producers publish durable,
+//! idempotent, keyed records without pause while the leader of a shard is hit by a fault:
+//! kill -9 (then restarted), cut off the network (its link down, then up again), or paused
+//! past its lease (SIGSTOP, then SIGCONT). After every trial the cluster heals (every group's
+//! in-sync set full again); at the end a subscriber reads every shard from offset 0 and the
+//! checker requires every acked record exactly once, each key's records in order, offsets
+//! dense per shard, and nothing that was never published. Failover time (from the fault to
+//! the first ack of the new leader) is printed per trial, with the median and the maximum.
+//!
+//! `FELIX_REPLICATION_ROUNDS` sets the rounds (3 trials each; default 7, so 21 trials).
+
+mod cluster_support;
+mod e2e_support;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use cluster_support::{Hosts, Node, TTL_S};
+use e2e_support::{ReadBack, WAIT};
+use felix_client::{
+    AckMode, Client, ClientConfig, PublishSettings, Record, StartAt, SubscribeOptions, Trust,
+};
+use felix_cluster::testing::Etcd;
+
+const STREAM: &str = "acme/app/replicated";
+const SHARDS: u32 = 3;
+const KEYS: u32 = 6;
+const PRODUCERS: u32 = 2;
+
+#[derive(Clone, Copy, Debug)]
+enum Fault {
+    Kill,
+    Partition,
+    Pause,
+}
+
+/// Starts b1-b3 with replication factor 3; b2 and b3 get b1's development certificate, so
+/// the brokers verify each other (and clients verify all of them) with one certificate.
+fn start_brokers(hosts: &std::rc::Rc<Hosts>, root: &std::path::Path, etcd: &str) -> Vec<Node> {
+    let extra = ["--default-replicas", "3", "--segment-bytes", "4198400"];
+    let first = Node::start_with(hosts, 0, "b1", root, etcd, &extra);
+    let deadline = Instant::now() + WAIT;
+    while !(first.dir.join("dev-cert.pem").exists() && first.dir.join("dev-key.pem").exists()) {
+        assert!(Instant::now() < deadline, "b1 made no certificate: {}", first.log_text());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    let mut nodes = vec![first];
+    for (i, id) in ["b2", "b3"].iter().enumerate() {
+        let dir = root.join(id);
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in ["dev-cert.pem", "dev-key.pem"] {
+            std::fs::copy(nodes[0].dir.join(f), dir.join(f)).unwrap();
+        }
+        nodes.push(Node::start_with(hosts, i + 1, id, root, etcd, &extra));
+    }
+    nodes
+}
+
+fn client_config(nodes: &[Node]) -> ClientConfig {
+    ClientConfig {
+        addr: nodes[0].addr.to_string(),
+        trust: Some(Trust::CaFile(nodes[0].dir.join("dev-cert.pem"))),
+        connect_timeout_ms: 1000,
+        ack_timeout_ms: 2_000,
+        idle_timeout_ms: 2_000,
+        // A broker that is down is left for the shard's next leader, not waited for.
+        reconnect_attempts_max: 2,
+        reconnect_backoff_min_ms: 20,
+        reconnect_backoff_max_ms: 200,
+        publish: PublishSettings {
+            ack_mode: AckMode::Durable,
+            linger_us: 200,
+            batch_records_max: 8,
+            in_flight_batches_max: 16,
+            idempotent: true,
+            retry_timeout_ms: 30_000,
+            ..PublishSettings::default()
+        },
+        ..ClientConfig::default()
+    }
+}
+
+async fn connect(nodes: &[Node]) -> Client {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match Client::connect(client_config(nodes)).await {
+            Ok(c) => return c,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "no client: {e}; b1: {}", nodes[0].log_text());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// The groups of STREAM as etcd holds them: (shard, leader, live, in-sync count).
+async fn groups(etcd: &str) -> Vec<(u32, String, bool, usize)> {
+    let cluster = felix_broker::config::DEFAULT_CLUSTER_NAME;
+    let Ok(st) = felix_cluster::cluster_status(&[etcd.to_owned()], cluster).await else {
+        return Vec::new();
+    };
+    let Some(stream) = st.streams.iter().find(|s| s.name == STREAM) else { return Vec::new() };
+    stream
+        .groups
+        .iter()
+        .map(|g| {
+            let leader = g.leader.as_ref().map_or_else(String::new, |l| l.to_string());
+            (g.shard, leader, g.leader_live, g.isr.len())
+        })
+        .collect()
+}
+
+/// Waits until every shard has a live leader and three in-sync replicas.
+async fn wait_healthy(etcd: &str, nodes: &[Node], what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let g = groups(etcd).await;
+        if g.len() == SHARDS as usize && g.iter().all(|(_, _, live, isr)| *live && *isr == 3) {
+            return;
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = nodes.iter().map(|n| n.log_text()).collect();
+            panic!("{what}: never healthy: {g:?}\nlogs:\n{}", logs.join("\n----\n"));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// What the producers sent and what was acked, shared with the test.
+#[derive(Default)]
+struct Sent {
+    sent: HashSet<(u32, u32)>,
+    acked: HashSet<(u32, u32)>,
+    failed: Vec<String>,
+    /// Acks of records of shard 0's keys, with when they came back.
+    acks_at: Vec<Instant>,
+}
+
+/// One producer: keys `key0 + k * PRODUCERS`, each record `seq` of its key, until `stop`.
+async fn produce(
+    client: Client,
+    key0: u32,
+    sent: Arc<Mutex<Sent>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let publisher = client.publisher(STREAM).await.unwrap();
+    let keys: Vec<u32> = (0..KEYS).filter(|k| k % PRODUCERS == key0).collect();
+    let mut seq = 0u32;
+    let mut waiting = tokio::task::JoinSet::new();
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        for &key in &keys {
+            let rec = Record::keyed(format!("key-{key}"), seq.to_be_bytes().to_vec());
+            sent.lock().unwrap().sent.insert((key, seq));
+            let ticket = match publisher.send(rec).await {
+                Ok(t) => t,
+                Err(e) => {
+                    sent.lock().unwrap().failed.push(format!("({key}, {seq}) send: {e}"));
+                    continue;
+                }
+            };
+            let sent = sent.clone();
+            waiting.spawn(async move {
+                let r = ticket.await;
+                let mut s = sent.lock().unwrap();
+                match r {
+                    Ok(Some(receipt)) => {
+                        s.acked.insert((key, seq));
+                        if receipt.shard.0 == 0 {
+                            s.acks_at.push(Instant::now());
+                        }
+                    }
+                    other => s.failed.push(format!("({key}, {seq}): {other:?}")),
+                }
+            });
+        }
+        seq += 1;
+        // Bounded: at most a few hundred records waiting for acks.
+        while waiting.len() > 256 {
+            waiting.join_next().await;
+        }
+        // About 150 records a second per producer: the test is about faults, and etcd,
+        // three debug-built brokers and the clients share two CPUs.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    while waiting.join_next().await.is_some() {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acked_records_survive_leader_faults_exactly_once() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let rounds: usize =
+        std::env::var("FELIX_REPLICATION_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(7);
+    let hosts = std::rc::Rc::new(Hosts::new(3));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let url = etcd.client_url.clone();
+    // FELIX_TEST_KEEP=1 keeps the brokers' data directories and logs.
+    let root = tempfile::tempdir().unwrap();
+    let (root, _remove) = match std::env::var_os("FELIX_TEST_KEEP") {
+        Some(_) => {
+            let kept = root.keep();
+            println!("keeping {}", kept.display());
+            (kept, None)
+        }
+        None => (root.path().to_owned(), Some(root)),
+    };
+    let mut nodes = start_brokers(&hosts, &root, &url);
+    let client = connect(&nodes).await;
+    client.create_stream(STREAM, SHARDS, Default::default()).await.expect("create");
+    wait_healthy(&url, &nodes, "after creation").await;
+
+    let sent = Arc::new(Mutex::new(Sent::default()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mut producers = Vec::new();
+    for p in 0..PRODUCERS {
+        let c = connect(&nodes).await;
+        producers.push(tokio::spawn(produce(c, p, sent.clone(), stop.clone())));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let kinds: Vec<Fault> = if hosts.isolated() {
+        vec![Fault::Kill, Fault::Partition, Fault::Pause]
+    } else {
+        vec![Fault::Kill, Fault::Pause]
+    };
+    let mut failovers = Vec::new();
+    for trial in 0..rounds * 3 {
+        let fault = kinds[trial % kinds.len()];
+        let leader = groups(&url).await.into_iter().find(|g| g.0 == 0).map(|g| g.1).unwrap();
+        let at = nodes.iter().position(|n| n.id == leader).unwrap();
+        let struck = Instant::now();
+        match fault {
+            Fault::Kill => nodes[at].kill9(),
+            Fault::Partition => assert!(hosts.cut(at)),
+            Fault::Pause => nodes[at].signal("STOP"),
+        }
+        // Past the lease: another replica leads, and acks again.
+        let deadline = struck + Duration::from_secs(TTL_S + 20);
+        let failover = loop {
+            let first = sent
+                .lock()
+                .unwrap()
+                .acks_at
+                .iter()
+                .copied()
+                .find(|t| *t > struck + Duration::from_millis(200));
+            let new_leader = groups(&url)
+                .await
+                .into_iter()
+                .find(|g| g.0 == 0)
+                .is_some_and(|g| g.1 != leader && g.2);
+            if let (Some(t), true) = (first, new_leader) {
+                break t - struck;
+            }
+            if Instant::now() > deadline {
+                let logs: Vec<String> = nodes.iter().map(|n| n.log_text()).collect();
+                let now_groups = groups(&url).await;
+                let s = sent.lock().unwrap();
+                let pending: Vec<(u32, Option<u32>, Option<u32>)> = (0..KEYS)
+                    .map(|k| {
+                        let unacked = s
+                            .sent
+                            .iter()
+                            .filter(|(key, q)| *key == k && !s.acked.contains(&(k, *q)))
+                            .map(|x| x.1)
+                            .min();
+                        let acked = s.acked.iter().filter(|(key, _)| *key == k).map(|x| x.1).max();
+                        (k, unacked, acked)
+                    })
+                    .collect();
+                panic!(
+                    "trial {trial} ({fault:?} of {leader}): no new leader acked: {:?}; {} sent, {} acked, {} shard-0 acks, failed {:?}; per key (first unacked, last acked) {pending:?}\nlogs:\n{}",
+                    now_groups,
+                    s.sent.len(),
+                    s.acked.len(),
+                    s.acks_at.len(),
+                    s.failed.iter().take(5).collect::<Vec<_>>(),
+                    logs.join("\n----\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        failovers.push(failover);
+        match fault {
+            Fault::Kill => nodes[at].spawn(),
+            Fault::Partition => assert!(hosts.heal(at)),
+            Fault::Pause => nodes[at].signal("CONT"),
+        }
+        wait_healthy(&url, &nodes, &format!("trial {trial} ({fault:?} of {leader})")).await;
+        let s = sent.lock().unwrap();
+        println!(
+            "trial {trial}: {fault:?} of {leader}: failover {failover:?}; {} sent, {} acked, {} failed {:?}",
+            s.sent.len(),
+            s.acked.len(),
+            s.failed.len(),
+            s.failed.iter().take(3).collect::<Vec<_>>()
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for p in producers {
+        p.await.unwrap();
+    }
+    let s = std::mem::take(&mut *sent.lock().unwrap());
+    assert!(s.failed.is_empty(), "records failed: {:?}", &s.failed[..s.failed.len().min(10)]);
+
+    // Read back everything, from offset 0 of every shard.
+    let reader = connect(&nodes).await;
+    let mut sub =
+        reader.subscribe(SubscribeOptions::new(STREAM).start(StartAt::Earliest)).await.unwrap();
+    let mut back = ReadBack::default();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !s.acked.is_subset(&back.all) && Instant::now() < deadline {
+        let Ok(next) = tokio::time::timeout(Duration::from_secs(5), sub.next()).await else {
+            break;
+        };
+        let r = next.unwrap().expect("subscription ended");
+        back.add(&r, "read-back");
+    }
+    while let Ok(Ok(Some(r))) = tokio::time::timeout(Duration::from_millis(500), sub.next()).await {
+        back.add(&r, "read-back");
+    }
+    let never_sent: Vec<_> = back.all.difference(&s.sent).take(10).collect();
+    assert!(never_sent.is_empty(), "stored but never published: {never_sent:?}");
+    back.assert_acked_in_order_and_dense(&s.acked, "read-back");
+
+    failovers.sort();
+    let median = failovers.get(failovers.len() / 2).copied().unwrap_or_default();
+    let max = failovers.last().copied().unwrap_or_default();
+    println!(
+        "{} trials: {} records sent, {} acked, {} stored; failover median {median:?}, max {max:?} (lease TTL {TTL_S} s)",
+        failovers.len(),
+        s.sent.len(),
+        s.acked.len(),
+        back.all.len()
+    );
+    reader.close();
+    client.close();
+    drop(nodes);
+    drop(etcd);
+}

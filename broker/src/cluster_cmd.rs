@@ -44,12 +44,31 @@ struct CoreLoad {
     connections_open: u64,
 }
 
+/// One follower's lag behind a replicated shard's leader, from the leader's `/metrics`.
+#[derive(Debug, Default, Clone, Serialize)]
+struct FollowerLag {
+    stream: String,
+    shard: u32,
+    follower: String,
+    records: u64,
+    bytes: u64,
+}
+
+/// What one member's metrics page says.
+#[derive(Debug, Default)]
+struct Scraped {
+    cores: Vec<CoreLoad>,
+    lag: Vec<FollowerLag>,
+}
+
 #[derive(Serialize)]
 struct Output<'a> {
     #[serde(flatten)]
     status: &'a ClusterStatus,
     /// Per member: per-core load, or why it could not be read.
     load: Vec<(String, Result<Vec<CoreLoad>, String>)>,
+    /// Each follower's lag behind its shard's leader (from the leaders' metrics).
+    lag: Vec<FollowerLag>,
 }
 
 /// Runs a `felix cluster` command.
@@ -69,18 +88,25 @@ pub fn main(cmd: ClusterCommand) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let mut lag = Vec::new();
     let load = status
         .members
         .iter()
         .map(|m| {
             let node = m.member.node.to_string();
             match &m.member.metrics {
-                Some(addr) => (node, scrape(addr)),
+                Some(addr) => match scrape(addr) {
+                    Ok(page) => {
+                        lag.extend(page.lag);
+                        (node, Ok(page.cores))
+                    }
+                    Err(e) => (node, Err(e)),
+                },
                 None => (node, Err("no metrics endpoint".into())),
             }
         })
         .collect();
-    let out = Output { status: &status, load };
+    let out = Output { status: &status, load, lag };
     if args.json {
         match serde_json::to_string_pretty(&out) {
             Ok(j) => println!("{j}"),
@@ -141,13 +167,14 @@ fn render(out: &Output<'_>) -> String {
         };
         t.push_str(&format!("{:<40} {:>6}  {placement}{down}\n", st.name, st.def.shards));
     }
-    render_groups(s, &mut t);
+    render_groups(s, &out.lag, &mut t);
     t
 }
 
 /// Each replicated shard's group: leader (`?` while its lease is gone and an election is due),
-/// epoch, in-sync replicas, replicas. Lag needs the replication runtime, not wired yet: `n/a`.
-fn render_groups(s: &ClusterStatus, t: &mut String) {
+/// epoch, in-sync replicas, replicas, and the largest lag of a follower, in records and payload
+/// bytes, as the leader's metrics say (`n/a` when they could not be read).
+fn render_groups(s: &ClusterStatus, lag: &[FollowerLag], t: &mut String) {
     if s.streams.iter().all(|st| st.groups.is_empty()) {
         return;
     }
@@ -165,8 +192,14 @@ fn render_groups(s: &ClusterStatus, t: &mut String) {
                 (Some(l), false) => format!("{l}?"),
                 (None, _) => "none".to_owned(),
             };
+            let of_shard: Vec<&FollowerLag> =
+                lag.iter().filter(|l| l.stream == st.name && l.shard == g.shard).collect();
+            let behind = match of_shard.iter().max_by_key(|l| (l.records, l.bytes)) {
+                Some(l) => format!("{} records, {} bytes", l.records, l.bytes),
+                None => "n/a".to_owned(),
+            };
             t.push_str(&format!(
-                "{:<40} {:>5} {:<16} {:>6} {:<24} {:<24} n/a\n",
+                "{:<40} {:>5} {:<16} {:>6} {:<24} {:<24} {behind}\n",
                 st.name,
                 g.shard,
                 leader,
@@ -187,8 +220,9 @@ fn owners(p: &StreamPlacement) -> String {
     by.into_iter().map(|(n, s)| format!("{n}:{}", s.join(","))).collect::<Vec<_>>().join(" ")
 }
 
-/// Reads the per-core counters the status shows from `http://addr/metrics`.
-fn scrape(addr: &str) -> Result<Vec<CoreLoad>, String> {
+/// Reads the per-core counters and the replication lag the status shows from
+/// `http://addr/metrics`.
+fn scrape(addr: &str) -> Result<Scraped, String> {
     let agent = ureq::AgentBuilder::new().timeout(Duration::from_millis(SCRAPE_TIMEOUT_MS)).build();
     let resp = agent.get(&format!("http://{addr}/metrics")).call().map_err(|e| e.to_string())?;
     let mut text = String::new();
@@ -198,9 +232,33 @@ fn scrape(addr: &str) -> Result<Vec<CoreLoad>, String> {
     )
     .map_err(|e| e.to_string())?;
     let mut cores: std::collections::BTreeMap<u16, CoreLoad> = Default::default();
+    let mut lag: std::collections::BTreeMap<(String, u32, String), FollowerLag> =
+        Default::default();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some((name_labels, value)) = line.rsplit_once(' ') else { continue };
         let Some((name, labels)) = name_labels.split_once('{') else { continue };
+        if let Some(which) = name.strip_prefix("felix_replica_lag_") {
+            let (Some(stream), Some(shard), Some(follower)) =
+                (label(labels, "stream"), label(labels, "shard"), label(labels, "follower"))
+            else {
+                continue;
+            };
+            let Ok(shard) = shard.parse::<u32>() else { continue };
+            let key = (stream.to_owned(), shard, follower.to_owned());
+            let entry = lag.entry(key).or_insert_with(|| FollowerLag {
+                stream: stream.to_owned(),
+                shard,
+                follower: follower.to_owned(),
+                ..FollowerLag::default()
+            });
+            let v: u64 = value.parse::<f64>().map_or(0, |f| f as u64);
+            match which {
+                "records" => entry.records = v,
+                "bytes" => entry.bytes = v,
+                _ => {}
+            }
+            continue;
+        }
         let Some(core) = labels
             .strip_prefix("core=\"")
             .and_then(|r| r.split('"').next())
@@ -220,5 +278,11 @@ fn scrape(addr: &str) -> Result<Vec<CoreLoad>, String> {
             _ => {}
         }
     }
-    Ok(cores.into_values().collect())
+    Ok(Scraped { cores: cores.into_values().collect(), lag: lag.into_values().collect() })
+}
+
+/// The value of label `name` in an OpenMetrics label list (`a="x",b="y"}`).
+fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+    let start = labels.find(&format!("{name}=\""))? + name.len() + 2;
+    labels[start..].split('"').next()
 }

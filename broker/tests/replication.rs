@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use cluster_support::{Hosts, Node, TTL_S};
+use cluster_support::{status, Hosts, Node, TTL_S};
 use e2e_support::{ReadBack, WAIT};
 use felix_client::{
     AckMode, Client, ClientConfig, PublishSettings, Record, StartAt, SubscribeOptions, Trust,
@@ -327,6 +327,24 @@ async fn acked_records_survive_leader_faults_exactly_once() {
     let never_sent: Vec<_> = back.all.difference(&s.sent).take(10).collect();
     assert!(never_sent.is_empty(), "stored but never published: {never_sent:?}");
     back.assert_acked_in_order_and_dense(&s.acked, "read-back");
+
+    // `felix cluster status` shows each follower's lag from the leaders' metrics: every
+    // shard's two followers, caught up.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let st = status(&url);
+        let lags = st["lag"].as_array().cloned().unwrap_or_default();
+        let caught_up = (0..SHARDS).all(|shard| {
+            let of: Vec<_> =
+                lags.iter().filter(|l| l["shard"] == shard && l["stream"] == STREAM).collect();
+            of.len() == 2 && of.iter().all(|l| l["records"] == 0 && l["bytes"] == 0)
+        });
+        if caught_up {
+            break;
+        }
+        assert!(Instant::now() < deadline, "lag never 0 for every follower: {lags:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     failovers.sort();
     let median = failovers.get(failovers.len() / 2).copied().unwrap_or_default();

@@ -14,6 +14,9 @@ use crate::types::{Batch, Epoch, Offset, ProducerId, ProducerSeq, Seq};
 #[derive(Clone, Debug, Default)]
 pub struct ReplicaLog {
     batches: Vec<Batch>,
+    /// Payload bytes of the log up to and including each batch (kept when payloads are
+    /// released), for lag in bytes.
+    bytes_through: Vec<u64>,
     generation: u64,
     producers: HashMap<ProducerId, VecDeque<(Seq, Offset, u32)>>,
     /// The first `released` batches have had their payloads released ([`Self::release_payloads`]).
@@ -72,6 +75,14 @@ impl ReplicaLog {
 
     /// Appends `batch`, which must start at [`end`](Self::end) and not lower the epoch.
     pub fn append(&mut self, batch: Batch) -> Result<(), LogError> {
+        let bytes = batch.payload.len() as u64;
+        self.append_sized(batch, bytes)
+    }
+
+    /// [`append`](Self::append) for a batch whose payload of `payload_bytes` is not in memory
+    /// (its payload is empty: released, as by [`release_payloads`](Self::release_payloads);
+    /// a driver recovering a long log from its storage keeps only the newest payloads).
+    pub fn append_sized(&mut self, batch: Batch, payload_bytes: u64) -> Result<(), LogError> {
         if batch.base != self.end() {
             return Err(LogError::NotContiguous { expected: self.end(), got: batch.base });
         }
@@ -81,13 +92,9 @@ impl ReplicaLog {
         if batch.epoch < self.last_epoch() {
             return Err(LogError::EpochDecreased { last: self.last_epoch(), got: batch.epoch });
         }
-        if let Some(tag) = batch.producer {
-            let recent = self.producers.entry(tag.producer).or_default();
-            recent.push_back((tag.seq, batch.base, batch.records));
-            if recent.len() > PRODUCER_SEQ_WINDOW {
-                recent.pop_front();
-            }
-        }
+        remember(&mut self.producers, &batch);
+        let before = self.bytes_through.last().copied().unwrap_or(0);
+        self.bytes_through.push(before + payload_bytes);
         self.batches.push(batch);
         Ok(())
     }
@@ -101,14 +108,21 @@ impl ReplicaLog {
         }
         debug_assert!(self.batches[keep].base == to, "truncation inside a batch");
         self.batches.truncate(keep);
+        self.bytes_through.truncate(keep);
         self.released = self.released.min(keep);
         self.generation += 1;
-        let kept = std::mem::take(&mut self.batches);
         self.producers.clear();
-        for batch in kept {
-            // Cannot fail: these batches were accepted in this order before.
-            let _ = self.append(batch);
+        for batch in &self.batches {
+            remember(&mut self.producers, batch);
         }
+    }
+
+    /// Payload bytes from offset `from` (a batch boundary, or the end) to the log end.
+    pub fn bytes_after(&self, from: Offset) -> u64 {
+        let total = self.bytes_through.last().copied().unwrap_or(0);
+        let i = self.batches.partition_point(|b| b.base < from);
+        let before = i.checked_sub(1).map_or(0, |i| self.bytes_through[i]);
+        total.saturating_sub(before)
     }
 
     /// The offset where epoch `epoch` ends in this log: the base of the first batch of a later
@@ -207,6 +221,18 @@ impl ReplicaLog {
     }
 }
 
+/// Records `batch`'s producer tag (if any) in `producers`, keeping the last
+/// [`PRODUCER_SEQ_WINDOW`] sequence numbers per producer.
+fn remember(producers: &mut HashMap<ProducerId, VecDeque<(Seq, Offset, u32)>>, batch: &Batch) {
+    if let Some(tag) = batch.producer {
+        let recent = producers.entry(tag.producer).or_default();
+        recent.push_back((tag.seq, batch.base, batch.records));
+        if recent.len() > PRODUCER_SEQ_WINDOW {
+            recent.pop_front();
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -258,6 +284,25 @@ mod tests {
         log.truncate(Offset(0));
         assert_eq!(log.check_seq(tag(1)), SeqCheck::OutOfOrder, "an unknown producer starts at 0");
         assert_eq!(log.check_seq(tag(0)), SeqCheck::New);
+    }
+
+    #[test]
+    fn lag_in_bytes_survives_released_payloads_and_truncation() {
+        let mut log = ReplicaLog::from_batches(vec![
+            batch(1, 0, 2, None),
+            batch(1, 2, 1, None),
+            batch(2, 3, 4, None),
+        ])
+        .unwrap();
+        // Each test payload is one byte.
+        assert_eq!((log.bytes_after(Offset(0)), log.bytes_after(Offset(3))), (3, 1));
+        assert_eq!(log.bytes_after(Offset(7)), 0);
+        log.release_payloads(Offset(3));
+        assert_eq!(log.bytes_after(Offset(0)), 3, "released payloads still count");
+        log.truncate(Offset(2));
+        assert_eq!((log.bytes_after(Offset(0)), log.bytes_after(Offset(2))), (1, 0));
+        log.append(batch(3, 2, 1, None)).unwrap();
+        assert_eq!(log.bytes_after(Offset(0)), 2);
     }
 
     #[test]

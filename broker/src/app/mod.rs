@@ -386,7 +386,8 @@ async fn open_core(
     if let (Some(r), Some(agent), Some(link)) =
         (replication, app.settings.cluster.clone(), app.cluster.clone())
     {
-        let host = replication::Host::new(ctx.clone(), app.settings.cores, &r, agent, link)
+        let stats = app.stats.clone();
+        let host = replication::Host::new(ctx.clone(), app.settings.cores, &r, agent, link, stats)
             .map_err(|source| CoreOpenError::PeerTls { core, source })?;
         let _ = app.replication.set(host.clone());
         glommio::spawn_local(host.run(Rc::downgrade(&app))).detach();

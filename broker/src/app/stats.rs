@@ -71,6 +71,46 @@ counters! {
     storage_torn_bytes_dropped: "Bytes of torn tails dropped at recovery.",
     inflight_bytes: "Publish bytes received and not yet acked (gauge).",
     cluster_not_owner: "Requests refused because another broker of the cluster owns the shard.",
+    replication_bytes_sent: "Batch payload bytes sent to followers in fetch replies.",
+    replication_bytes_received: "Batch payload bytes received from leaders in fetch replies.",
+    replication_frames_dropped: "Replication frames dropped (a peer link's queue full or its connection down).",
+    replication_truncated_batches: "Batches truncated from replicas to match a new leader's log.",
+    replication_leaderships: "Times a replica on this core became its shard's leader.",
+    replication_isr_proposals: "In-sync-set proposals sent to the controller by leaders on this core.",
+    replication_lease_refusals: "Appends refused by leaders on this core because their lease was not confirmed.",
+    replicas_leading: "Replicated shards this core leads (gauge).",
+    replicas_following: "Replicated shards this core follows (gauge).",
+    replication_lag_records: "Largest lag, in records, of a follower of a shard this core leads (gauge).",
+    replication_lag_bytes: "Largest lag, in payload bytes, of a follower of a shard this core leads (gauge).",
+}
+
+/// The counters exported as gauges.
+const GAUGES: [&str; 6] = [
+    "inflight_bytes",
+    "connections_open",
+    "replicas_leading",
+    "replicas_following",
+    "replication_lag_records",
+    "replication_lag_bytes",
+];
+
+/// One replicated shard on a core, as its replica last saw it (published once a second).
+#[derive(Clone, Debug, Default)]
+pub struct ReplicaStatus {
+    /// The stream.
+    pub stream: String,
+    /// The shard.
+    pub shard: u32,
+    /// Whether this replica leads the shard.
+    pub leader: bool,
+    /// The leader epoch it follows or leads.
+    pub epoch: u64,
+    /// Its log end.
+    pub log_end: u64,
+    /// Its commit point.
+    pub committed: u64,
+    /// On a leader, each follower: (node, lag in records, lag in payload bytes, in sync).
+    pub followers: Vec<(String, u64, u64, bool)>,
 }
 
 /// One core's statistics.
@@ -86,6 +126,8 @@ pub struct AppStats {
     pub write_latency_us: Mutex<Histogram<u64>>,
     /// Storage fan-in, appends per flush (published copy).
     pub fan_in: Mutex<Histogram<u64>>,
+    /// The replicated shards on this core (published copy).
+    pub replicas: Mutex<Vec<ReplicaStatus>>,
 }
 
 impl Default for AppStats {
@@ -96,6 +138,7 @@ impl Default for AppStats {
             flush_latency_us: Mutex::new(new_histogram()),
             write_latency_us: Mutex::new(new_histogram()),
             fan_in: Mutex::new(new_histogram()),
+            replicas: Mutex::new(Vec::new()),
         }
     }
 }
@@ -191,11 +234,7 @@ pub fn render(cores: &[std::sync::Arc<AppStats>], net: &[Vec<(&'static str, u64)
             } else {
                 format!("felix_broker_{name}")
             };
-            let kind = if *name == "inflight_bytes" || *name == "connections_open" {
-                MetricType::Gauge
-            } else {
-                MetricType::Counter
-            };
+            let kind = if GAUGES.contains(name) { MetricType::Gauge } else { MetricType::Counter };
             let values = per_core.iter().map(|f| f.get(i).map_or(0, |(_, _, v)| *v)).collect();
             // The registry ends help texts with a full stop itself.
             registry.register(metric, help.trim_end_matches('.'), PerCore { kind, values });
@@ -204,8 +243,44 @@ pub fn render(cores: &[std::sync::Arc<AppStats>], net: &[Vec<(&'static str, u64)
     let mut out = String::new();
     let _ = text::encode_registry(&mut out, &registry);
     render_summaries(&mut out, cores);
+    render_replicas(&mut out, cores);
     let _ = text::encode_eof(&mut out);
     out
+}
+
+/// Each follower's lag behind each replicated shard's leader, by hand (labels per shard and
+/// follower): `felix_replica_lag_records` and `felix_replica_lag_bytes`, on the leader's core.
+fn render_replicas(out: &mut String, cores: &[std::sync::Arc<AppStats>]) {
+    for (metric, help, pick) in [
+        (
+            "felix_replica_lag_records",
+            "Records a follower of a shard led here has not yet made durable.",
+            (|f: &(String, u64, u64, bool)| f.1) as fn(&(String, u64, u64, bool)) -> u64,
+        ),
+        (
+            "felix_replica_lag_bytes",
+            "Payload bytes a follower of a shard led here has not yet made durable.",
+            |f: &(String, u64, u64, bool)| f.2,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {metric} {help}");
+        let _ = writeln!(out, "# TYPE {metric} gauge");
+        for (core, s) in cores.iter().enumerate() {
+            let Ok(replicas) = s.replicas.lock() else { continue };
+            for r in replicas.iter().filter(|r| r.leader) {
+                for f in &r.followers {
+                    let _ = writeln!(
+                        out,
+                        "{metric}{{core=\"{core}\",stream=\"{}\",shard=\"{}\",follower=\"{}\"}} {}",
+                        r.stream,
+                        r.shard,
+                        f.0,
+                        pick(f)
+                    );
+                }
+            }
+        }
+    }
 }
 
 /// The quantile summaries of the published histograms, by hand (see [`render`]).

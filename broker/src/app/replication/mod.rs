@@ -32,6 +32,7 @@ use self::shard::ShardReplica;
 use super::cluster::ClusterLink;
 use super::core::CoreApp;
 use super::error::WireError;
+use super::stats::{self, AppStats, ReplicaStatus};
 
 /// How often the host feeds the cluster view to the replicas and ticks them.
 pub const TICK_MS: u64 = 10;
@@ -74,8 +75,9 @@ pub struct Host {
     shards: RefCell<HashMap<(String, u32), Rc<ShardReplica>>>,
     opening: RefCell<HashSet<(String, u32)>>,
     peers: RefCell<HashMap<felix_cluster::NodeId, Rc<PeerLink>>>,
-    /// The second of the last status line (debug).
+    /// The second of the last status report (metrics, and a debug line per replica).
     last_report: std::cell::Cell<u64>,
+    stats: Arc<AppStats>,
 }
 
 impl Host {
@@ -86,6 +88,7 @@ impl Host {
         settings: &ReplicationSettings,
         agent: AgentClient,
         link: Rc<ClusterLink>,
+        stats: Arc<AppStats>,
     ) -> Result<Rc<Host>, crate::net::tls::TlsError> {
         let mut tls = crate::net::tls::quic_client_config(&settings.peer_ca)?;
         tls.transport_config(Arc::new(peer::transport()));
@@ -104,6 +107,7 @@ impl Host {
             opening: RefCell::default(),
             peers: RefCell::default(),
             last_report: std::cell::Cell::new(0),
+            stats,
         }))
     }
 
@@ -194,6 +198,10 @@ impl Host {
     /// A frame from a peer's replica, for a shard of this core.
     pub fn handle_frame(self: &Rc<Self>, frame: felix_proto::Replicate) {
         let (stream, shard, from, message) = wire::from_frame(frame);
+        if let Message::FetchReply { batches, .. } = &message {
+            let bytes: usize = batches.iter().map(|b| b.payload.len()).sum();
+            stats::add(&self.stats.counters.replication_bytes_received, bytes as u64);
+        }
         let Some(replica) = self.replica(&stream, shard) else { return };
         let now = self.now();
         replica.with(self, |r| r.handle_message(now, from, message));
@@ -217,7 +225,12 @@ impl Host {
         let mut buf = BytesMut::new();
         Frame::Replicate(wire::to_frame(stream, shard, me, message)).encode(&mut buf);
         if !link.send(buf.freeze()) {
-            tracing::trace!(%node, "replication link queue full: frame dropped");
+            stats::add(&self.stats.counters.replication_frames_dropped, 1);
+            return;
+        }
+        if let Message::FetchReply { batches, .. } = message {
+            let bytes: usize = batches.iter().map(|b| b.payload.len()).sum();
+            stats::add(&self.stats.counters.replication_bytes_sent, bytes as u64);
         }
     }
 
@@ -300,6 +313,75 @@ impl Host {
         Ok(())
     }
 
+    /// Publishes the replicas' state for the metrics page (once a second), with a debug line
+    /// per replica.
+    fn report(&self, shards: &[Rc<ShardReplica>], now: Time, valid_until: Option<Time>) {
+        let mut statuses = Vec::with_capacity(shards.len());
+        let mut totals = felix_replication::ReplicaStats::default();
+        let (mut leading, mut lag_records, mut lag_bytes) = (0, 0, 0);
+        for r in shards {
+            let replica = r.replica();
+            let log = replica.log();
+            let s = replica.stats();
+            totals.batches_truncated += s.batches_truncated;
+            totals.leaderships += s.leaderships;
+            totals.isr_proposals += s.isr_proposals;
+            totals.lease_refusals += s.lease_refusals;
+            let (leader, epoch) = match replica.role() {
+                felix_replication::RoleView::Leader { epoch } => (true, epoch.0),
+                felix_replication::RoleView::Follower { epoch, .. } => (false, epoch.0),
+                felix_replication::RoleView::Idle => (false, 0),
+            };
+            leading += u64::from(leader);
+            let followers: Vec<(String, u64, u64, bool)> = replica
+                .followers()
+                .into_iter()
+                .map(|f| {
+                    let node =
+                        r.nodes.get(f.node.0 as usize).map_or_else(String::new, |n| n.to_string());
+                    let records = log.end().0.saturating_sub(f.durable_end.0);
+                    (node, records, log.bytes_after(f.durable_end), f.in_sync)
+                })
+                .collect();
+            for f in &followers {
+                lag_records = lag_records.max(f.1);
+                lag_bytes = lag_bytes.max(f.2);
+            }
+            tracing::debug!(
+                stream = %r.stream,
+                shard = r.shard.0,
+                role = ?replica.role(),
+                log_end = log.end().0,
+                durable_end = replica.durable_end().0,
+                committed = replica.committed().0,
+                lease_left_ms = valid_until.map(|u| u.0 as i64 - now.0 as i64),
+                ?followers,
+                "replica"
+            );
+            statuses.push(ReplicaStatus {
+                stream: r.stream.clone(),
+                shard: r.shard.0,
+                leader,
+                epoch,
+                log_end: log.end().0,
+                committed: replica.committed().0,
+                followers,
+            });
+        }
+        let c = &self.stats.counters;
+        stats::set(&c.replication_truncated_batches, totals.batches_truncated);
+        stats::set(&c.replication_leaderships, totals.leaderships);
+        stats::set(&c.replication_isr_proposals, totals.isr_proposals);
+        stats::set(&c.replication_lease_refusals, totals.lease_refusals);
+        stats::set(&c.replicas_leading, leading);
+        stats::set(&c.replicas_following, shards.len() as u64 - leading);
+        stats::set(&c.replication_lag_records, lag_records);
+        stats::set(&c.replication_lag_bytes, lag_bytes);
+        if let Ok(mut slot) = self.stats.replicas.lock() {
+            *slot = statuses;
+        }
+    }
+
     /// One round: each replica gets its newest group record, the lease, and a tick.
     fn tick(self: &Rc<Self>, view: &ClusterView) {
         let now = self.now();
@@ -309,22 +391,10 @@ impl Host {
             Time(t.0.saturating_sub(LEASE_DRIFT_MARGIN_MS))
         });
         let shards: Vec<Rc<ShardReplica>> = self.shards.borrow().values().cloned().collect();
-        let report = now.0 / 1000 != self.last_report.replace(now.0 / 1000);
+        if now.0 / 1000 != self.last_report.replace(now.0 / 1000) {
+            self.report(&shards, now, valid_until);
+        }
         for r in shards {
-            if report {
-                let replica = r.replica();
-                tracing::debug!(
-                    stream = %r.stream,
-                    shard = r.shard.0,
-                    role = ?replica.role(),
-                    log_end = replica.log().end().0,
-                    durable_end = replica.durable_end().0,
-                    committed = replica.committed().0,
-                    lease_left_ms = valid_until.map(|u| u.0 as i64 - now.0 as i64),
-                    followers = ?replica.followers(),
-                    "replica"
-                );
-            }
             let state = view.group(&r.stream, r.shard.0).and_then(|g| g.state().ok());
             r.with(self, |replica| {
                 if let (Some(lease), Some(until)) = (lease, valid_until) {

@@ -69,9 +69,7 @@ impl ShardReplica {
         me: NodeId,
         config: ReplicaConfig,
     ) -> Result<(Rc<ShardReplica>, LocalReceiver<DiskOp>), String> {
-        let batches = recover(&log, shard).await?;
-        let recovered =
-            ReplicaLog::from_batches(batches).map_err(|e| format!("recovered log: {e}"))?;
+        let recovered = recover(&log, shard).await?;
         let end = recovered.end();
         let (disk_tx, disk_rx) = local_channel::new_bounded(super::DISK_OPS_MAX);
         let replica = Replica::new(me, config, recovered);
@@ -403,7 +401,7 @@ impl ShardReplica {
 
 /// Every batch of `shard` in `log`, as the state machine's batches; the payloads of all but
 /// the newest [`RESIDENT_PAYLOAD_BYTES`] left out (read back when a fetch needs them).
-async fn recover(log: &StreamLog, shard: ShardId) -> Result<Vec<Batch>, String> {
+async fn recover(log: &StreamLog, shard: ShardId) -> Result<ReplicaLog, String> {
     let mut at = log.start_offset(shard).map_err(|e| e.to_string())?;
     if at.0 != 0 {
         return Err(format!(
@@ -411,7 +409,7 @@ async fn recover(log: &StreamLog, shard: ShardId) -> Result<Vec<Batch>, String> 
             at.0
         ));
     }
-    let mut out: Vec<Batch> = Vec::new();
+    let mut out: Vec<(Batch, u64)> = Vec::new();
     let (mut resident, mut released) = (0u64, 0usize);
     loop {
         let read = log.read(shard, at, RECOVERY_READ_BYTES).await.map_err(|e| e.to_string())?;
@@ -419,17 +417,22 @@ async fn recover(log: &StreamLog, shard: ShardId) -> Result<Vec<Batch>, String> 
         at = Offset(last.base_offset.0 + last.records.len() as u64);
         for b in read {
             let b = to_batch(b);
-            resident += b.payload.len() as u64;
-            out.push(b);
+            let bytes = b.payload.len() as u64;
+            resident += bytes;
+            out.push((b, bytes));
         }
         // Keep only the newest payloads in memory while reading.
         while resident > RESIDENT_PAYLOAD_BYTES && released + 1 < out.len() {
-            resident -= out[released].payload.len() as u64;
-            out[released].payload = Bytes::new();
+            resident -= out[released].1;
+            out[released].0.payload = Bytes::new();
             released += 1;
         }
     }
-    Ok(out)
+    let mut recovered = ReplicaLog::default();
+    for (batch, bytes) in out {
+        recovered.append_sized(batch, bytes).map_err(|e| format!("recovered log: {e}"))?;
+    }
+    Ok(recovered)
 }
 
 fn to_batch(b: felix_storage::StoredBatch) -> Batch {

@@ -110,6 +110,7 @@ async fn create_and_place(
             stream: stream.into(),
             shards,
             retention: Retention::default(),
+            replicas: None,
         }))
         .await;
     assert!(matches!(created, Frame::StreamInfo(ref i) if i.shards == shards), "{created:?}");

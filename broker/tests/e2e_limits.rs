@@ -126,6 +126,7 @@ async fn every_stream_name_within_the_protocol_limit_works_end_to_end() {
         stream: too_long,
         shards: 1,
         retention: Default::default(),
+        replicas: None,
     });
     send.write_all(&create.to_bytes()).await.unwrap();
     let frames = read_frames(&mut recv, 2).await;

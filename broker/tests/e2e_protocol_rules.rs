@@ -130,6 +130,7 @@ async fn create(lane: &mut Lane, id: u64, stream: &str, shards: u32) {
         stream: stream.into(),
         shards,
         retention: Retention::default(),
+        replicas: None,
     });
     match lane.ask1(&frame.to_bytes()).await {
         Frame::StreamInfo(i) => assert_eq!((i.request_id.0, i.shards), (id, shards)),
@@ -236,6 +237,7 @@ async fn before_hello_everything_is_unauthenticated_and_hello_can_follow() {
         stream: "acme/app/x".into(),
         shards: 1,
         retention: Retention::default(),
+        replicas: None,
     });
     assert_eq!(error_of(&lane.ask1(&create.to_bytes()).await), (ERROR, 77, unauth));
     let acked = publish(Some(5), AckMode::Written, "acme/app/x", &["r"]);

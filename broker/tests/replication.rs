@@ -8,7 +8,8 @@
 //! dense per shard, and nothing that was never published. Failover time (from the fault to
 //! the first ack of the new leader) is printed per trial, with the median and the maximum.
 //!
-//! `FELIX_REPLICATION_ROUNDS` sets the rounds (3 trials each; default 7, so 21 trials).
+//! `FELIX_REPLICATION_ROUNDS` sets the rounds (3 trials each; default 7, so 21 trials);
+//! `FELIX_TEST_KEEP=1` keeps the brokers' data directories and logs.
 
 mod cluster_support;
 mod e2e_support;
@@ -39,7 +40,9 @@ enum Fault {
 /// Starts b1-b3 with replication factor 3; b2 and b3 get b1's development certificate, so
 /// the brokers verify each other (and clients verify all of them) with one certificate.
 fn start_brokers(hosts: &std::rc::Rc<Hosts>, root: &std::path::Path, etcd: &str) -> Vec<Node> {
-    let extra = ["--default-replicas", "3", "--segment-bytes", "4198400"];
+    // The stream asks for its replicas itself (CreateStream flag REPLICAS); the brokers'
+    // --default-replicas stays 1.
+    let extra = ["--segment-bytes", "4198400"];
     let first = Node::start_with(hosts, 0, "b1", root, etcd, &extra);
     let deadline = Instant::now() + WAIT;
     while !(first.dir.join("dev-cert.pem").exists() && first.dir.join("dev-key.pem").exists()) {
@@ -211,7 +214,18 @@ async fn acked_records_survive_leader_faults_exactly_once() {
     };
     let mut nodes = start_brokers(&hosts, &root, &url);
     let client = connect(&nodes).await;
-    client.create_stream(STREAM, SHARDS, Default::default()).await.expect("create");
+    client.create_stream_with(STREAM, SHARDS, Default::default(), Some(3)).await.expect("create");
+    let again = client.create_stream_with(STREAM, SHARDS, Default::default(), Some(1)).await;
+    assert!(
+        matches!(
+            again,
+            Err(felix_client::ClientError::Broker {
+                code: felix_proto::ErrorCode::StreamExists,
+                ..
+            })
+        ),
+        "{again:?}"
+    );
     wait_healthy(&url, &nodes, "after creation").await;
 
     let sent = Arc::new(Mutex::new(Sent::default()));

@@ -145,6 +145,10 @@ pub enum StreamsCommand {
         /// Retention in milliseconds (0: unlimited).
         #[arg(long, default_value_t = 0)]
         retention_ms: u64,
+        /// Replication factor, 1..=5 (a cluster only; default: the broker's
+        /// `--default-replicas`): each shard kept on this many brokers.
+        #[arg(long)]
+        replicas: Option<u8>,
     },
     /// List streams.
     List {
@@ -438,12 +442,13 @@ async fn streams<W: AsyncWrite + Unpin>(
 ) -> anyhow::Result<()> {
     let client = Client::connect(config).await.context("connecting")?;
     let text = match args.command {
-        StreamsCommand::Create { stream, shards, retention_bytes, retention_ms } => {
+        StreamsCommand::Create { stream, shards, retention_bytes, retention_ms, replicas } => {
             let retention = Retention {
                 bytes_max: (retention_bytes != 0).then_some(retention_bytes),
                 age_max_ms: (retention_ms != 0).then_some(retention_ms),
             };
-            describe_text(&client.create_stream(&stream, shards, retention).await?, args.json)
+            let created = client.create_stream_with(&stream, shards, retention, replicas).await?;
+            describe_text(&created, args.json)
         }
         StreamsCommand::Describe { stream } => {
             describe_text(&client.describe_stream(&stream).await?, args.json)
@@ -638,6 +643,9 @@ mod tests {
         }
         assert!(Felix::try_parse_from(["felix", "publish", "--stream", "a/b/c", "--ack", "maybe"])
             .is_err());
+        let c = Felix::parse_from(["felix", "streams", "create", "-s", "a/b/c", "--replicas", "3"]);
+        let ClientCommand::Streams(a) = c.cmd else { panic!("not streams") };
+        assert!(matches!(a.command, StreamsCommand::Create { replicas: Some(3), .. }));
     }
 
     #[test]

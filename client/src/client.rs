@@ -152,7 +152,30 @@ impl Client {
         shards: u32,
         retention: Retention,
     ) -> Result<StreamDescription, ClientError> {
+        self.create_stream_with(name, shards, retention, None).await
+    }
+
+    /// [`Client::create_stream`] with a replication factor (1..=5): in a cluster, each shard is
+    /// kept on `replicas` brokers (docs/replication.md); `None` leaves it to the broker
+    /// (`--default-replicas`). A single-node broker takes only `Some(1)`; more is
+    /// `Unsupported`.
+    pub async fn create_stream_with(
+        &self,
+        name: &str,
+        shards: u32,
+        retention: Retention,
+        replicas: Option<u8>,
+    ) -> Result<StreamDescription, ClientError> {
         check_stream_name(name)?;
+        let replicas = match replicas {
+            Some(n) if !self.capabilities().contains(Capabilities::CLUSTER) => {
+                if n != 1 {
+                    return Err(ClientError::Unsupported("replicated streams (a cluster only)"));
+                }
+                None
+            }
+            other => other,
+        };
         let answer = self
             .shared
             .request(0, false, |id| {
@@ -161,6 +184,7 @@ impl Client {
                     stream: name.to_owned(),
                     shards,
                     retention,
+                    replicas,
                 })
             })
             .await?;

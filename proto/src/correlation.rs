@@ -100,6 +100,7 @@ mod tests {
                 stream: "a/b/c".into(),
                 shards: 1,
                 retention: Retention::default(),
+                replicas: None,
             }),
             Frame::DescribeStream(DescribeStream { request_id: id, stream: "a/b/c".into() }),
             Frame::StreamInfo(StreamInfo {

@@ -395,6 +395,7 @@ mod tests {
             stream: "t/n/s".into(),
             shards: 1,
             retention: crate::Retention::default(),
+            replicas: None,
         })
     }
 

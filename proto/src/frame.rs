@@ -120,6 +120,9 @@ pub struct CreateStream {
     pub shards: u32,
     /// Retention.
     pub retention: Retention,
+    /// Replication factor (flag `REPLICAS`; a broker of a cluster only): `None` leaves it to
+    /// the broker (`felix serve --default-replicas`).
+    pub replicas: Option<u8>,
 }
 
 /// DescribeStream: ask for a stream's settings.
@@ -329,6 +332,7 @@ impl Frame {
                 }
                 Flags(bits)
             }
+            Self::CreateStream(c) if c.replicas.is_some() => Flags::REPLICAS,
             _ => Flags::NONE,
         }
     }
@@ -384,6 +388,9 @@ impl Frame {
                 dst.put_bytes_u16(c.stream.as_bytes());
                 dst.put_u32(c.shards);
                 put_retention(dst, c.retention);
+                if let Some(n) = c.replicas {
+                    dst.put_u8(n);
+                }
             }
             Self::DescribeStream(d) => {
                 dst.put_u64(d.request_id.0);
@@ -535,6 +542,10 @@ impl Frame {
                 stream: stream_name(&mut r)?,
                 shards: r.u32("shards")?,
                 retention: retention(&mut r)?,
+                replicas: match flags.contains(Flags::REPLICAS) {
+                    true => Some(r.u8("replicas")?),
+                    false => None,
+                },
             }),
             FrameType::DescribeStream => Frame::DescribeStream(DescribeStream {
                 request_id: RequestId(r.u64("request_id")?),

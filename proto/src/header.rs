@@ -110,6 +110,7 @@ impl FrameType {
     pub fn known_flags(self) -> Flags {
         match self {
             Self::Publish => Flags(Flags::ACKED.0 | Flags::KEYED.0 | Flags::PRODUCER.0),
+            Self::CreateStream => Flags::REPLICAS,
             _ => Flags::NONE,
         }
     }
@@ -150,6 +151,8 @@ impl Flags {
     pub const KEYED: Flags = Flags(0x0002);
     /// Publish: after the key, a producer id (u64) and a sequence number (u32).
     pub const PRODUCER: Flags = Flags(0x0004);
+    /// CreateStream: after the retention, a replication factor (u8). Needs `CLUSTER`.
+    pub const REPLICAS: Flags = Flags(0x0008);
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: Flags) -> bool {
@@ -207,6 +210,9 @@ impl Capabilities {
             if self.contains(Self::IDEMPOTENT) {
                 bits |= Flags::PRODUCER.0;
             }
+        }
+        if frame_type == FrameType::CreateStream && self.contains(Self::CLUSTER) {
+            bits |= Flags::REPLICAS.0;
         }
         Flags(bits)
     }

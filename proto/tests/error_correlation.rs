@@ -26,7 +26,8 @@ enum Spoil {
 
 fn spoil() -> impl Strategy<Value = Spoil> {
     prop_oneof![
-        (3u8..16).prop_map(Spoil::UnknownFlag),
+        // Bits 0-3 are defined (Publish 0-2, CreateStream 3).
+        (4u8..16).prop_map(Spoil::UnknownFlag),
         Just(Spoil::TooLarge),
         Just(Spoil::TrailingByte),
         (1usize..64).prop_map(Spoil::CutByFin),
@@ -171,6 +172,7 @@ fn the_reported_cases_carry_their_ids() {
         stream: "a/b/c".into(),
         shards: 1,
         retention: Retention::default(),
+        replicas: None,
     });
     let publish = Frame::Publish(Publish {
         ack: Some(AckRequest { request_id: RequestId(4242), mode: AckMode::Written }),

@@ -56,6 +56,17 @@ fn vectors() -> Vec<(&'static str, Frame)> {
                 stream: s("acme/app/orders"),
                 shards: 12,
                 retention: Retention { bytes_max: Some(1 << 30), age_max_ms: None },
+                replicas: None,
+            }),
+        ),
+        (
+            "create_stream_replicated",
+            Frame::CreateStream(CreateStream {
+                request_id: RequestId(2),
+                stream: s("acme/app/orders"),
+                shards: 12,
+                retention: Retention::default(),
+                replicas: Some(3),
             }),
         ),
         (
@@ -282,6 +293,7 @@ fn rejections() -> Vec<Rejection> {
         stream: "a/b/c".into(),
         shards: 1,
         retention: Retention::default(),
+        replicas: None,
     });
     let publish = Frame::Publish(Publish {
         ack: Some(AckRequest { request_id: RequestId(4242), mode: AckMode::Written }),

@@ -147,6 +147,11 @@ impl ClusterLink {
         self.view.borrow().streams.get(stream).copied()
     }
 
+    /// The replication factor of `stream` (1 when it has no replica groups).
+    pub fn replicas_of(&self, stream: &str) -> u8 {
+        self.view.borrow().replication.get(stream).copied().unwrap_or(1)
+    }
+
     /// Every stream the cluster defines.
     pub fn stream_names(&self) -> Vec<String> {
         self.view.borrow().streams.keys().cloned().collect()

@@ -22,9 +22,10 @@ use felix_storage::{
 use glommio::sync::Semaphore;
 
 use super::disk::DiskFloor;
+pub use super::error::{meta_error, storage_error, DISK_FULL_MESSAGE};
 use super::error::{CoreOpenError, WireError};
 use super::mesh::{CoreRequest, CoreResponse, Mesh};
-use super::meta::{self, MetaError, StreamMeta, TenantQuota};
+use super::meta::{self, StreamMeta, TenantQuota};
 use super::stats::{self, AppStats};
 use super::tail::{EncodedBatch, TailRead};
 
@@ -239,14 +240,27 @@ impl CoreApp {
         self.register(m).await
     }
 
-    /// Creates a stream explicitly. Creating an existing stream with the same settings succeeds.
-    pub async fn create_stream(&self, m: StreamMeta) -> Result<StreamMeta, WireError> {
+    /// Creates a stream explicitly, in a cluster with `replicas` replicas per shard (default
+    /// `--default-replicas`). Creating an existing stream with the same settings succeeds.
+    pub async fn create_stream(
+        &self,
+        m: StreamMeta,
+        asked_replicas: Option<u8>,
+    ) -> Result<StreamMeta, WireError> {
         parse_client_stream(m.name.as_str())?;
         let max = max_shards(self.settings.cores);
         if m.shards == 0 || m.shards > max {
             return Err(WireError::new(
                 ErrorCode::InvalidArgument,
                 format!("shards must be 1..={max} on a broker with {} cores", self.settings.cores),
+            ));
+        }
+        let replicas = asked_replicas.unwrap_or(self.settings.default_replicas);
+        let most = felix_cluster::placement::REPLICAS_MAX;
+        if replicas == 0 || replicas > most || (replicas > 1 && self.cluster.is_none()) {
+            return Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                format!("replicas must be 1..={most}, and above 1 only in a cluster"),
             ));
         }
         let found = match meta::load(&self.settings.data_dir, &m.name) {
@@ -256,9 +270,7 @@ impl CoreApp {
                 Some(link) => {
                     // The cluster's definition wins; this broker keeps a copy to open its logs.
                     let wanted = cluster_def(m.shards, m.retention);
-                    let def = link
-                        .define(m.name.as_str(), wanted, self.settings.default_replicas)
-                        .await?;
+                    let def = link.define(m.name.as_str(), wanted, replicas).await?;
                     let local = StreamMeta {
                         name: m.name.clone(),
                         shards: def.shards,
@@ -273,6 +285,13 @@ impl CoreApp {
             return Err(WireError::new(
                 ErrorCode::StreamExists,
                 format!("{} exists with {} shards", found.name, found.shards),
+            ));
+        }
+        let existing = self.cluster.as_ref().map_or(1, |l| l.replicas_of(m.name.as_str()));
+        if asked_replicas.is_some_and(|n| n != existing) {
+            return Err(WireError::new(
+                ErrorCode::StreamExists,
+                format!("{} exists with {existing} replicas", found.name),
             ));
         }
         self.register(found.clone()).await?;
@@ -762,62 +781,4 @@ pub fn now_ms() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// What a client hears when the disk is full (ENOSPC or EDQUOT, on any path).
-pub const DISK_FULL_MESSAGE: &str = "the broker's disk is full";
-
-/// The wire error for a storage error. A full disk (ENOSPC, EDQUOT) is `StorageFull` on every
-/// path. Messages never carry a file path or an OS error text: those name the broker's data
-/// directory and are logged instead.
-pub fn storage_error(e: &StorageError) -> WireError {
-    let (code, message) = match e {
-        StorageError::NoSpace { .. } => (ErrorCode::StorageFull, DISK_FULL_MESSAGE.to_owned()),
-        StorageError::UnknownShard { .. } => (ErrorCode::InvalidShard, e.to_string()),
-        StorageError::BatchTooLarge { .. } => (ErrorCode::FrameTooLarge, e.to_string()),
-        StorageError::TooManyRecords { .. } => (ErrorCode::TooManyRecords, e.to_string()),
-        StorageError::QueueFull { .. } => (ErrorCode::Overloaded, e.to_string()),
-        StorageError::OffsetBeforeStart { .. } => (ErrorCode::OffsetOutOfRange, e.to_string()),
-        StorageError::InvalidStreamName { .. } => (ErrorCode::InvalidStreamName, e.to_string()),
-        StorageError::EmptyBatch => (ErrorCode::InvalidArgument, e.to_string()),
-        StorageError::OutOfOrderSequence { .. } => (ErrorCode::OutOfOrderSequence, e.to_string()),
-        StorageError::SequenceTooOld { .. } => (ErrorCode::SequenceTooOld, e.to_string()),
-        StorageError::SequenceMismatch { .. } => (ErrorCode::InvalidArgument, e.to_string()),
-        StorageError::TooManyShards { .. } => (ErrorCode::InvalidArgument, e.to_string()),
-        StorageError::Closed => (ErrorCode::StorageFailed, e.to_string()),
-        StorageError::Io { context, .. } => {
-            tracing::warn!(error = %e, "storage I/O failed");
-            (ErrorCode::StorageFailed, format!("storage failed ({context}); see the broker's log"))
-        }
-        StorageError::Corrupt { .. } | StorageError::Poisoned { .. } => {
-            tracing::warn!(error = %e, "stream log failed");
-            (ErrorCode::StorageFailed, "the stream's log failed; see the broker's log".to_owned())
-        }
-        StorageError::InvalidConfig { .. }
-        | StorageError::OffsetMismatch { .. }
-        | StorageError::EpochRegression { .. }
-        | StorageError::TruncateOutOfRange { .. }
-        | StorageError::ShardBusy { .. }
-        | StorageError::TooManyTruncations { .. } => (ErrorCode::StorageFailed, e.to_string()),
-    };
-    WireError::new(code, message)
-}
-
-/// The wire error for an error of the stream definition files, under the same rules as
-/// [`storage_error`]: a full disk is `StorageFull`, the quota `LimitReached`, and messages name
-/// no file.
-pub fn meta_error(e: &MetaError) -> WireError {
-    match e {
-        MetaError::TooManyStreams { .. } => WireError::new(ErrorCode::LimitReached, e.to_string()),
-        MetaError::Io { source, .. } if felix_storage::is_no_space(source) => {
-            WireError::new(ErrorCode::StorageFull, DISK_FULL_MESSAGE)
-        }
-        MetaError::Io { .. } | MetaError::Corrupt { .. } | MetaError::CoreCount { .. } => {
-            tracing::warn!(error = %e, "stream definitions failed");
-            WireError::new(
-                ErrorCode::StorageFailed,
-                "stream definitions failed; see the broker's log",
-            )
-        }
-    }
 }

@@ -229,6 +229,64 @@ pub enum CoreOpenError {
     },
 }
 
+/// What a client hears when the disk is full (ENOSPC or EDQUOT, on any path).
+pub const DISK_FULL_MESSAGE: &str = "the broker's disk is full";
+
+/// The wire error for a storage error. A full disk (ENOSPC, EDQUOT) is `StorageFull` on every
+/// path. Messages never carry a file path or an OS error text: those name the broker's data
+/// directory and are logged instead.
+pub fn storage_error(e: &StorageError) -> WireError {
+    let (code, message) = match e {
+        StorageError::NoSpace { .. } => (ErrorCode::StorageFull, DISK_FULL_MESSAGE.to_owned()),
+        StorageError::UnknownShard { .. } => (ErrorCode::InvalidShard, e.to_string()),
+        StorageError::BatchTooLarge { .. } => (ErrorCode::FrameTooLarge, e.to_string()),
+        StorageError::TooManyRecords { .. } => (ErrorCode::TooManyRecords, e.to_string()),
+        StorageError::QueueFull { .. } => (ErrorCode::Overloaded, e.to_string()),
+        StorageError::OffsetBeforeStart { .. } => (ErrorCode::OffsetOutOfRange, e.to_string()),
+        StorageError::InvalidStreamName { .. } => (ErrorCode::InvalidStreamName, e.to_string()),
+        StorageError::EmptyBatch => (ErrorCode::InvalidArgument, e.to_string()),
+        StorageError::OutOfOrderSequence { .. } => (ErrorCode::OutOfOrderSequence, e.to_string()),
+        StorageError::SequenceTooOld { .. } => (ErrorCode::SequenceTooOld, e.to_string()),
+        StorageError::SequenceMismatch { .. } => (ErrorCode::InvalidArgument, e.to_string()),
+        StorageError::TooManyShards { .. } => (ErrorCode::InvalidArgument, e.to_string()),
+        StorageError::Closed => (ErrorCode::StorageFailed, e.to_string()),
+        StorageError::Io { context, .. } => {
+            tracing::warn!(error = %e, "storage I/O failed");
+            (ErrorCode::StorageFailed, format!("storage failed ({context}); see the broker's log"))
+        }
+        StorageError::Corrupt { .. } | StorageError::Poisoned { .. } => {
+            tracing::warn!(error = %e, "stream log failed");
+            (ErrorCode::StorageFailed, "the stream's log failed; see the broker's log".to_owned())
+        }
+        StorageError::InvalidConfig { .. }
+        | StorageError::OffsetMismatch { .. }
+        | StorageError::EpochRegression { .. }
+        | StorageError::TruncateOutOfRange { .. }
+        | StorageError::ShardBusy { .. }
+        | StorageError::TooManyTruncations { .. } => (ErrorCode::StorageFailed, e.to_string()),
+    };
+    WireError::new(code, message)
+}
+
+/// The wire error for an error of the stream definition files, under the same rules as
+/// [`storage_error`]: a full disk is `StorageFull`, the quota `LimitReached`, and messages name
+/// no file.
+pub fn meta_error(e: &MetaError) -> WireError {
+    match e {
+        MetaError::TooManyStreams { .. } => WireError::new(ErrorCode::LimitReached, e.to_string()),
+        MetaError::Io { source, .. } if felix_storage::is_no_space(source) => {
+            WireError::new(ErrorCode::StorageFull, DISK_FULL_MESSAGE)
+        }
+        MetaError::Io { .. } | MetaError::Corrupt { .. } | MetaError::CoreCount { .. } => {
+            tracing::warn!(error = %e, "stream definitions failed");
+            WireError::new(
+                ErrorCode::StorageFailed,
+                "stream definitions failed; see the broker's log",
+            )
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

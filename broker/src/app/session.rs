@@ -108,7 +108,9 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
         }
         let _ = send.finish();
     });
-    let mut decoder = FrameDecoder::new(session.app.settings.limits, BROKER_CAPABILITIES);
+    // A broker of a cluster accepts the flags CLUSTER allows (CreateStream's REPLICAS).
+    let accepted = broker_capabilities(&session.app);
+    let mut decoder = FrameDecoder::new(session.app.settings.limits, accepted);
     'read: loop {
         let chunk = match recv.read_chunk(decoder.wanted_bytes().clamp(1, READ_CHUNK_BYTES)).await {
             Ok(Some(chunk)) => chunk,
@@ -132,9 +134,8 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
                 Ok(frame) => {
                     let answer = session.dispatch(frame).await;
                     if session.peer.get() {
-                        decoder.set_accepted(Capabilities(
-                            BROKER_CAPABILITIES.0 | Capabilities::REPLICATION.0,
-                        ));
+                        decoder
+                            .set_accepted(Capabilities(accepted.0 | Capabilities::REPLICATION.0));
                     }
                     answer
                 }
@@ -354,7 +355,7 @@ impl Session {
             }
         };
         let m = StreamMeta { name, shards: c.shards, retention: c.retention };
-        match self.app.create_stream(m).await {
+        match self.app.create_stream(m, c.replicas).await {
             Ok(m) => ready(Some(stream_info(c.request_id, &m))),
             Err(e) => ready(error_frame(c.request_id, e)),
         }

@@ -95,11 +95,16 @@ pub fn frame() -> impl Strategy<Value = Frame> {
                 core: CoreId(core),
                 core_count: n,
             })),
-        (request_id(), name(), any::<u32>(), retention()).prop_map(
-            |(request_id, stream, shards, retention)| {
-                Frame::CreateStream(CreateStream { request_id, stream, shards, retention })
-            }
-        ),
+        (request_id(), name(), any::<u32>(), retention(), proptest::option::of(any::<u8>()))
+            .prop_map(|(request_id, stream, shards, retention, replicas)| {
+                Frame::CreateStream(CreateStream {
+                    request_id,
+                    stream,
+                    shards,
+                    retention,
+                    replicas,
+                })
+            }),
         (request_id(), name()).prop_map(|(request_id, stream)| Frame::DescribeStream(
             DescribeStream { request_id, stream }
         )),

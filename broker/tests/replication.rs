@@ -191,6 +191,43 @@ async fn produce(
     while waiting.join_next().await.is_some() {}
 }
 
+/// What a subscriber saw while the faults struck: (shard, offset) -> (key, seq). A record is
+/// visible only once committed, so nothing seen here may differ from the final log.
+type Seen = Arc<Mutex<std::collections::HashMap<(u32, u64), (u32, u32)>>>;
+
+/// Subscribes from the earliest offset and records every delivery, subscribing again after an
+/// error (a leader gone), until `stop`.
+async fn watch(client: Client, seen: Seen, stop: Arc<std::sync::atomic::AtomicBool>) {
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let opts = SubscribeOptions::new(STREAM).start(StartAt::Earliest);
+        let Ok(mut sub) = client.subscribe(opts).await else {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            continue;
+        };
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            match tokio::time::timeout(Duration::from_millis(500), sub.next()).await {
+                Ok(Ok(Some(r))) => {
+                    let key: u32 = String::from_utf8_lossy(r.key.as_ref().unwrap())["key-".len()..]
+                        .parse()
+                        .unwrap();
+                    let seq = u32::from_be_bytes(r.value[..4].try_into().unwrap());
+                    let mut seen = seen.lock().unwrap();
+                    let before = seen.insert((r.shard.0, r.offset.0), (key, seq));
+                    assert!(
+                        before.is_none_or(|b| b == (key, seq)),
+                        "({}, {}) delivered as {before:?} and later as {:?}",
+                        r.shard.0,
+                        r.offset.0,
+                        (key, seq)
+                    );
+                }
+                Ok(Ok(None)) | Ok(Err(_)) => break,
+                Err(_) => {}
+            }
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acked_records_survive_leader_faults_exactly_once() {
     let _ = tracing_subscriber::fmt()
@@ -235,6 +272,8 @@ async fn acked_records_survive_leader_faults_exactly_once() {
         let c = connect(&nodes).await;
         producers.push(tokio::spawn(produce(c, p, sent.clone(), stop.clone())));
     }
+    let seen: Seen = Arc::default();
+    let watcher = tokio::spawn(watch(connect(&nodes).await, seen.clone(), stop.clone()));
     tokio::time::sleep(Duration::from_millis(500)).await;
 
     let kinds: Vec<Fault> = if hosts.isolated() {
@@ -319,6 +358,7 @@ async fn acked_records_survive_leader_faults_exactly_once() {
     for p in producers {
         p.await.unwrap();
     }
+    watcher.await.unwrap();
     let s = std::mem::take(&mut *sent.lock().unwrap());
     assert!(s.failed.is_empty(), "records failed: {:?}", &s.failed[..s.failed.len().min(10)]);
 
@@ -337,6 +377,13 @@ async fn acked_records_survive_leader_faults_exactly_once() {
     }
     while let Ok(Ok(Some(r))) = tokio::time::timeout(Duration::from_millis(500), sub.next()).await {
         back.add(&r, "read-back");
+    }
+    // Nothing a subscriber saw during the faults was taken back or changed.
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(!seen.is_empty(), "the subscriber saw nothing during the faults");
+    let stored = back.by_position();
+    for (at, record) in &seen {
+        assert_eq!(stored.get(at), Some(record), "seen at (shard, offset) {at:?}");
     }
     let never_sent: Vec<_> = back.all.difference(&s.sent).take(10).collect();
     assert!(never_sent.is_empty(), "stored but never published: {never_sent:?}");
@@ -364,11 +411,12 @@ async fn acked_records_survive_leader_faults_exactly_once() {
     let median = failovers.get(failovers.len() / 2).copied().unwrap_or_default();
     let max = failovers.last().copied().unwrap_or_default();
     println!(
-        "{} trials: {} records sent, {} acked, {} stored; failover median {median:?}, max {max:?} (lease TTL {TTL_S} s)",
+        "{} trials: {} records sent, {} acked, {} stored, {} seen live; failover median {median:?}, max {max:?} (lease TTL {TTL_S} s)",
         failovers.len(),
         s.sent.len(),
         s.acked.len(),
-        back.all.len()
+        back.all.len(),
+        seen.len()
     );
     reader.close();
     client.close();

@@ -210,9 +210,11 @@ impl CoreApp {
                 let def = match link.definition(name) {
                     Some(def) => def,
                     None if create && self.settings.auto_create => {
+                        let replicas = self.settings.default_replicas;
+                        check_replicas(replicas, true, self.settings.retention)?;
                         let wanted =
                             cluster_def(self.settings.default_shards, self.settings.retention);
-                        link.define(name, wanted, self.settings.default_replicas).await?
+                        link.define(name, wanted, replicas).await?
                     }
                     None => {
                         return Err(WireError::new(
@@ -256,13 +258,7 @@ impl CoreApp {
             ));
         }
         let replicas = asked_replicas.unwrap_or(self.settings.default_replicas);
-        let most = felix_cluster::placement::REPLICAS_MAX;
-        if replicas == 0 || replicas > most || (replicas > 1 && self.cluster.is_none()) {
-            return Err(WireError::new(
-                ErrorCode::InvalidArgument,
-                format!("replicas must be 1..={most}, and above 1 only in a cluster"),
-            ));
-        }
+        check_replicas(replicas, self.cluster.is_some(), m.retention)?;
         let found = match meta::load(&self.settings.data_dir, &m.name) {
             Ok(Some(found)) => found,
             Ok(None) => match &self.cluster {
@@ -596,7 +592,10 @@ impl CoreApp {
     ) -> Result<Offset, WireError> {
         let log = self.owned_log(stream, shard).await?;
         let first = log.start_offset(shard).map_err(|e| storage_error(&e))?;
-        let next = self.visible_next(&log, stream, shard)?;
+        // Positions are checked against what the log holds (a subscriber may come back at an
+        // offset a new leader has not yet seen committed); `Latest` is what readers may see.
+        let next = log.next_offset(shard).map_err(|e| storage_error(&e))?;
+        let visible = self.visible_next(&log, stream, shard)?;
         if let Some(g) = group {
             if let Some(o) = self.offsets.borrow().get(&(stream.to_owned(), g, shard.0)) {
                 return Ok(Offset((*o).max(first.0).min(next.0)));
@@ -604,7 +603,7 @@ impl CoreApp {
         }
         Ok(match start {
             StartAt::Earliest => first,
-            StartAt::Latest => next,
+            StartAt::Latest => visible,
             StartAt::Offset(o) if o < first || o > next => {
                 return Err(WireError::new(
                     ErrorCode::OffsetOutOfRange,
@@ -731,6 +730,23 @@ impl CoreApp {
         stats::publish_histogram(&self.stats.fan_in, &fan_in);
         stats::publish_histogram(&self.stats.ack_latency_us, &self.ack_latency_us.borrow());
     }
+}
+
+/// A replication factor a stream may be created with: 1..=`REPLICAS_MAX`, above 1 only in a
+/// cluster and without retention (a replica's log starts at offset 0: docs/replication.md).
+fn check_replicas(replicas: u8, cluster: bool, retention: Retention) -> Result<(), WireError> {
+    let most = felix_cluster::placement::REPLICAS_MAX;
+    let bad = |why: String| Err(WireError::new(ErrorCode::InvalidArgument, why));
+    if replicas == 0 || replicas > most {
+        return bad(format!("replicas must be 1..={most}"));
+    }
+    if replicas > 1 && !cluster {
+        return bad("replicas above 1 need a cluster (felix serve --cluster-etcd)".into());
+    }
+    if replicas > 1 && retention != Retention::default() {
+        return bad("retention on a replicated stream is not supported yet".into());
+    }
+    Ok(())
 }
 
 /// The tenant of the broker's own streams; clients may not name it.

@@ -219,6 +219,11 @@ impl ReadBack {
         self.at.insert((key, seq), (r.shard.0, r.offset.0));
     }
 
+    /// Every record read, by position: (shard, offset) -> (key, seq).
+    pub fn by_position(&self) -> std::collections::HashMap<(u32, u64), (u32, u32)> {
+        self.at.iter().map(|(k, at)| (*at, *k)).collect()
+    }
+
     /// Every record of `acked` stored; each key's records in publish order (seq numbers
     /// increasing: a record never acked may be missing); each shard's offsets dense from 0.
     pub fn assert_acked_in_order_and_dense(

@@ -46,6 +46,8 @@ pub const DISK_OPS_MAX: usize = 16_384;
 /// and the subscribers' tail); older payloads are read back from storage when a fetch needs
 /// them.
 pub const RESIDENT_PAYLOAD_BYTES: u64 = 4 << 20;
+/// How long after a replica failed to start it is tried again.
+pub const REPLICA_RETRY_MS: u64 = 5_000;
 /// Bytes per storage read when a replica recovers its log at start.
 pub const RECOVERY_READ_BYTES: usize = 1 << 20;
 
@@ -74,6 +76,8 @@ pub struct Host {
     link: Rc<ClusterLink>,
     shards: RefCell<HashMap<(String, u32), Rc<ShardReplica>>>,
     opening: RefCell<HashSet<(String, u32)>>,
+    /// Replicas that could not start, and when they may be tried again.
+    retry_at: RefCell<HashMap<(String, u32), Time>>,
     peers: RefCell<HashMap<felix_cluster::NodeId, Rc<PeerLink>>>,
     /// The second of the last status report (metrics, and a debug line per replica).
     last_report: std::cell::Cell<u64>,
@@ -105,6 +109,7 @@ impl Host {
             link,
             shards: RefCell::default(),
             opening: RefCell::default(),
+            retry_at: RefCell::default(),
             peers: RefCell::default(),
             last_report: std::cell::Cell::new(0),
             stats,
@@ -274,6 +279,7 @@ impl Host {
             let Some(me) = group.number(&self.me) else { continue };
             let key = (stream.clone(), *shard);
             if self.shards.borrow().contains_key(&key)
+                || self.retry_at.borrow().get(&key).is_some_and(|at| self.now() < *at)
                 || !self.opening.borrow_mut().insert(key.clone())
             {
                 continue;
@@ -289,6 +295,8 @@ impl Host {
                 host.opening.borrow_mut().remove(&key);
                 if let Err(e) = opened {
                     tracing::warn!(stream = %key.0, shard = key.1, "cannot start the replica: {e}");
+                    let at = host.now().plus_ms(REPLICA_RETRY_MS);
+                    host.retry_at.borrow_mut().insert(key, at);
                 }
             })
             .detach();

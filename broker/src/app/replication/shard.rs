@@ -70,7 +70,6 @@ impl ShardReplica {
         config: ReplicaConfig,
     ) -> Result<(Rc<ShardReplica>, LocalReceiver<DiskOp>), String> {
         let recovered = recover(&log, shard).await?;
-        let end = recovered.end();
         let (disk_tx, disk_rx) = local_channel::new_bounded(super::DISK_OPS_MAX);
         let replica = Replica::new(me, config, recovered);
         let shard_replica = Rc::new(ShardReplica {
@@ -84,7 +83,9 @@ impl ShardReplica {
             disk_tx,
             log,
             entry,
-            fed: Cell::new(end),
+            // Nothing is visible until the replica knows what is committed: a recovered log
+            // may end in batches a new leader takes back.
+            fed: Cell::new(Offset(0)),
             failed: Cell::new(false),
         });
         Ok((shard_replica, disk_rx))

@@ -251,8 +251,15 @@ impl Cluster {
     /// Asks a broker where each shard of `stream` lives (see [`Cluster::anywhere`]). A
     /// broker's answer (`StreamNotFound`, `ShardUnavailable` when the stream is not placed
     /// yet) is returned as it is.
+    ///
+    /// A broker that answers `ShardUnavailable` may be one that lost touch with the cluster
+    /// (its view may be stale: a broker refuses `Metadata` while it cannot confirm its lease),
+    /// so the next broker is asked; the last such answer is returned when none knows better.
     async fn fetch(&self, stream: &str) -> Result<Vec<ShardOwner>, ClientError> {
-        self.anywhere(true, |conn| async move { metadata(&conn, stream).await }).await
+        self.anywhere_with(true, ClientError::is_shard_unavailable, |conn| async move {
+            metadata(&conn, stream).await
+        })
+        .await
     }
 
     /// Runs `request` on a connection to any broker that can be reached: an open connection
@@ -263,6 +270,21 @@ impl Cluster {
     pub(crate) async fn anywhere<T, F, Fut>(
         &self,
         resend: bool,
+        request: F,
+    ) -> Result<T, ClientError>
+    where
+        F: FnMut(Arc<Conn>) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        self.anywhere_with(resend, |_| false, request).await
+    }
+
+    /// [`Cluster::anywhere`], also moving on to the next broker after an answer `skip` says
+    /// another broker may answer better (the last such answer is returned if none does).
+    pub(crate) async fn anywhere_with<T, F, Fut>(
+        &self,
+        resend: bool,
+        skip: fn(&ClientError) -> bool,
         mut request: F,
     ) -> Result<T, ClientError>
     where
@@ -277,6 +299,7 @@ impl Cluster {
                 match $conn {
                     Ok(conn) => match request(conn).await {
                         Err(e) if resend && is_unreachable(&e) => last = e,
+                        Err(e) if skip(&e) => last = e,
                         other => return other,
                     },
                     Err(e) if is_unreachable(&e) => last = e,

@@ -163,6 +163,13 @@ impl ClusterLink {
             self.refresh();
         }
         let view = self.view.borrow();
+        if !view.lease_holds(Instant::now()) {
+            // Cut off from etcd, this broker's view may be stale: let another broker answer.
+            return Err(WireError::new(
+                ErrorCode::ShardUnavailable,
+                "this broker cannot confirm its cluster membership (its view may be stale)",
+            ));
+        }
         if !view.streams.contains_key(stream) {
             return Err(WireError::new(ErrorCode::StreamNotFound, format!("no stream {stream}")));
         }

@@ -134,6 +134,52 @@ impl Hosts {
         }
     }
 
+    /// Cuts host `i` off the other hosts and from TCP port `etcd_port` (etcd) with nftables
+    /// rules in its namespace, leaving it reachable by the test's clients: a broker that
+    /// loses its lease and its followers while its clients still reach it. No-op on loopback
+    /// or without `nft` (returns false).
+    pub fn isolate(&self, i: usize, etcd_port: u16) -> bool {
+        let Some(ns) = self.namespaces.get(i) else { return false };
+        let others: Vec<String> =
+            (0..self.count).filter(|j| *j != i).map(|j| self.ip(j).to_string()).collect();
+        let others = others.join(", ");
+        let rules = format!(
+            "table inet fxisolate {{\n\
+             chain out {{ type filter hook output priority 0; policy accept;\n\
+               ip daddr {{ {others} }} drop\n\
+               tcp dport {etcd_port} drop\n\
+             }}\n\
+             chain in {{ type filter hook input priority 0; policy accept;\n\
+               ip saddr {{ {others} }} drop\n\
+               tcp sport {etcd_port} drop\n\
+             }}\n\
+             }}\n"
+        );
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn();
+        let Ok(mut child) = child else { return false };
+        if let Some(mut stdin) = child.stdin.take() {
+            use std::io::Write;
+            let _ = stdin.write_all(rules.as_bytes());
+        }
+        child.wait().is_ok_and(|s| s.success())
+    }
+
+    /// Removes [`Hosts::isolate`]'s rules from host `i`.
+    pub fn unisolate(&self, i: usize) -> bool {
+        match self.namespaces.get(i) {
+            Some(ns) => Command::new("ip")
+                .args(["netns", "exec", ns, "nft", "delete", "table", "inet", "fxisolate"])
+                .status()
+                .is_ok_and(|s| s.success()),
+            None => false,
+        }
+    }
+
     fn ns_end(&self, i: usize) -> String {
         let tag =
             self.bridge.as_ref().map_or(String::new(), |b| b.trim_start_matches("fxb").to_owned());

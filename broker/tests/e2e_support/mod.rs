@@ -205,6 +205,8 @@ pub struct ReadBack {
     offsets: std::collections::HashMap<u32, Vec<u64>>,
     /// Where each (key, seq) was read: (shard, offset).
     at: std::collections::HashMap<(u32, u32), (u32, u64)>,
+    /// What was read at each (shard, offset) of the lenient keys (see `add_keyed`).
+    positions: std::collections::HashMap<(u32, u64), (u32, u32)>,
 }
 
 impl ReadBack {
@@ -219,9 +221,32 @@ impl ReadBack {
         self.at.insert((key, seq), (r.shard.0, r.offset.0));
     }
 
+    /// [`ReadBack::add`], except for the keys `lenient` picks (a producer that is not
+    /// idempotent): those may be stored twice and are left out of the order check, but count
+    /// for the offsets and positions.
+    pub fn add_keyed(
+        &mut self,
+        r: &felix_client::ReceivedRecord,
+        lenient: impl Fn(u32) -> bool,
+        what: &str,
+    ) {
+        let key: u32 =
+            String::from_utf8_lossy(r.key.as_ref().unwrap())["key-".len()..].parse().unwrap();
+        if !lenient(key) {
+            return self.add(r, what);
+        }
+        let seq = u32::from_be_bytes(r.value[..4].try_into().unwrap());
+        self.all.insert((key, seq));
+        self.offsets.entry(r.shard.0).or_default().push(r.offset.0);
+        self.positions.insert((r.shard.0, r.offset.0), (key, seq));
+    }
+
     /// Every record read, by position: (shard, offset) -> (key, seq).
     pub fn by_position(&self) -> std::collections::HashMap<(u32, u64), (u32, u32)> {
-        self.at.iter().map(|(k, at)| (*at, *k)).collect()
+        let mut all: std::collections::HashMap<_, _> =
+            self.at.iter().map(|(k, at)| (*at, *k)).collect();
+        all.extend(self.positions.iter().map(|(at, k)| (*at, *k)));
+        all
     }
 
     /// Every record of `acked` stored; each key's records in publish order (seq numbers

@@ -9,8 +9,8 @@
 //! dense per shard, and nothing that was never published. Failover time (from the fault to
 //! the first ack of the new leader) is printed per trial, with the median and the maximum.
 //!
-//! `FELIX_REPLICATION_ROUNDS` sets the rounds (one trial of each fault: 4 with network
-//! namespaces and `nft`; default 6, so 24 trials);
+//! `FELIX_REPLICATION_TRIALS` sets the number of trials (default 24; the faults take turns:
+//! four kinds with network namespaces and `nft`, fewer without);
 //! `FELIX_TEST_KEEP=1` keeps the brokers' data directories and logs.
 
 mod cluster_support;
@@ -251,8 +251,8 @@ async fn acked_records_survive_leader_faults_exactly_once() {
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let rounds: usize =
-        std::env::var("FELIX_REPLICATION_ROUNDS").ok().and_then(|s| s.parse().ok()).unwrap_or(6);
+    let trials: usize =
+        std::env::var("FELIX_REPLICATION_TRIALS").ok().and_then(|s| s.parse().ok()).unwrap_or(24);
     let hosts = std::rc::Rc::new(Hosts::new(3));
     let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
     let url = etcd.client_url.clone();
@@ -309,7 +309,7 @@ async fn acked_records_survive_leader_faults_exactly_once() {
     };
     println!("faults: {kinds:?}");
     let mut failovers = Vec::new();
-    for trial in 0..rounds * kinds.len() {
+    for trial in 0..trials {
         let fault = kinds[trial % kinds.len()];
         let leader = groups(&url).await.into_iter().find(|g| g.0 == 0).map(|g| g.1).unwrap();
         let at = nodes.iter().position(|n| n.id == leader).unwrap();

@@ -312,7 +312,20 @@ impl Cluster {
             attempt!(Ok::<_, ClientError>(conn));
         }
         for pool in &pools {
-            attempt!(pool.conn_once(0).await);
+            // A broker that could not be reached a moment ago is not waited for again.
+            if let Some((at, e)) = self.lock().failed.get(&pool.addr()) {
+                if at.elapsed() < Duration::from_millis(POOL_RETRY_AFTER_MS) {
+                    last = e.clone();
+                    continue;
+                }
+            }
+            let conn = pool.conn_once(0).await;
+            if let Err(e) = &conn {
+                if is_unreachable(e) {
+                    self.lock().failed.insert(pool.addr(), (Instant::now(), e.clone()));
+                }
+            }
+            attempt!(conn);
         }
         for seed in &self.seeds {
             let conn = match self.pool_for(seed).await {
@@ -460,8 +473,19 @@ impl Cluster {
         shard: Option<ShardId>,
     ) -> Result<Arc<Conn>, ClientError> {
         let pool = self.pool_for(address).await?;
+        if let Some((at, e)) = self.lock().failed.get(&pool.addr()) {
+            if at.elapsed() < Duration::from_millis(POOL_RETRY_AFTER_MS) {
+                return Err(e.clone());
+            }
+        }
         let slot = shard.map_or_else(|| pool.next_slot(), |s| pool.slot_for_shard(s));
-        pool.conn_once(slot).await
+        let conn = pool.conn_once(slot).await;
+        if let Err(e) = &conn {
+            if is_unreachable(e) {
+                self.lock().failed.insert(pool.addr(), (Instant::now(), e.clone()));
+            }
+        }
+        conn
     }
 
     /// The address to try for `shard` after a fresh look at the placement: its owner when

@@ -402,7 +402,11 @@ impl Host {
         if now.0 / 1000 != self.last_report.replace(now.0 / 1000) {
             self.report(&shards, now, valid_until);
         }
+        let lease_gone = valid_until.is_none_or(|until| now >= until);
         for r in shards {
+            if lease_gone {
+                r.refuse_waiting();
+            }
             let state = view.group(&r.stream, r.shard.0).and_then(|g| g.state().ok());
             r.with(self, |replica| {
                 if let (Some(lease), Some(until)) = (lease, valid_until) {

@@ -281,6 +281,17 @@ impl ShardReplica {
         Offset(0)
     }
 
+    /// Answers every waiting append with `LeaseExpired` (the broker's lease ran out: none can
+    /// be acked here until it is confirmed again, if ever). The clients send them again (to a
+    /// new leader; an idempotent batch is stored once); the state machine's late ack of one, if
+    /// the lease comes back, finds no waiter.
+    pub fn refuse_waiting(&self) {
+        let waiting: Vec<u64> = self.waiters.borrow().keys().copied().collect();
+        for id in waiting {
+            self.answer(RequestId(id), Err(AppendError::LeaseExpired));
+        }
+    }
+
     /// Stops the replica after a storage failure: waiting appends are refused, nothing more is
     /// written or acked here until the broker restarts (the other replicas carry on; the
     /// leader drops this one from the in-sync set).

@@ -42,7 +42,7 @@ start_cluster() {
     # Brokers on CPU 0 (the generator has CPU $GEN_CPU): on 2 CPUs they share it.
     taskset -c 0 $T/felix serve --cluster-etcd "http://127.0.0.1:$ETCD_PORT" --node-id "b$i" \
       --listen "127.0.0.1:760$i" --advertise "127.0.0.1:760$i" --metrics "127.0.0.1:960$i" \
-      --cores 1 --no-pin --data-dir "$DATA_ROOT/b$i" --min-free-bytes 0 "${cert[@]}" \
+      --cores 1 --no-pin --data-dir "$DATA_ROOT/b$i" --min-free-bytes 0 --default-replicas 1 "${cert[@]}" \
       >"$DATA_ROOT/b$i.log" 2>&1 &
     pids+=($!)
     for _ in $(seq 1 200); do

@@ -177,9 +177,10 @@ pub struct ServeArgs {
     #[arg(long, env = "FELIX_LEASE_TTL_S", default_value_t = felix_cluster::agent::LEASE_TTL_S_DEFAULT)]
     pub lease_ttl_s: u32,
     /// Replication factor of streams this broker creates in a cluster (1..=5): each shard
-    /// kept on this many brokers, acks `durable` once fdatasync'd on a quorum.
-    #[arg(long, env = "FELIX_DEFAULT_REPLICAS", default_value_t = 1)]
-    pub default_replicas: u8,
+    /// kept on this many brokers, acks `durable` once fdatasync'd on a quorum. Default: 3, or
+    /// the number of live brokers when fewer.
+    #[arg(long, env = "FELIX_DEFAULT_REPLICAS")]
+    pub default_replicas: Option<u8>,
     /// In-sync replicas a durable append to a replicated shard needs (leader included);
     /// 0: a majority of its replicas.
     #[arg(long, env = "FELIX_MIN_INSYNC", default_value_t = 0)]
@@ -359,12 +360,14 @@ impl ServeArgs {
             cluster_etcd,
             cluster_name,
             lease_ttl_s,
-            default_replicas,
             min_insync,
             peer_server_name
         );
         if f.peer_ca.is_some() && unset("peer_ca") {
             self.peer_ca = f.peer_ca;
+        }
+        if f.default_replicas.is_some() && unset("default_replicas") {
+            self.default_replicas = f.default_replicas;
         }
         if f.node_id.is_some() && unset("node_id") {
             self.node_id = f.node_id;
@@ -431,7 +434,7 @@ impl ServeArgs {
             return bad("--cluster-name is non-empty, without '/'".into());
         }
         let max = felix_cluster::placement::REPLICAS_MAX;
-        if self.default_replicas == 0 || self.default_replicas > max {
+        if self.default_replicas.is_some_and(|n| n == 0 || n > max) {
             return bad(format!("--default-replicas must be 1..={max}"));
         }
         if self.min_insync > usize::from(max) {
@@ -495,9 +498,15 @@ impl ServeArgs {
             format!("advertise = {:?}", self.advertise.as_deref().unwrap_or("")),
             format!("cluster_name = {:?}", self.cluster_name),
             format!("lease_ttl_s = {}", self.lease_ttl_s),
-            format!("default_replicas = {}", self.default_replicas),
+            match self.default_replicas {
+                Some(n) => format!("default_replicas = {n}"),
+                None => "# default_replicas: 3, or the live brokers when fewer".to_owned(),
+            },
             format!("min_insync = {}", self.min_insync),
-            format!("peer_ca = {}", opt(&self.peer_ca)),
+            match &self.peer_ca {
+                Some(p) => format!("peer_ca = {:?}", p.display().to_string()),
+                None => "# peer_ca: this broker's own certificate".to_owned(),
+            },
             format!("peer_server_name = {:?}", self.peer_server_name),
         ]
         .join("\n")

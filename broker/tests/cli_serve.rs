@@ -70,6 +70,10 @@ fn every_environment_twin_takes_effect() {
         ("FELIX_MAX_STREAMS_PER_TENANT", "17", "max_streams_per_tenant = 17"),
         ("FELIX_CLUSTER_NAME", "blue", "cluster_name = \"blue\""),
         ("FELIX_LEASE_TTL_S", "7", "lease_ttl_s = 7"),
+        ("FELIX_DEFAULT_REPLICAS", "2", "default_replicas = 2"),
+        ("FELIX_MIN_INSYNC", "2", "min_insync = 2"),
+        ("FELIX_PEER_CA", "/ca.pem", "peer_ca = \"/ca.pem\""),
+        ("FELIX_PEER_SERVER_NAME", "peers.felix", "peer_server_name = \"peers.felix\""),
     ];
     for (var, value, expect) in cases {
         let out = print_config(felix().arg("serve").env(var, value));

@@ -52,8 +52,8 @@ enum Fault {
 /// Starts b1-b3 with replication factor 3; b2 and b3 get b1's development certificate, so
 /// the brokers verify each other (and clients verify all of them) with one certificate.
 fn start_brokers(hosts: &std::rc::Rc<Hosts>, root: &std::path::Path, etcd: &str) -> Vec<Node> {
-    // The stream asks for its replicas itself (CreateStream flag REPLICAS); the brokers'
-    // --default-replicas stays 1.
+    // The test's stream asks for its replicas itself (CreateStream flag REPLICAS); the brokers
+    // keep their default (3 in a cluster of three), which a second stream checks.
     let extra = ["--segment-bytes", "4198400"];
     let first = Node::start_with(hosts, 0, "b1", root, etcd, &extra);
     let deadline = Instant::now() + WAIT;
@@ -281,6 +281,12 @@ async fn acked_records_survive_leader_faults_exactly_once() {
         "{again:?}"
     );
     wait_healthy(&url, &nodes, "after creation").await;
+    // Without a factor, a stream created in a cluster of three gets three replicas.
+    client.create_stream("acme/app/defaulted", 1, Default::default()).await.expect("create");
+    let cluster = felix_broker::config::DEFAULT_CLUSTER_NAME;
+    let st = felix_cluster::cluster_status(std::slice::from_ref(&url), cluster).await.unwrap();
+    let defaulted = st.streams.iter().find(|s| s.name == "acme/app/defaulted").unwrap();
+    assert_eq!(defaulted.replicas, 3, "the default replication factor in a cluster");
 
     let sent = Arc::new(Mutex::new(Sent::default()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -147,6 +147,11 @@ impl ClusterLink {
         self.view.borrow().streams.get(stream).copied()
     }
 
+    /// How many brokers of the cluster are live.
+    pub fn live_members(&self) -> usize {
+        self.view.borrow().members.len()
+    }
+
     /// The replication factor of `stream` (1 when it has no replica groups).
     pub fn replicas_of(&self, stream: &str) -> u8 {
         self.view.borrow().replication.get(stream).copied().unwrap_or(1)

@@ -83,8 +83,9 @@ pub struct Settings {
     pub auth: Option<Arc<super::auth::Authenticator>>,
     /// The cluster agent; `None` for a single-node broker.
     pub cluster: Option<felix_cluster::AgentClient>,
-    /// Replication factor of the streams this broker creates in a cluster.
-    pub default_replicas: u8,
+    /// Replication factor of the streams this broker creates in a cluster (`None`: 3, or the
+    /// live brokers when fewer).
+    pub default_replicas: Option<u8>,
     /// Replication between brokers (in a cluster).
     pub replication: Option<super::replication::ReplicationSettings>,
 }
@@ -210,7 +211,7 @@ impl CoreApp {
                 let def = match link.definition(name) {
                     Some(def) => def,
                     None if create && self.settings.auto_create => {
-                        let replicas = self.settings.default_replicas;
+                        let replicas = self.default_replicas();
                         check_replicas(replicas, true, self.settings.retention)?;
                         let wanted =
                             cluster_def(self.settings.default_shards, self.settings.retention);
@@ -257,7 +258,7 @@ impl CoreApp {
                 format!("shards must be 1..={max} on a broker with {} cores", self.settings.cores),
             ));
         }
-        let replicas = asked_replicas.unwrap_or(self.settings.default_replicas);
+        let replicas = asked_replicas.unwrap_or_else(|| self.default_replicas());
         check_replicas(replicas, self.cluster.is_some(), m.retention)?;
         let found = match meta::load(&self.settings.data_dir, &m.name) {
             Ok(Some(found)) => found,
@@ -292,6 +293,16 @@ impl CoreApp {
         }
         self.register(found.clone()).await?;
         Ok(found)
+    }
+
+    /// The replication factor of a stream created without one: `--default-replicas`, else 3
+    /// in a cluster (or the live brokers when fewer), 1 on a single node.
+    fn default_replicas(&self) -> u8 {
+        match (&self.cluster, self.settings.default_replicas) {
+            (None, _) => 1,
+            (Some(_), Some(n)) => n,
+            (Some(link), None) => link.live_members().clamp(1, 3) as u8,
+        }
     }
 
     /// Writes a new stream's definition, unless it exists: refused below the free-space floor

@@ -224,7 +224,9 @@ impl Node {
         root: &std::path::Path,
         etcd: &str,
     ) -> Node {
-        Node::start_with(hosts, host, id, root, etcd, &[])
+        // These brokers keep unreplicated streams (the cluster's placement and routing);
+        // replicated ones are broker/tests/replication.rs's.
+        Node::start_with(hosts, host, id, root, etcd, &["--default-replicas", "1"])
     }
 
     /// [`Node::start`] with more `felix serve` arguments.

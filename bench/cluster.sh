@@ -23,35 +23,8 @@ T=target/release
 command -v etcd >/dev/null || { echo "etcd not found: apt-get install etcd-server" >&2; exit 2; }
 cargo build --release -p felix-broker -p felix-loadgen
 mkdir -p "$OUT" "$DATA_ROOT"
-pids=()
-stop_all() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; pids=(); }
-trap stop_all EXIT
-
-start_cluster() {
-  local n=$1
-  rm -rf "$DATA_ROOT"; mkdir -p "$DATA_ROOT"
-  etcd --name bench --data-dir "$DATA_ROOT/etcd" \
-    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
-    --initial-cluster "bench=http://127.0.0.1:$((ETCD_PORT + 1))" >"$DATA_ROOT/etcd.log" 2>&1 &
-  pids+=($!)
-  for i in $(seq 1 "$n"); do
-    local cert=()
-    if [ "$i" -gt 1 ]; then cert=(--cert "$DATA_ROOT/b1/dev-cert.pem" --key "$DATA_ROOT/b1/dev-key.pem"); fi
-    # Brokers on CPU 0 (the generator has CPU $GEN_CPU): on 2 CPUs they share it.
-    taskset -c 0 $T/felix serve --cluster-etcd "http://127.0.0.1:$ETCD_PORT" --node-id "b$i" \
-      --listen "127.0.0.1:760$i" --advertise "127.0.0.1:760$i" --metrics "127.0.0.1:960$i" \
-      --cores 1 --no-pin --data-dir "$DATA_ROOT/b$i" --min-free-bytes 0 --default-replicas 1 "${cert[@]}" \
-      >"$DATA_ROOT/b$i.log" 2>&1 &
-    pids+=($!)
-    for _ in $(seq 1 200); do
-      [ -s "$DATA_ROOT/b$i/dev-key.pem" ] && curl -sf "127.0.0.1:960$i/health" >/dev/null && break
-      sleep 0.05
-    done
-  done
-  sleep 1
-}
+PORT_BASE=760 METRICS_BASE=960 BROKER_FLAGS="--default-replicas 1"
+. bench/cluster-lib.sh
 
 : > "$OUT/raw.tsv"
 for n in $BROKER_COUNTS; do

@@ -29,36 +29,8 @@ T=target/release
 command -v etcd >/dev/null || { echo "etcd not found: apt-get install etcd-server" >&2; exit 2; }
 cargo build --release -p felix-broker -p felix-loadgen
 mkdir -p "$OUT" "$DATA_ROOT"
-pids=()
-brokers=()
-stop_all() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; pids=(); brokers=(); }
-trap stop_all EXIT
-
-start_cluster() {
-  local rf=$1
-  rm -rf "$DATA_ROOT"; mkdir -p "$DATA_ROOT"
-  etcd --name bench --data-dir "$DATA_ROOT/etcd" \
-    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
-    --listen-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
-    --initial-advertise-peer-urls "http://127.0.0.1:$((ETCD_PORT + 1))" \
-    --initial-cluster "bench=http://127.0.0.1:$((ETCD_PORT + 1))" >"$DATA_ROOT/etcd.log" 2>&1 &
-  pids+=($!)
-  for i in 1 2 3; do
-    local cert=()
-    if [ "$i" -gt 1 ]; then cert=(--cert "$DATA_ROOT/b1/dev-cert.pem" --key "$DATA_ROOT/b1/dev-key.pem"); fi
-    taskset -c 0 $T/felix serve --cluster-etcd "http://127.0.0.1:$ETCD_PORT" --node-id "b$i" \
-      --listen "127.0.0.1:770$i" --advertise "127.0.0.1:770$i" --metrics "127.0.0.1:970$i" \
-      --cores 1 --no-pin --data-dir "$DATA_ROOT/b$i" --min-free-bytes 0 \
-      --default-replicas "$rf" "${cert[@]}" >"$DATA_ROOT/b$i.log" 2>&1 &
-    pids+=($!)
-    brokers+=($!)
-    for _ in $(seq 1 200); do
-      [ -s "$DATA_ROOT/b$i/dev-key.pem" ] && curl -sf "127.0.0.1:970$i/health" >/dev/null && break
-      sleep 0.05
-    done
-  done
-  sleep 1
-}
+PORT_BASE=770 METRICS_BASE=970
+. bench/cluster-lib.sh
 
 # Sum of the brokers' CPU seconds (utime + stime).
 brokers_cpu_s() {
@@ -83,7 +55,7 @@ stored_bytes() {
 printf "rf\trun\tstored_mb\tbroker_cpu_s\tmb_per_broker_cpu_s\tp50_us\tp99_us\n" > "$OUT/raw.tsv"
 for run in $(seq 1 "$RUNS"); do
   for rf in 1 3; do
-    start_cluster "$rf"
+    BROKER_FLAGS="--default-replicas $rf" start_cluster 3
     $T/felix streams create --stream bench/repl/s12 --shards 12 --addr 127.0.0.1:7701 \
       --ca-file "$DATA_ROOT/b1/dev-cert.pem" >/dev/null
     # Wait until every shard has a live leader (RF 3: a group per shard).

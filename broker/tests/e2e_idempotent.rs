@@ -11,9 +11,11 @@ mod e2e_support;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use e2e_support::{connect_when_up, free_addr, spawn_felix, ReadBack, TestBroker, WAIT};
+use e2e_support::{
+    connect_when_up, free_addr, retrying_client_config, spawn_felix, ReadBack, TestBroker, WAIT,
+};
 use felix_client::{
-    AckMode, ClientConfig, PublishSettings, Receipt, Record, StartAt, SubscribeOptions, Trust,
+    AckMode, ClientConfig, PublishSettings, Receipt, Record, StartAt, SubscribeOptions,
 };
 
 const TRIALS: u64 = 3;
@@ -24,26 +26,7 @@ const STREAM: &str = "acme/app/idem";
 const SEGMENT_FLAGS: [&str; 2] = ["--segment-bytes", "4198400"];
 
 fn client_config(addr: &str, dir: &std::path::Path) -> ClientConfig {
-    ClientConfig {
-        addr: addr.to_owned(),
-        trust: Some(Trust::CaFile(dir.join("dev-cert.pem"))),
-        connect_timeout_ms: 1000,
-        ack_timeout_ms: 2_000,
-        idle_timeout_ms: 2_000,
-        reconnect_attempts_max: 100,
-        reconnect_backoff_min_ms: 20,
-        reconnect_backoff_max_ms: 200,
-        publish: PublishSettings {
-            ack_mode: AckMode::Durable,
-            linger_us: 200,
-            batch_records_max: 8,
-            in_flight_batches_max: 32,
-            idempotent: true,
-            retry_timeout_ms: 25_000,
-            ..PublishSettings::default()
-        },
-        ..ClientConfig::default()
-    }
+    retrying_client_config(addr, &dir.join("dev-cert.pem"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

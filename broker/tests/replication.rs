@@ -21,10 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use cluster_support::{status, Hosts, Node, TTL_S};
-use e2e_support::{ReadBack, WAIT};
-use felix_client::{
-    AckMode, Client, ClientConfig, PublishSettings, Record, StartAt, SubscribeOptions, Trust,
-};
+use e2e_support::{retrying_client_config, ReadBack, WAIT};
+use felix_client::{Client, ClientConfig, Record, StartAt, SubscribeOptions};
 use felix_cluster::testing::Etcd;
 
 const STREAM: &str = "acme/app/replicated";
@@ -75,27 +73,13 @@ fn start_brokers(hosts: &std::rc::Rc<Hosts>, root: &std::path::Path, etcd: &str)
 }
 
 fn client_config(nodes: &[Node]) -> ClientConfig {
-    ClientConfig {
-        addr: nodes[0].addr.to_string(),
-        trust: Some(Trust::CaFile(nodes[0].dir.join("dev-cert.pem"))),
-        connect_timeout_ms: 1000,
-        ack_timeout_ms: 2_000,
-        idle_timeout_ms: 2_000,
-        // A broker that is down is left for the shard's next leader, not waited for.
-        reconnect_attempts_max: 2,
-        reconnect_backoff_min_ms: 20,
-        reconnect_backoff_max_ms: 200,
-        publish: PublishSettings {
-            ack_mode: AckMode::Durable,
-            linger_us: 200,
-            batch_records_max: 8,
-            in_flight_batches_max: 16,
-            idempotent: true,
-            retry_timeout_ms: 30_000,
-            ..PublishSettings::default()
-        },
-        ..ClientConfig::default()
-    }
+    let addr = nodes[0].addr.to_string();
+    let mut config = retrying_client_config(&addr, &nodes[0].dir.join("dev-cert.pem"));
+    // A broker that is down is left for the shard's next leader, not waited for.
+    config.reconnect_attempts_max = 2;
+    config.publish.in_flight_batches_max = 16;
+    config.publish.retry_timeout_ms = 30_000;
+    config
 }
 
 async fn connect(nodes: &[Node]) -> Client {

@@ -288,3 +288,29 @@ impl ReadBack {
         }
     }
 }
+
+/// A client of the broker at `addr` (trusting `ca`) that publishes durable, idempotent, keyed
+/// batches of 8 records and keeps retrying them across faults: short timeouts, quick
+/// reconnects, 25 s of retries.
+pub fn retrying_client_config(addr: &str, ca: &Path) -> ClientConfig {
+    ClientConfig {
+        addr: addr.to_owned(),
+        trust: Some(Trust::CaFile(ca.to_owned())),
+        connect_timeout_ms: 1000,
+        ack_timeout_ms: 2_000,
+        idle_timeout_ms: 2_000,
+        reconnect_attempts_max: 100,
+        reconnect_backoff_min_ms: 20,
+        reconnect_backoff_max_ms: 200,
+        publish: PublishSettings {
+            ack_mode: felix_client::AckMode::Durable,
+            linger_us: 200,
+            batch_records_max: 8,
+            in_flight_batches_max: 32,
+            idempotent: true,
+            retry_timeout_ms: 25_000,
+            ..PublishSettings::default()
+        },
+        ..ClientConfig::default()
+    }
+}

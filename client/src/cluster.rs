@@ -337,6 +337,12 @@ impl Cluster {
         Err(last)
     }
 
+    /// Counts the broker at `addr` as unreachable for [`POOL_RETRY_AFTER_MS`] (a request to it
+    /// timed out: it may be paused or cut off), so retries look elsewhere meanwhile.
+    pub(crate) fn mark_unreachable(&self, addr: SocketAddr, e: ClientError) {
+        self.lock().failed.insert(addr, (Instant::now(), e));
+    }
+
     /// The pool of the broker at `address` (`host:port`), opened on first use. A broker that
     /// could not be reached is not tried again for [`POOL_RETRY_AFTER_MS`].
     pub(crate) async fn pool_for(&self, address: &str) -> Result<Arc<Pool>, ClientError> {

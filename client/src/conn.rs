@@ -80,6 +80,13 @@ pub(crate) struct ConnParams {
 }
 
 impl Conn {
+    /// The broker's address.
+    pub(crate) fn peer(&self) -> std::net::SocketAddr {
+        self.connection.remote_address()
+    }
+}
+
+impl Conn {
     /// Opens a connection: QUIC handshake, control stream, Hello and HelloOk, all within the
     /// connect timeout. Each connection gets its own endpoint, so no task carries the packets of
     /// more than one connection and each connection has its own 4-tuple.

@@ -20,6 +20,7 @@ pub mod error;
 mod pool;
 mod producer;
 pub mod publisher;
+mod resend;
 pub mod subscriber;
 pub mod tls;
 

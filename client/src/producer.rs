@@ -3,7 +3,7 @@
 //! while it is in flight. The publisher's workers (`crate::publisher`) own the producers and
 //! decide when a batch is sent again (docs/client.md, "Idempotent publishing and retries").
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -128,6 +128,29 @@ pub(crate) fn mark_broken(tag: Option<&TagHold>) {
     if let Some(hold) = tag {
         hold.producer.broken.store(true, Ordering::Relaxed);
     }
+}
+
+/// The next tag of the producer at `which` in `producers` (a fresh one, `fresh`, when it has
+/// none or its last one broke), or, when its window is full, what its batches share (to wait
+/// on).
+pub(crate) fn take_tag<K: std::hash::Hash + Eq>(
+    producers: &mut HashMap<K, Producer>,
+    which: K,
+    fresh: impl FnOnce() -> Producer,
+) -> Result<TagHold, Arc<ProducerShared>> {
+    let p = match producers.entry(which) {
+        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+        std::collections::hash_map::Entry::Vacant(e) => e.insert(fresh()),
+    };
+    if p.shared.broken.load(Ordering::Relaxed) {
+        *p = Producer::new();
+    }
+    if !p.shared.admits(p.next_seq) {
+        return Err(p.shared.clone());
+    }
+    let tag = ProducerTag { producer: p.id, seq: p.next_seq };
+    p.next_seq = p.next_seq.wrapping_add(1);
+    Ok(p.shared.hold(tag))
 }
 
 #[cfg(test)]

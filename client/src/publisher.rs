@@ -29,7 +29,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use felix_proto::{
     key_hash, shard_for_key, AckMode, AckRequest, Capabilities, ErrorCode, Frame, Limits, Payload,
-    ProducerTag, Publish, Record, RequestId, ShardId,
+    Publish, Record, RequestId, ShardId,
 };
 use tokio::sync::{oneshot, Semaphore};
 use tokio::time::Instant;
@@ -48,7 +48,8 @@ use crate::conn::{Conn, Lane};
 use crate::error::ClientError;
 use crate::pool::Pool;
 pub use crate::producer::PRODUCER_IN_FLIGHT_MAX;
-use crate::producer::{mark_broken, outcome_unknown, Producer, ProducerShared, TagHold};
+use crate::producer::{mark_broken, outcome_unknown, take_tag, Producer, TagHold};
+use crate::resend::{resolve, Resend};
 
 /// Publishes records to one stream. Cheap to clone; clones share the workers.
 #[derive(Clone)]
@@ -775,6 +776,7 @@ impl Worker {
         }
         let waiter = lane.waiter();
         let limit = conn.ack_timeout();
+        let peer = conn.peer();
         let lost = self.lost.clone();
         let queue = self.queue.clone();
         let ctx = self.ctx.clone();
@@ -785,6 +787,10 @@ impl Worker {
                 if answer.as_ref().is_err_and(ClientError::is_connection_lost) {
                     // The outcome is unknown (no resend), but the broker may be gone.
                     cluster.invalidate(&resend.stream);
+                }
+                if let Err(e @ ClientError::Timeout { .. }) = &answer {
+                    cluster.invalidate(&resend.stream);
+                    cluster.mark_unreachable(peer, e.clone());
                 }
                 answer = resend.follow(&cluster, answer).await;
             } else if out.tag.is_some() {
@@ -835,29 +841,6 @@ fn new_producer(
     }
 }
 
-/// The next tag of the producer at `which` in `producers` (a fresh one, `fresh`, when it has
-/// none or its last one broke), or, when its window is full, what its batches share (to wait
-/// on).
-fn take_tag<K: std::hash::Hash + Eq>(
-    producers: &mut HashMap<K, Producer>,
-    which: K,
-    fresh: impl FnOnce() -> Producer,
-) -> Result<TagHold, Arc<ProducerShared>> {
-    let p = match producers.entry(which) {
-        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-        std::collections::hash_map::Entry::Vacant(e) => e.insert(fresh()),
-    };
-    if p.shared.broken.load(Ordering::Relaxed) {
-        *p = Producer::new();
-    }
-    if !p.shared.admits(p.next_seq) {
-        return Err(p.shared.clone());
-    }
-    let tag = ProducerTag { producer: p.id, seq: p.next_seq };
-    p.next_seq = p.next_seq.wrapping_add(1);
-    Ok(p.shared.hold(tag))
-}
-
 /// Pause before sending parked batches again when the last attempt parked all of them.
 const RESEND_PAUSE_MS: u64 = 50;
 
@@ -877,85 +860,4 @@ fn park_or_fail(
     tracing::debug!(error = %e, "idempotent batch parked, to be sent again");
     lost.lock().unwrap_or_else(|p| p.into_inner()).push(out);
     queue.wake();
-}
-
-/// An acked batch kept for sending again in a cluster.
-#[derive(Clone)]
-struct Resend {
-    stream: String,
-    key: Option<Bytes>,
-    producer: Option<ProducerTag>,
-    records: Vec<felix_proto::Payload>,
-    mode: AckMode,
-    /// How long an idempotent batch is retried (`PublishSettings::retry_timeout_ms`).
-    retry_ms: u64,
-}
-
-impl Resend {
-    /// Follows `first` (see `Cluster::follow`): a NotOwner or ShardUnavailable answer sends
-    /// the batch again, on the control lane of the owner's connection for its shard. An
-    /// idempotent batch is also sent again when its outcome is unknown (the connection was
-    /// lost, or the ack timed out: its broker may have died, and the shard's next leader
-    /// stores a repeat once) or came before an earlier batch of its producer
-    /// (`OutOfOrderSequence`: that one is being sent again too), until its retry timeout.
-    async fn follow(
-        &self,
-        cluster: &Cluster,
-        first: Result<Frame, ClientError>,
-    ) -> Result<Frame, ClientError> {
-        let shard = match (&self.key, cluster.cached_shards(&self.stream)) {
-            (Some(key), Some(n)) => Some(shard_for_key(key, n)),
-            _ => None,
-        };
-        let patience = self.producer.map(|_| self.retry_ms);
-        cluster
-            .follow(&self.stream, shard, self.retryable(first), patience, |conn| {
-                let batch = self.clone();
-                async move {
-                    let id = conn.next_request_id();
-                    let frame = Frame::Publish(Publish {
-                        ack: Some(AckRequest { request_id: id, mode: batch.mode }),
-                        key: batch.key.clone(),
-                        producer: batch.producer,
-                        stream: batch.stream.clone(),
-                        records: batch.records.clone(),
-                    });
-                    batch.retryable(conn.request(id, &frame).await)
-                }
-            })
-            .await
-    }
-
-    /// `answer`, with the failures an idempotent batch retries turned into `ShardUnavailable`.
-    fn retryable(&self, answer: Result<Frame, ClientError>) -> Result<Frame, ClientError> {
-        match answer {
-            Err(e) if self.producer.is_some() && outcome_unknown(&e) => {
-                Err(unavailable(&self.stream, None))
-            }
-            Err(ClientError::Broker { code: ErrorCode::OutOfOrderSequence, .. })
-                if self.producer.is_some() =>
-            {
-                Err(unavailable(&self.stream, None))
-            }
-            other => other,
-        }
-    }
-}
-
-/// Resolves a batch of `count` records with its ack (or failure).
-fn resolve(completion: Completion, count: usize, answer: Result<Frame, ClientError>) {
-    let result = match answer {
-        Ok(Frame::PublishAck(ack)) if ack.count as usize == count => {
-            BatchResult::Acked { shard: ack.shard, base: ack.base_offset }
-        }
-        Ok(Frame::PublishAck(ack)) => BatchResult::Failed(ClientError::Protocol(format!(
-            "ack for {} records of {count}",
-            ack.count
-        ))),
-        Ok(other) => {
-            BatchResult::Failed(crate::conn::unexpected(&other, felix_proto::FrameType::PublishAck))
-        }
-        Err(e) => BatchResult::Failed(e),
-    };
-    completion.resolve(result);
 }

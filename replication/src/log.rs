@@ -117,6 +117,19 @@ impl ReplicaLog {
         }
     }
 
+    /// The batch boundary from which the batches that end at or below `below` hold about
+    /// `keep` payload bytes (at least `keep`, less than one batch more): the payloads below it
+    /// can be released keeping the newest `keep` bytes. A binary search on the byte positions.
+    pub fn keeping_last_bytes(&self, below: Offset, keep: u64) -> Offset {
+        let upto = self.batches.partition_point(|b| b.end() <= below);
+        let Some(&total) = upto.checked_sub(1).and_then(|i| self.bytes_through.get(i)) else {
+            return Offset(0);
+        };
+        let floor = total.saturating_sub(keep);
+        let i = self.bytes_through[..upto].partition_point(|&c| c <= floor);
+        i.checked_sub(1).map_or(Offset(0), |i| self.batches[i].end())
+    }
+
     /// Payload bytes from offset `from` (a batch boundary, or the end) to the log end.
     pub fn bytes_after(&self, from: Offset) -> u64 {
         let total = self.bytes_through.last().copied().unwrap_or(0);
@@ -303,6 +316,24 @@ mod tests {
         assert_eq!((log.bytes_after(Offset(0)), log.bytes_after(Offset(2))), (1, 0));
         log.append(batch(3, 2, 1, None)).unwrap();
         assert_eq!(log.bytes_after(Offset(0)), 2);
+    }
+
+    #[test]
+    fn keeping_the_newest_bytes() {
+        // Five one-byte batches at 0, 2, 3, 7, 8.
+        let log = ReplicaLog::from_batches(vec![
+            batch(1, 0, 2, None),
+            batch(1, 2, 1, None),
+            batch(1, 3, 4, None),
+            batch(1, 7, 1, None),
+            batch(1, 8, 1, None),
+        ])
+        .unwrap();
+        assert_eq!(log.keeping_last_bytes(Offset(9), 2), Offset(7), "the last two batches kept");
+        assert_eq!(log.keeping_last_bytes(Offset(7), 2), Offset(2), "below offset 7 only");
+        assert_eq!(log.keeping_last_bytes(Offset(9), 10), Offset(0), "all of it fits");
+        assert_eq!(log.keeping_last_bytes(Offset(9), 0), Offset(9), "nothing kept");
+        assert_eq!(log.keeping_last_bytes(Offset(0), 1), Offset(0));
     }
 
     #[test]

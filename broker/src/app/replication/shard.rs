@@ -268,17 +268,7 @@ impl ShardReplica {
     /// Payloads of committed batches below the returned offset leave memory: the newest
     /// [`RESIDENT_PAYLOAD_BYTES`] stay for fetches and the tail.
     fn resident_start(&self, committed: Offset) -> Offset {
-        let replica = self.replica.borrow();
-        let batches = replica.log().batches();
-        let mut bytes = 0u64;
-        let upto = batches.partition_point(|b| b.end() <= committed);
-        for b in batches[..upto].iter().rev() {
-            bytes += b.payload.len() as u64;
-            if bytes > RESIDENT_PAYLOAD_BYTES {
-                return b.end();
-            }
-        }
-        Offset(0)
+        self.replica.borrow().log().keeping_last_bytes(committed, RESIDENT_PAYLOAD_BYTES)
     }
 
     /// Answers every waiting append with `LeaseExpired` (the broker's lease ran out: none can

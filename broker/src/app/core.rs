@@ -462,7 +462,7 @@ impl CoreApp {
             .iter()
             .map(|r| (r.value.len() + r.key.as_ref().map_or(0, Bytes::len)) as u64)
             .sum();
-        if let Some(host) = self.replication.get().filter(|h| h.is_replicated(stream, shard)) {
+        if let Some(host) = self.replication.get().filter(|h| h.is_replicated(stream)) {
             let base = host.append(stream, shard, records, timestamp_ms, ack, producer).await?;
             stats::add(&self.stats.counters.storage_append_bytes, bytes);
             stats::add(&self.stats.counters.storage_appends, 1);

@@ -74,7 +74,8 @@ pub struct Host {
     min_insync: usize,
     agent: AgentClient,
     link: Rc<ClusterLink>,
-    shards: RefCell<HashMap<(String, u32), Rc<ShardReplica>>>,
+    /// The running replicas, by stream and shard (looked up by `&str`, with no allocation).
+    shards: RefCell<HashMap<String, HashMap<u32, Rc<ShardReplica>>>>,
     opening: RefCell<HashSet<(String, u32)>>,
     /// Replicas that could not start, and when they may be tried again.
     retry_at: RefCell<HashMap<(String, u32), Time>>,
@@ -128,12 +129,12 @@ impl Host {
     /// The replica of `shard` of `stream` on this core, if the stream is replicated and the
     /// replica is running.
     pub fn replica(&self, stream: &str, shard: ShardId) -> Option<Rc<ShardReplica>> {
-        self.shards.borrow().get(&(stream.to_owned(), shard.0)).cloned()
+        self.shards.borrow().get(stream).and_then(|s| s.get(&shard.0)).cloned()
     }
 
-    /// Whether `stream` is replicated (the cluster keeps a group per shard).
-    pub fn is_replicated(&self, stream: &str, shard: ShardId) -> bool {
-        self.link.view().group(stream, shard.0).is_some()
+    /// Whether `stream` is replicated (defined with more than one replica).
+    pub fn is_replicated(&self, stream: &str) -> bool {
+        self.link.view().replication.get(stream).is_some_and(|n| *n > 1)
     }
 
     /// Appends a client's batch to a replicated shard this broker leads; resolves to its base
@@ -194,7 +195,7 @@ impl Host {
     /// Subscribers may read `shard` of `stream` below this offset (its commit point), when
     /// the shard is replicated.
     pub fn visible_end(&self, stream: &str, shard: ShardId) -> Option<Offset> {
-        if !self.is_replicated(stream, shard) {
+        if !self.is_replicated(stream) {
             return None;
         }
         Some(self.replica(stream, shard).map_or(Offset(0), |r| r.visible_end()))
@@ -278,7 +279,7 @@ impl Host {
             }
             let Some(me) = group.number(&self.me) else { continue };
             let key = (stream.clone(), *shard);
-            if self.shards.borrow().contains_key(&key)
+            if self.replica(stream, ShardId(*shard)).is_some()
                 || self.retry_at.borrow().get(&key).is_some_and(|at| self.now() < *at)
                 || !self.opening.borrow_mut().insert(key.clone())
             {
@@ -316,7 +317,7 @@ impl Host {
         let shard = ShardId(key.1);
         let (replica, disk_rx) = ShardReplica::open(entry, log, shard, nodes, me, config).await?;
         glommio::spawn_local(replica.clone().run_disk(self.clone(), disk_rx)).detach();
-        self.shards.borrow_mut().insert(key.clone(), replica);
+        self.shards.borrow_mut().entry(key.0.clone()).or_default().insert(key.1, replica);
         tracing::info!(stream = %key.0, shard = key.1, replica = me.0, "replica started");
         Ok(())
     }
@@ -398,7 +399,8 @@ impl Host {
             let t = self.time_of(at);
             Time(t.0.saturating_sub(LEASE_DRIFT_MARGIN_MS))
         });
-        let shards: Vec<Rc<ShardReplica>> = self.shards.borrow().values().cloned().collect();
+        let shards: Vec<Rc<ShardReplica>> =
+            self.shards.borrow().values().flat_map(|s| s.values().cloned()).collect();
         if now.0 / 1000 != self.last_report.replace(now.0 / 1000) {
             self.report(&shards, now, valid_until);
         }

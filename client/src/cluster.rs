@@ -297,32 +297,46 @@ impl Cluster {
         macro_rules! attempt {
             ($conn:expr) => {
                 match $conn {
-                    Ok(conn) => match request(conn).await {
-                        Err(e) if resend && is_unreachable(&e) => last = e,
-                        Err(e) if skip(&e) => last = e,
-                        other => return other,
-                    },
+                    Ok(conn) => {
+                        let peer = conn.peer();
+                        match request(conn).await {
+                            Err(e) if resend && is_unreachable(&e) => {
+                                // Timed out or lost: not asked again for a moment.
+                                self.mark_unreachable(peer, e.clone());
+                                last = e
+                            }
+                            Err(e) if skip(&e) => last = e,
+                            other => return other,
+                        }
+                    }
                     Err(e) if is_unreachable(&e) => last = e,
                     Err(e) => return Err(e),
                 }
             };
         }
+        // A broker that could not be reached a moment ago is not waited for again.
+        let recently_failed = |addr: SocketAddr| -> Option<ClientError> {
+            let state = self.lock();
+            let (at, e) = state.failed.get(&addr)?;
+            (at.elapsed() < Duration::from_millis(POOL_RETRY_AFTER_MS)).then(|| e.clone())
+        };
         let pools = self.pools();
-        for conn in pools.iter().filter_map(|p| p.open_conn()) {
-            attempt!(Ok::<_, ClientError>(conn));
+        for pool in &pools {
+            let Some(conn) = pool.open_conn() else { continue };
+            match recently_failed(pool.addr()) {
+                Some(e) => last = e,
+                None => attempt!(Ok::<_, ClientError>(conn)),
+            }
         }
         for pool in &pools {
-            // A broker that could not be reached a moment ago is not waited for again.
-            if let Some((at, e)) = self.lock().failed.get(&pool.addr()) {
-                if at.elapsed() < Duration::from_millis(POOL_RETRY_AFTER_MS) {
-                    last = e.clone();
-                    continue;
-                }
+            if let Some(e) = recently_failed(pool.addr()) {
+                last = e;
+                continue;
             }
             let conn = pool.conn_once(0).await;
             if let Err(e) = &conn {
                 if is_unreachable(e) {
-                    self.lock().failed.insert(pool.addr(), (Instant::now(), e.clone()));
+                    self.mark_unreachable(pool.addr(), e.clone());
                 }
             }
             attempt!(conn);

@@ -12,6 +12,7 @@ use crate::error::{DecodeError, ErrorCode};
 use crate::header::{Capabilities, Flags, FrameHeader, FrameType, HEADER_LEN};
 use crate::limits::{self, Limits};
 use crate::payload::Payload;
+use crate::publish;
 use crate::replica::{self, Replicate};
 use crate::{AckMode, CoreId, Offset, ProducerId, ProducerTag, Record, ShardId};
 
@@ -319,19 +320,7 @@ impl Frame {
     /// The flag bits this frame is encoded with.
     pub fn flags(&self) -> Flags {
         match self {
-            Self::Publish(p) => {
-                let mut bits = 0;
-                if p.ack.is_some() {
-                    bits |= Flags::ACKED.0;
-                }
-                if p.key.is_some() {
-                    bits |= Flags::KEYED.0;
-                }
-                if p.producer.is_some() {
-                    bits |= Flags::PRODUCER.0;
-                }
-                Flags(bits)
-            }
+            Self::Publish(p) => p.flags(),
             Self::CreateStream(c) if c.replicas.is_some() => Flags::REPLICAS,
             _ => Flags::NONE,
         }
@@ -416,25 +405,7 @@ impl Frame {
             Self::Metadata(m) => cluster::encode_metadata(m, dst),
             Self::MetadataOk(m) => cluster::encode_metadata_ok(m, dst),
             Self::NotOwner(n) => cluster::encode_not_owner(n, dst),
-            Self::Publish(p) => {
-                if let Some(ack) = p.ack {
-                    dst.put_u64(ack.request_id.0);
-                    dst.put_u8(ack.mode as u8);
-                }
-                if let Some(key) = &p.key {
-                    dst.put_bytes_u16(key);
-                }
-                if let Some(tag) = p.producer {
-                    dst.put_u64(tag.producer.0);
-                    dst.put_u32(tag.seq);
-                }
-                dst.put_bytes_u16(p.stream.as_bytes());
-                dst.put_u32(len_u32(p.records.len()));
-                for r in &p.records {
-                    dst.put_u32(len_u32(r.len()));
-                    put_payload(dst, r);
-                }
-            }
+            Self::Publish(p) => publish::encode_publish_body(p, dst),
             Self::PublishAck(a) => {
                 dst.put_u64(a.request_id.0);
                 dst.put_u32(a.shard.0);

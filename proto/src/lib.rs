@@ -17,6 +17,7 @@ pub mod header;
 pub mod ids;
 pub mod limits;
 pub mod payload;
+mod publish;
 pub mod record;
 pub mod replica;
 pub mod stream_name;

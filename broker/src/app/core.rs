@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_proto::{
@@ -488,7 +488,7 @@ impl CoreApp {
         stats::add(&self.stats.counters.storage_append_bytes, bytes);
         stats::add(&self.stats.counters.storage_appends, 1);
         entry.tails.with(shard, |t| {
-            t.handle_append(shard, out.base_offset, timestamp_ms, records.to_vec())
+            t.handle_append(Instant::now(), shard, out.base_offset, timestamp_ms, records.to_vec())
         });
         Ok(out)
     }
@@ -714,6 +714,14 @@ impl CoreApp {
             }
         }
         let _ = self.offsets_log.flush().await;
+    }
+
+    /// Lets every tail on this core go of the records no subscriber read in time
+    /// ([`super::tail::TAIL_RAW_AGE_MS`]).
+    pub fn release_tails(&self, now: Instant) {
+        for e in self.entries() {
+            e.tails.release_raw(now);
+        }
     }
 
     /// Copies storage statistics and histograms into the shared slots.

@@ -441,6 +441,15 @@ async fn open_core(
     store
         .start_retention(Duration::from_millis(RETENTION_INTERVAL_MS))
         .map_err(|source| CoreOpenError::Retention { core, source })?;
+    let sweeper = Rc::downgrade(&app);
+    glommio::spawn_local(async move {
+        loop {
+            glommio::timer::sleep(Duration::from_millis(tail::TAIL_SWEEP_MS)).await;
+            let Some(app) = sweeper.upgrade() else { return };
+            app.release_tails(Instant::now());
+        }
+    })
+    .detach();
     let publisher = app.clone();
     glommio::spawn_local(async move {
         loop {

@@ -7,19 +7,32 @@
 //! itself. The tail of a shard holds at most [`TAIL_BYTES_PER_SHARD`] of payload; older batches
 //! are read from the log. The EventBatch frame of a cached batch is encoded the first time a
 //! subscriber asks for it and shared (a `Bytes` clone) with every later one, across cores too.
+//!
+//! A batch's records point into the packet buffers they arrived in (nothing copied them), and
+//! while they are held those buffers cannot be received into again (`net::recv`). So a batch
+//! keeps its records only until it is encoded (the frame is its own copy) or for
+//! [`TAIL_RAW_AGE_MS`], whichever comes first: a batch no subscriber asked for by then leaves
+//! the tail, with every batch before it (the tail stays contiguous), and is read from the log.
+//! A subscriber at the tail is woken by the append and encodes the batch at once.
 
-use std::cell::{Cell, OnceCell, RefCell};
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::{Rc, Weak};
 use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use felix_proto::{encode_event_batch, EventBatch, Offset, Record, ShardId};
 
 /// Payload bytes kept in memory per owned shard.
 pub const TAIL_BYTES_PER_SHARD: usize = 4 << 20;
+/// How long a batch no subscriber has read keeps its records (and the packet buffers they
+/// point into) before it leaves the tail.
+pub const TAIL_RAW_AGE_MS: u64 = 10;
+/// How often each core looks for such batches.
+pub const TAIL_SWEEP_MS: u64 = 5;
 /// Tail readers waiting per shard; past it readers poll every [`CROWDED_RETRY_MS`].
 pub const TAIL_WAITERS_PER_SHARD: usize = 4096;
 /// How long a reader turned away from a crowded tail waits before it asks again.
@@ -57,31 +70,32 @@ impl EncodedBatch {
 struct Cached {
     shard: ShardId,
     base_offset: u64,
+    count: u64,
     timestamp_ms: u64,
-    records: Vec<Record>,
+    /// The records as received, until the batch is encoded.
+    records: Option<Vec<Record>>,
     bytes: usize,
-    frame: OnceCell<EncodedBatch>,
+    frame: Option<EncodedBatch>,
 }
 
 impl Cached {
     fn end(&self) -> u64 {
-        self.base_offset + self.records.len() as u64
+        self.base_offset + self.count
     }
 
-    fn encoded(&self, encodes: &mut u64) -> EncodedBatch {
-        if self.frame.get().is_none() {
-            *encodes += 1;
+    fn encoded(&mut self, encodes: &mut u64) -> EncodedBatch {
+        if let Some(frame) = &self.frame {
+            return frame.clone();
         }
-        self.frame
-            .get_or_init(|| {
-                EncodedBatch::encode(&EventBatch {
-                    shard: self.shard,
-                    base_offset: Offset(self.base_offset),
-                    timestamp_ms: self.timestamp_ms,
-                    records: self.records.clone(),
-                })
-            })
-            .clone()
+        *encodes += 1;
+        let frame = EncodedBatch::encode(&EventBatch {
+            shard: self.shard,
+            base_offset: Offset(self.base_offset),
+            timestamp_ms: self.timestamp_ms,
+            records: self.records.take().unwrap_or_default(),
+        });
+        self.frame = Some(frame.clone());
+        frame
     }
 }
 
@@ -123,8 +137,11 @@ pub enum TailRead {
 /// The in-memory tail of one shard.
 #[derive(Default)]
 pub struct ShardTail {
-    batches: VecDeque<Rc<Cached>>,
+    batches: VecDeque<Cached>,
     bytes: usize,
+    /// When each batch still holding its records arrived, and its first offset, oldest first
+    /// (a batch encoded since is skipped when its turn comes).
+    raw: VecDeque<(Instant, u64)>,
     /// The next offset no completed append has reached yet, once known.
     next: Option<u64>,
     waiters: Vec<Weak<WaitSlot>>,
@@ -136,6 +153,7 @@ impl ShardTail {
     /// Records a completed append.
     pub fn handle_append(
         &mut self,
+        now: Instant,
         shard: ShardId,
         base_offset: Offset,
         timestamp_ms: u64,
@@ -147,16 +165,19 @@ impl ShardTail {
         if self.batches.back().is_some_and(|b| b.end() != base_offset.0) {
             // Completed out of order: restart the tail here.
             self.batches.clear();
+            self.raw.clear();
             self.bytes = 0;
         }
-        self.batches.push_back(Rc::new(Cached {
+        self.batches.push_back(Cached {
             shard,
             base_offset: base_offset.0,
+            count: records.len() as u64,
             timestamp_ms,
-            records,
+            records: Some(records),
             bytes,
-            frame: OnceCell::new(),
-        }));
+            frame: None,
+        });
+        self.raw.push_back((now, base_offset.0));
         self.bytes += bytes;
         self.next = Some(self.next.map_or(end, |n| n.max(end)));
         while self.bytes > TAIL_BYTES_PER_SHARD && self.batches.len() > 1 {
@@ -164,6 +185,7 @@ impl ShardTail {
                 self.bytes -= old.bytes;
             }
         }
+        self.release_raw(now);
         for w in self.waiters.drain(..) {
             if let Some(slot) = w.upgrade() {
                 slot.woken.set(true);
@@ -200,7 +222,7 @@ impl ShardTail {
         }
         let mut out = Vec::new();
         let mut taken = 0;
-        for b in self.batches.range(i..) {
+        for b in self.batches.range_mut(i..) {
             if taken > 0 && taken + b.bytes > max_bytes {
                 break;
             }
@@ -208,6 +230,33 @@ impl ShardTail {
             out.push(b.encoded(&mut self.encodes));
         }
         TailRead::Batches(out)
+    }
+
+    /// Lets go of the batches no subscriber read within [`TAIL_RAW_AGE_MS`] of their arrival,
+    /// with every batch before them.
+    pub fn release_raw(&mut self, now: Instant) {
+        let age = Duration::from_millis(TAIL_RAW_AGE_MS);
+        let mut cut = None;
+        while let Some(&(at, base)) = self.raw.front() {
+            if now.saturating_duration_since(at) < age {
+                break;
+            }
+            self.raw.pop_front();
+            let i = self.batches.partition_point(|b| b.base_offset < base);
+            if self.batches.get(i).is_some_and(|b| b.base_offset == base && b.frame.is_none()) {
+                cut = Some(i);
+            }
+        }
+        if let Some(last) = cut {
+            for b in self.batches.drain(..=last) {
+                self.bytes -= b.bytes;
+            }
+        }
+    }
+
+    /// Batches holding their records as received (for tests and metrics).
+    pub fn raw_batches(&self) -> usize {
+        self.batches.iter().filter(|b| b.frame.is_none()).count()
     }
 }
 
@@ -222,6 +271,13 @@ impl StreamTails {
     pub fn with<R>(&self, shard: ShardId, f: impl FnOnce(&mut ShardTail) -> R) -> R {
         f(self.shards.borrow_mut().entry(shard).or_default())
     }
+
+    /// [`ShardTail::release_raw`] on every shard.
+    pub fn release_raw(&self, now: Instant) {
+        for t in self.shards.borrow_mut().values_mut() {
+            t.release_raw(now);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -234,9 +290,10 @@ mod tests {
 
     #[test]
     fn serves_contiguous_batches_and_encodes_once() {
+        let now = Instant::now();
         let mut t = ShardTail::default();
-        t.handle_append(ShardId(1), Offset(0), 5, recs(3));
-        t.handle_append(ShardId(1), Offset(3), 6, recs(2));
+        t.handle_append(now, ShardId(1), Offset(0), 5, recs(3));
+        t.handle_append(now, ShardId(1), Offset(3), 6, recs(2));
         let TailRead::Batches(a) = t.read(Offset(0), 1 << 20, Offset(5)) else { panic!("miss") };
         assert_eq!(
             a.iter().map(|b| (b.base_offset.0, b.count)).collect::<Vec<_>>(),
@@ -252,15 +309,45 @@ mod tests {
 
     #[test]
     fn out_of_order_completion_restarts_the_tail_and_memory_is_bounded() {
+        let now = Instant::now();
         let mut t = ShardTail::default();
-        t.handle_append(ShardId(0), Offset(0), 0, recs(1));
-        t.handle_append(ShardId(0), Offset(5), 0, recs(1));
+        t.handle_append(now, ShardId(0), Offset(0), 0, recs(1));
+        t.handle_append(now, ShardId(0), Offset(5), 0, recs(1));
         assert!(matches!(t.read(Offset(0), 1 << 20, Offset(6)), TailRead::Miss));
         let big = vec![Record::unkeyed(vec![0u8; TAIL_BYTES_PER_SHARD / 2])];
         for i in 0..10u64 {
-            t.handle_append(ShardId(0), Offset(6 + i), 0, big.clone());
+            t.handle_append(now, ShardId(0), Offset(6 + i), 0, big.clone());
         }
         assert!(t.bytes <= TAIL_BYTES_PER_SHARD);
         assert!(matches!(t.read(Offset(15), 1 << 20, Offset(16)), TailRead::Batches(_)));
+    }
+
+    #[test]
+    fn unread_batches_let_go_of_their_records_after_the_raw_age() {
+        let t0 = Instant::now();
+        let age = Duration::from_millis(TAIL_RAW_AGE_MS);
+        let mut t = ShardTail::default();
+        t.handle_append(t0, ShardId(0), Offset(0), 0, recs(2));
+        t.handle_append(t0, ShardId(0), Offset(2), 0, recs(2));
+        // Read (encoded) in time: the first batch keeps its frame, not its records.
+        let TailRead::Batches(a) = t.read(Offset(0), 10, Offset(4)) else { panic!("miss") };
+        assert_eq!(a.len(), 1);
+        assert_eq!(t.raw_batches(), 1);
+        t.handle_append(t0 + age / 2, ShardId(0), Offset(4), 0, recs(2));
+        t.release_raw(t0 + age - Duration::from_millis(1));
+        assert_eq!(t.raw_batches(), 2, "nothing is let go before the age");
+        // The unread batch at 2 ages out, and the read one before it goes with it (the tail
+        // stays contiguous); the batch at 4 is younger and stays.
+        t.release_raw(t0 + age);
+        assert_eq!(t.raw_batches(), 1);
+        assert!(matches!(t.read(Offset(0), 1 << 20, Offset(6)), TailRead::Miss));
+        assert!(matches!(t.read(Offset(2), 1 << 20, Offset(6)), TailRead::Miss));
+        let TailRead::Batches(b) = t.read(Offset(4), 1 << 20, Offset(6)) else { panic!("miss") };
+        assert_eq!((b[0].base_offset.0, b[0].count), (4, 2));
+        // Encoded, it outlives the age.
+        t.release_raw(t0 + age * 10);
+        assert_eq!(t.raw_batches(), 0);
+        assert!(matches!(t.read(Offset(4), 1 << 20, Offset(6)), TailRead::Batches(_)));
+        assert_eq!(t.bytes, 20);
     }
 }

@@ -23,7 +23,6 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use glommio::channels::shared_channel::{ConnectedReceiver, ConnectedSender};
 use glommio::timer::Timer;
 use quinn_proto::{ConnectionHandle, EcnCodepoint};
@@ -31,13 +30,14 @@ use quinn_udp::{RecvMeta, UdpSocketState, BATCH_SIZE};
 use socket2::Socket;
 
 use super::core::{CoreState, Datagram, DriveOutcome};
+use super::recv::RecvSlabs;
 use super::stats::CoreStats;
 use super::transmit::OutTransmit;
 
 /// Most `recvmmsg` calls per readiness wake-up before the receive task yields.
 const MAX_RECV_CALLS_PER_WAKE: usize = 8;
-/// Largest GRO buffer: the kernel coalesces at most 64 KiB into one receive.
-const MAX_GRO_BYTES: usize = 64 * 1024;
+/// How long the socket stays quiet before the receive task trims its retired slabs.
+const IDLE_TRIM_MS: u64 = 100;
 /// How long the receive task backs off after the socket reported an error.
 const SOCKET_ERROR_BACKOFF_MS: u64 = 1;
 /// How often shutdown looks whether every connection has drained.
@@ -138,11 +138,7 @@ impl CoreShell {
     /// One `recvmmsg`: feeds every datagram to the state and sends what it answered. Returns
     /// false when the socket is empty (or failed).
     fn recv_batch(self: &Rc<Self>, bufs: &mut RecvBuffers) -> bool {
-        let mut chunks = bufs.storage.chunks_mut(MAX_GRO_BYTES);
-        let mut iovs: [IoSliceMut<'_>; BATCH_SIZE] = std::array::from_fn(|_| {
-            // Cannot fail: `storage` holds exactly BATCH_SIZE chunks.
-            IoSliceMut::new(chunks.next().unwrap_or_default())
-        });
+        let mut iovs: [IoSliceMut<'_>; BATCH_SIZE] = bufs.slabs.iovs();
         let n = match self.io.state.recv((&self.io.socket).into(), &mut iovs, &mut bufs.metas) {
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
@@ -155,8 +151,8 @@ impl CoreShell {
         let now = Instant::now();
         {
             let mut st = self.state.borrow_mut();
-            for (meta, iov) in bufs.metas.iter().zip(iovs.iter()).take(n) {
-                let mut data: BytesMut = iov[..meta.len].into();
+            for (slot, meta) in bufs.metas.iter().enumerate().take(n) {
+                let mut data = bufs.slabs.take(slot, meta.len);
                 let stride = meta.stride.max(1);
                 let ecn = meta.ecn.and_then(|e| EcnCodepoint::from_bits(e as u8));
                 while !data.is_empty() {
@@ -250,24 +246,32 @@ impl ConnTimer {
     }
 }
 
-/// The receive task's buffers: one GRO-sized chunk per message of a `recvmmsg` batch.
+/// The receive task's buffers: a slab per message of a `recvmmsg` batch.
 struct RecvBuffers {
-    storage: Vec<u8>,
+    slabs: RecvSlabs,
     metas: [RecvMeta; BATCH_SIZE],
 }
 
 /// The receive task: waits for readability, drains the socket in batches, feeds the core.
 pub(crate) async fn recv_loop(core: CoreRef, ready: glommio::net::UdpSocket) {
-    let mut bufs = RecvBuffers {
-        storage: vec![0u8; MAX_GRO_BYTES * BATCH_SIZE],
-        metas: [RecvMeta::default(); BATCH_SIZE],
-    };
+    let mut bufs =
+        RecvBuffers { slabs: RecvSlabs::new(BATCH_SIZE), metas: [RecvMeta::default(); BATCH_SIZE] };
     let mut probe = [0u8; 1];
     loop {
         if core.state().is_finished() {
             return;
         }
-        if ready.peek_from(&mut probe).await.is_err() {
+        // Idle for a while: give back the retired slabs nothing holds any more.
+        let peek = async { Some(ready.peek_from(&mut probe).await) };
+        let idle = async {
+            glommio::timer::sleep(Duration::from_millis(IDLE_TRIM_MS)).await;
+            None
+        };
+        let Some(peeked) = futures_lite::future::or(peek, idle).await else {
+            bufs.slabs.trim();
+            continue;
+        };
+        if peeked.is_err() {
             CoreStats::add(&core.stats.socket_errors, 1);
             glommio::timer::sleep(Duration::from_millis(SOCKET_ERROR_BACKOFF_MS)).await;
             continue;

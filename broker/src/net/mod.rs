@@ -7,6 +7,7 @@ pub mod config;
 pub mod conn;
 pub(crate) mod core;
 pub(crate) mod driver;
+mod recv;
 pub mod server;
 pub mod stats;
 pub mod steering;

@@ -4,4 +4,5 @@
 //! `socket`: raw-fd plumbing between socket2, quinn-udp and glommio.
 
 pub mod bpf;
+pub mod slab;
 pub mod socket;

@@ -11,6 +11,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
+use std::time::Instant;
 
 use bytes::Bytes;
 use felix_proto::{Offset, ProducerTag, Record, ShardId};
@@ -253,10 +254,9 @@ impl ShardReplica {
                 continue; // released: subscribers read it from storage
             }
             match payload::decode(&b.payload, b.records) {
-                Ok((ts, records)) => self
-                    .entry
-                    .tails
-                    .with(self.shard, |t| t.handle_append(self.shard, b.base, ts, records)),
+                Ok((ts, records)) => self.entry.tails.with(self.shard, |t| {
+                    t.handle_append(Instant::now(), self.shard, b.base, ts, records)
+                }),
                 Err(e) => {
                     tracing::warn!(stream = %self.stream, shard = self.shard.0, error = %e, "tail feed")
                 }

@@ -31,8 +31,10 @@ pub(crate) const SLAB_BYTES: usize = 2 * MAX_GRO_BYTES;
 pub(crate) const RETIRED_MAX: usize = 1024;
 /// Free retired slabs an idle socket keeps.
 pub(crate) const IDLE_KEEP: usize = 8;
-/// How many of the oldest retired slabs are tried before a new one is allocated.
-const REUSE_TRIES: usize = 4;
+/// How many of the newest, then of the oldest, retired slabs are tried before a new one is
+/// allocated.
+const NEWEST_TRIES: usize = 2;
+const OLDEST_TRIES: usize = 4;
 
 /// The slabs of one receive task (see the module docs).
 pub(crate) struct RecvSlabs {
@@ -94,9 +96,15 @@ impl RecvSlabs {
         });
     }
 
+    /// A slab to receive into: a retired one nothing holds any more, else a new one. The newest
+    /// retired slabs are tried first (freed at once when their datagrams were consumed in the
+    /// same round, they are still in cache), then the oldest (freed in arrival order when
+    /// records are held until stored and acked).
     fn next_slab(&mut self) -> RecvSlab {
-        let tries = self.retired.len().min(REUSE_TRIES);
-        for i in 0..tries {
+        let n = self.retired.len();
+        let newest = (n.saturating_sub(NEWEST_TRIES)..n).rev();
+        let oldest = 0..n.min(OLDEST_TRIES).min(n.saturating_sub(NEWEST_TRIES));
+        for i in newest.chain(oldest) {
             if self.retired[i].try_reuse() {
                 if let Some(s) = self.retired.remove(i) {
                     return s;

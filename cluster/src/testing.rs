@@ -5,6 +5,14 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+/// How many times a start is tried (fresh ports and data directory each time) before a test
+/// fails: tests run in parallel, and a port another test's etcd took between our probe and
+/// its bind makes etcd exit at once.
+const START_TRIES: u32 = 5;
+/// How long one start may take before it is given up (etcd answers in well under a second on
+/// an idle machine; CI machines are loaded).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// An etcd server of the test's own.
 pub struct Etcd {
     child: Option<Child>,
@@ -14,8 +22,25 @@ pub struct Etcd {
     dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// A fresh data directory, in memory (`/dev/shm`) where the machine has one: etcd fsyncs
+/// every write, and on a loaded shared disk that stalled lease expiry for seconds, which the
+/// tests' timing bounds (a lease TTL plus a margin) are not about. A killed etcd restarts from
+/// it all the same (the data outlives the process).
+fn data_dir() -> tempfile::TempDir {
+    let shm = std::path::Path::new("/dev/shm");
+    let dir = if shm.is_dir() {
+        tempfile::Builder::new().prefix("felix-etcd").tempdir_in(shm)
+    } else {
+        tempfile::tempdir()
+    };
+    dir.expect("a temporary directory for etcd")
+}
+
+/// Two distinct free ports (both held while the second is chosen).
+fn free_ports() -> (u16, u16) {
+    let a = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
+    let b = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
+    (a.local_addr().unwrap().port(), b.local_addr().unwrap().port())
 }
 
 impl Etcd {
@@ -35,19 +60,48 @@ impl Etcd {
             eprintln!("SKIPPED: etcd is not installed (apt-get install etcd-server)");
             return None;
         }
-        let mut etcd = Etcd {
-            child: None,
-            client_url: format!("http://{ip}:{}", free_port()),
-            peer_url: format!("http://{ip}:{}", free_port()),
-            dir: tempfile::tempdir().unwrap(),
-        };
-        etcd.spawn();
-        Some(etcd)
+        let mut failures = Vec::new();
+        for _ in 0..START_TRIES {
+            let (client, peer) = free_ports();
+            let mut etcd = Etcd {
+                child: None,
+                client_url: format!("http://{ip}:{client}"),
+                peer_url: format!("http://{ip}:{peer}"),
+                dir: data_dir(),
+            };
+            match etcd.try_spawn() {
+                Ok(()) => return Some(etcd),
+                Err(why) => {
+                    eprintln!("etcd on {ip}:{client} did not start, trying other ports: {why}");
+                    failures.push(why);
+                }
+            }
+        }
+        panic!("etcd did not start in {START_TRIES} tries:\n{}", failures.join("\n---\n"));
     }
 
-    /// Starts (or restarts) the server on its ports and data directory.
+    /// Starts (or restarts, after [`Etcd::kill`]) the server on its ports and data directory.
+    /// A restart keeps its ports (clients hold its URL), so it is retried on them.
     pub fn spawn(&mut self) {
-        let child = Command::new("etcd")
+        let mut failures = Vec::new();
+        for _ in 0..START_TRIES {
+            match self.try_spawn() {
+                Ok(()) => return,
+                Err(why) => failures.push(why),
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        panic!(
+            "etcd did not restart on {} in {START_TRIES} tries:\n{}",
+            self.client_url,
+            failures.join("\n---\n")
+        );
+    }
+
+    /// One start: `Err` with etcd's log when it exits or does not answer in time.
+    fn try_spawn(&mut self) -> Result<(), String> {
+        let log = std::fs::File::create(self.log_path()).map_err(|e| format!("etcd.log: {e}"))?;
+        let mut child = Command::new("etcd")
             .args(["--name", "t", "--data-dir"])
             .arg(self.dir.path().join("etcd"))
             .args(["--listen-client-urls", &self.client_url])
@@ -56,17 +110,27 @@ impl Etcd {
             .args(["--initial-advertise-peer-urls", &self.peer_url])
             .args(["--initial-cluster", &format!("t={}", self.peer_url)])
             .stdout(Stdio::null())
-            .stderr(
-                std::fs::File::create(self.dir.path().join("etcd.log"))
-                    .map_or(Stdio::null(), Stdio::from),
-            )
+            .stderr(Stdio::from(log))
             .spawn()
-            .expect("spawn etcd");
-        self.child = Some(child);
+            .map_err(|e| format!("spawn etcd: {e}"))?;
         let addr = self.client_url.trim_start_matches("http://").to_owned();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while std::net::TcpStream::connect(&addr).is_err() {
-            assert!(Instant::now() < deadline, "etcd did not start");
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if std::net::TcpStream::connect(&addr).is_ok() {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!("etcd exited ({status}); its log ends:\n{}", self.log_tail()));
+            }
+            if Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "etcd did not answer on {addr} within {START_TIMEOUT:?}; its log ends:\n{}",
+                    self.log_tail()
+                ));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
     }
@@ -78,12 +142,20 @@ impl Etcd {
             let _ = c.wait();
         }
     }
-}
 
-impl Etcd {
     /// What etcd wrote to stderr so far (for failing tests).
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default()
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    fn log_path(&self) -> std::path::PathBuf {
+        self.dir.path().join("etcd.log")
+    }
+
+    fn log_tail(&self) -> String {
+        let log = self.log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
     }
 }
 

@@ -36,6 +36,19 @@ fn data_dir() -> tempfile::TempDir {
     dir.expect("a temporary directory for etcd")
 }
 
+/// Whether an etcd on `addr` answers its health check (a listening socket alone is not
+/// enough: it could be anyone's).
+fn healthy(addr: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else { return false };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
+    let request = format!("GET /health HTTP/1.0\r\nHost: {addr}\r\n\r\n");
+    let mut answer = String::new();
+    s.write_all(request.as_bytes()).is_ok()
+        && s.read_to_string(&mut answer).is_ok()
+        && answer.contains("\"health\":\"true\"")
+}
+
 /// Two distinct free ports (both held while the second is chosen).
 fn free_ports() -> (u16, u16) {
     let a = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a probe port");
@@ -116,7 +129,7 @@ impl Etcd {
         let addr = self.client_url.trim_start_matches("http://").to_owned();
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if std::net::TcpStream::connect(&addr).is_ok() {
+            if healthy(&addr) {
                 self.child = Some(child);
                 return Ok(());
             }
@@ -162,5 +175,24 @@ impl Etcd {
 impl Drop for Etcd {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_restart_on_a_taken_port_fails_with_etcds_own_words() {
+        let Some(mut etcd) = Etcd::start() else { return };
+        etcd.kill();
+        // Someone else takes the client port while etcd is down.
+        let addr = etcd.client_url.trim_start_matches("http://").to_owned();
+        let _squatter = std::net::TcpListener::bind(&addr).expect("the port is free again");
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| etcd.spawn()))
+            .expect_err("etcd cannot listen on a taken port");
+        let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("did not restart"), "{msg}");
+        assert!(msg.contains("address already in use"), "etcd's log is in the message: {msg}");
     }
 }

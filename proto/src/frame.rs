@@ -9,6 +9,7 @@ use bytes::{BufMut, Bytes, BytesMut};
 use crate::cluster::{self, Metadata, MetadataOk, NotOwner};
 use crate::codec::{Reader, WriteExt};
 use crate::error::{DecodeError, ErrorCode};
+use crate::event_batch;
 use crate::header::{Capabilities, Flags, FrameHeader, FrameType, HEADER_LEN};
 use crate::limits::{self, Limits};
 use crate::payload::Payload;
@@ -453,7 +454,7 @@ impl Frame {
                 put_shards(dst, &s.shards);
             }
             Self::SubscriptionStart(id) => dst.put_u64(id.0),
-            Self::EventBatch(b) => encode_event_batch_body(b, dst),
+            Self::EventBatch(b) => event_batch::encode_event_batch_body(b, dst),
             Self::CommitOffset(c) => {
                 dst.put_u64(c.request_id.0);
                 dst.put_bytes_u16(c.stream.as_bytes());
@@ -578,35 +579,6 @@ impl Frame {
         };
         r.expect_end()?;
         Ok(frame)
-    }
-}
-
-/// Encodes an EventBatch frame (header included) straight from its parts, so a broker can
-/// encode a batch once and send the same bytes to every subscriber.
-pub fn encode_event_batch(batch: &EventBatch, dst: &mut BytesMut) {
-    let start = dst.len();
-    dst.put_slice(&[0u8; HEADER_LEN]);
-    encode_event_batch_body(batch, dst);
-    let body_len = u32::try_from(dst.len() - start - HEADER_LEN).unwrap_or(u32::MAX);
-    let header = FrameHeader { frame_type: FrameType::EventBatch, flags: Flags::NONE, body_len };
-    dst[start..start + HEADER_LEN].copy_from_slice(&header.encode());
-}
-
-fn encode_event_batch_body(b: &EventBatch, dst: &mut BytesMut) {
-    dst.put_u32(b.shard.0);
-    dst.put_u64(b.base_offset.0);
-    dst.put_u64(b.timestamp_ms);
-    dst.put_u32(len_u32(b.records.len()));
-    for rec in &b.records {
-        match &rec.key {
-            Some(k) => {
-                dst.put_u8(1);
-                dst.put_bytes_u16(k);
-            }
-            None => dst.put_u8(0),
-        }
-        dst.put_u32(len_u32(rec.value.len()));
-        put_payload(dst, &rec.value);
     }
 }
 
@@ -796,12 +768,6 @@ fn error_body(r: &mut Reader) -> Result<ErrorBody, DecodeError> {
         code: ErrorCode::from_u16(r.u16("code")?),
         message: r.string_u16(limits::MAX_MESSAGE_BYTES, "message")?,
     })
-}
-
-fn put_payload(dst: &mut BytesMut, payload: &Payload) {
-    for part in payload.parts() {
-        dst.put_slice(part);
-    }
 }
 
 fn len_u32(len: usize) -> u32 {

@@ -11,6 +11,7 @@ pub mod codec;
 pub mod correlation;
 pub mod decoder;
 pub mod error;
+mod event_batch;
 pub mod frame;
 pub mod hash;
 pub mod header;
@@ -25,10 +26,11 @@ pub mod stream_name;
 pub use cluster::{Metadata, MetadataOk, NotOwner, ShardOwner};
 pub use decoder::{decode_frame, FrameDecoder};
 pub use error::{DecodeError, ErrorCode, FrameError};
+pub use event_batch::{encode_event_batch, encode_event_batch_slices};
 pub use frame::{
-    encode_event_batch, AckRequest, CommitOffset, CreateStream, DescribeStream, ErrorBody,
-    EventBatch, Frame, Hello, HelloOk, ListStreams, Publish, PublishAck, RequestId, Retention,
-    StartAt, StreamInfo, StreamList, Subscribe, SubscribeOk, SubscriptionId,
+    AckRequest, CommitOffset, CreateStream, DescribeStream, ErrorBody, EventBatch, Frame, Hello,
+    HelloOk, ListStreams, Publish, PublishAck, RequestId, Retention, StartAt, StreamInfo,
+    StreamList, Subscribe, SubscribeOk, SubscriptionId,
 };
 pub use hash::{key_hash, shard_for_key};
 pub use header::{Capabilities, Flags, FrameHeader, FrameType, ALPN, HEADER_LEN, PROTOCOL_VERSION};

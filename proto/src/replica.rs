@@ -118,6 +118,9 @@ pub(crate) fn encode_replicate(m: &Replicate, dst: &mut BytesMut) {
             dst.put_u64(from.0);
             dst.put_u64(committed.0);
             dst.put_u32(u32::try_from(batches.len()).unwrap_or(u32::MAX));
+            // Room for every batch at once: growing on the way would copy the payloads again.
+            let room: usize = batches.iter().map(|b| BATCH_BYTES_MIN + 12 + b.payload.len()).sum();
+            dst.reserve(room);
             for b in batches {
                 dst.put_u64(b.epoch);
                 dst.put_u64(b.base.0);
@@ -250,6 +253,23 @@ mod tests {
 
     /// Body offset of the kind byte: stream (2 + 5), shard, from, epoch.
     const KIND_AT: usize = crate::HEADER_LEN + 7 + 4 + 4 + 8;
+
+    #[test]
+    fn a_fetch_reply_is_written_without_growing_past_its_payloads() {
+        let payload = Bytes::from(vec![7u8; 300_000]);
+        let batches = (0..5)
+            .map(|i| ReplicaBatch {
+                producer: (i % 2 == 0).then_some(ProducerTag { producer: ProducerId(1), seq: i }),
+                payload: payload.slice(i as usize * 30_000..(i as usize + 1) * 30_000).into(),
+                ..one_batch(3)
+            })
+            .collect();
+        let mut dst = BytesMut::new();
+        fetch_reply(batches).encode(&mut dst);
+        // Grown by doubling, the buffer would end with up to twice the room it needs.
+        assert!(dst.capacity() < dst.len() + 1024, "{} for {}", dst.capacity(), dst.len());
+        assert!(decode(dst.freeze()).is_ok());
+    }
 
     #[test]
     fn bad_kinds_counts_and_presence_bytes_are_refused() {

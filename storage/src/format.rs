@@ -55,7 +55,7 @@ const SEGMENT_FIXED_BYTES: usize = 32;
 pub const SHARDS_PER_LOG_MAX: usize =
     (SEGMENT_HEADER_BYTES as usize - SEGMENT_FIXED_BYTES) / SEGMENT_ENTRY_BYTES;
 /// Record flag: the record has a key.
-const RECORD_FLAG_KEY: u8 = 1;
+pub(crate) const RECORD_FLAG_KEY: u8 = 1;
 /// `encode_batch` computes the CRC over what it copied once this many bytes are pending: small
 /// enough to be still in the L1 cache, large enough for the CRC's three-way parallel loop.
 const CRC_SPAN_BYTES: usize = 16 * 1024;

@@ -36,6 +36,18 @@ impl WriteBuf {
     }
 }
 
+/// Bytes read from a file, in the buffer the read went into (the runtime's own: it lives on
+/// this core's thread and is not `Send`).
+pub(crate) struct ReadBuf(glommio::io::ReadResult);
+
+impl std::ops::Deref for ReadBuf {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
 /// One segment file.
 pub(crate) struct LogFile {
     file: DmaFile,
@@ -135,12 +147,18 @@ impl LogFile {
 
     /// Read up to `len` bytes at `pos` (any alignment); fewer at the end of the file.
     pub(crate) async fn read_at(&self, pos: u64, len: usize) -> Result<Vec<u8>> {
+        Ok(self.read_buf(pos, len).await?.to_vec())
+    }
+
+    /// [`LogFile::read_at`] without the copy: the bytes stay in the buffer the kernel read
+    /// them into, for as long as the caller holds it.
+    pub(crate) async fn read_buf(&self, pos: u64, len: usize) -> Result<ReadBuf> {
         let r = self
             .file
             .read_at(pos, len)
             .await
             .map_err(|e| StorageError::io("reading", self.path.clone(), to_io(e)))?;
-        Ok(r.to_vec())
+        Ok(ReadBuf(r))
     }
 
     pub(crate) async fn fdatasync(&self) -> Result<()> {

@@ -28,6 +28,7 @@ pub mod index;
 mod io;
 mod log;
 mod producers;
+mod read;
 mod recovery;
 mod retention;
 mod scan;
@@ -49,6 +50,7 @@ pub use log::{
     AppendOutcome, BatchMeta, RetentionOutcome, StoredBatch, StreamLog, READ_GAP_BYTES_MAX,
 };
 pub use producers::{PRODUCERS_PER_SHARD_MAX, PRODUCER_SEQ_WINDOW};
+pub use read::{BatchView, RecordSlices};
 pub use recovery::{RecoveryReport, RepairReport, SEGMENT_SUFFIX};
 pub use stats::StorageStats;
 pub use store::{CoreStore, BACKGROUND_SHARES};

@@ -5,7 +5,7 @@
 //! Call order: [`StreamLog::open`] (recovers) -> any number of concurrent
 //! [`StreamLog::append`] (or [`StreamLog::append_tagged`], idempotent per producer, or
 //! [`StreamLog::append_with`], which also stamps a leader epoch and places a follower's copy),
-//! [`StreamLog::read`], [`StreamLog::wait_for`] and the epoch queries
+//! [`StreamLog::read`] (or [`StreamLog::read_with`], in `read`), [`StreamLog::wait_for`] and the epoch queries
 //! ([`StreamLog::last_epoch`], [`StreamLog::largest_epoch_at_most`],
 //! [`StreamLog::end_of_epoch`]) from tasks of the
 //! same executor -> optionally [`StreamLog::close`]. Two background tasks run per log: the
@@ -16,23 +16,18 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, VecDeque};
-use std::ops::ControlFlow;
 use std::path::Path;
 use std::rc::Rc;
 
-use bytes::Bytes;
 use felix_proto::{AckMode, Offset, ProducerTag, Record, ShardId};
 
 use crate::config::{RetentionConfig, StorageConfig};
 use crate::epochs::EpochIndex;
 use crate::error::{Result, StorageError};
-use crate::format::{
-    batch_encoded_len, decode_records, verify_batch, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX,
-};
-use crate::index::{IndexEntry, Lookup};
-use crate::io::{self, LogFile};
+use crate::format::{batch_encoded_len, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX};
+use crate::index::Lookup;
+use crate::io;
 use crate::producers::Check;
-use crate::scan::{scan_segment, ScanEnd};
 use crate::state::{Inner, Pending, ShardState, State};
 use crate::stats::StorageStats;
 use crate::sync::{completion, Completion, Signal};
@@ -427,181 +422,6 @@ impl StreamLog {
         (outcome, wait)
     }
 
-    /// Read batches of `shard` starting with the one that holds `from`, up to about
-    /// `max_bytes` of encoded batches (always at least one batch if any exists). Returns an
-    /// empty vector if nothing at or after `from` is written yet. Only written batches are
-    /// visible (acked `Written` or better, possibly not yet durable).
-    pub async fn read(
-        &self,
-        shard: ShardId,
-        from: Offset,
-        max_bytes: usize,
-    ) -> Result<Vec<StoredBatch>> {
-        let lookup = {
-            let mut st = self.inner.state.borrow_mut();
-            let s = owned_shard(&self.inner.name, &mut st.shards, shard)?;
-            s.index.lookup(from.0, max_bytes)
-        };
-        match lookup {
-            Lookup::BeforeStart(start) => Err(StorageError::OffsetBeforeStart {
-                shard,
-                requested: from,
-                start: Offset(start),
-            }),
-            Lookup::AtEnd => Ok(Vec::new()),
-            Lookup::Recent(entries) => self.read_entries(shard, from, &entries).await,
-            Lookup::Scan { from_position, until } => {
-                self.read_scan(shard, from, max_bytes, from_position, until).await
-            }
-        }
-    }
-
-    async fn read_entries(
-        &self,
-        shard: ShardId,
-        from: Offset,
-        entries: &[IndexEntry],
-    ) -> Result<Vec<StoredBatch>> {
-        let limit = crate::config::BATCH_BYTES_LIMIT;
-        let mut out = Vec::with_capacity(entries.len());
-        let mut i = 0;
-        while i < entries.len() {
-            let (seg_base, seg_end, file) = self.segment_at(shard, from, entries[i].position)?;
-            let start = entries[i].position;
-            let mut j = i + 1;
-            while j < entries.len()
-                && entries[j].position < seg_end
-                && entries[j].position - (entries[j - 1].position + u64::from(entries[j - 1].len))
-                    <= READ_GAP_BYTES_MAX
-            {
-                j += 1;
-            }
-            let end = entries[j - 1].position + u64::from(entries[j - 1].len);
-            let buf = Bytes::from(file.read_at(start - seg_base, (end - start) as usize).await?);
-            for e in &entries[i..j] {
-                let at = (e.position - start) as usize;
-                let bytes = buf.slice(at..(at + e.len as usize).min(buf.len()));
-                let corrupt = |reason: String| StorageError::Corrupt {
-                    path: file.path().to_owned(),
-                    position: e.position - seg_base,
-                    reason,
-                };
-                let header = verify_batch(&bytes, limit).map_err(|e| corrupt(e.to_string()))?;
-                if header.shard != shard || header.base_offset.0 != e.base_offset {
-                    return Err(corrupt("batch does not match the index".into()));
-                }
-                let mut batch = stored(&bytes, &header).map_err(|e| corrupt(e.to_string()))?;
-                // A truncation may have cut the batch (the index entry holds fewer records).
-                batch.records.truncate(e.record_count as usize);
-                out.push(batch);
-            }
-            i = j;
-        }
-        Ok(out)
-    }
-
-    async fn read_scan(
-        &self,
-        shard: ShardId,
-        from: Offset,
-        max_bytes: usize,
-        from_position: Option<u64>,
-        until: Option<u64>,
-    ) -> Result<Vec<StoredBatch>> {
-        let (segments, truncations): (Vec<(u64, u64, Rc<LogFile>)>, _) = {
-            let st = self.inner.state.borrow();
-            let segments =
-                st.segments.iter().map(|s| (s.base_position, s.end, s.file.clone())).collect();
-            (segments, st.truncations.of_shard(shard))
-        };
-        let start = from_position.unwrap_or(segments.first().map_or(0, |s| s.0));
-        let until = until.unwrap_or(u64::MAX);
-        let limit = crate::config::BATCH_BYTES_LIMIT;
-        let mut out = Vec::new();
-        let mut bytes_out = 0usize;
-        let mut failed = None;
-        // Set when the byte budget stopped the scan inside a segment: the batches after
-        // that point (in this segment and the next ones) are for the next read, so the scan
-        // must not go on in a later segment, or it would skip them.
-        let mut full = false;
-        for (base, end, file) in &segments {
-            if base + end <= start || *base >= until {
-                continue;
-            }
-            let from_rel = start.saturating_sub(*base).max(SEGMENT_HEADER_BYTES);
-            let to_rel = (*end).min(until.saturating_sub(*base));
-            let done = scan_segment(file, from_rel, to_rel, limit, |pos, h, bytes| {
-                if h.shard != shard {
-                    return ControlFlow::Continue(());
-                }
-                // Records a later truncation removed are skipped (`truncate::limit_at`).
-                let cut = crate::truncate::limit_at(&truncations, base + pos);
-                let visible_end = cut.map_or(h.next_offset(), |c| c.min(h.next_offset()));
-                if visible_end <= from.0 || visible_end <= h.base_offset.0 {
-                    return ControlFlow::Continue(());
-                }
-                if !out.is_empty() && bytes_out + bytes.len() > max_bytes {
-                    full = true;
-                    return ControlFlow::Break(());
-                }
-                bytes_out += bytes.len();
-                match stored(&Bytes::copy_from_slice(bytes), h) {
-                    Ok(mut b) => {
-                        b.records.truncate((visible_end - h.base_offset.0) as usize);
-                        out.push(b)
-                    }
-                    Err(e) => failed = Some(e),
-                }
-                ControlFlow::Continue(())
-            })
-            .await?;
-            if let ScanEnd::Invalid(pos, e) = done {
-                return Err(StorageError::Corrupt {
-                    path: file.path().to_owned(),
-                    position: pos,
-                    reason: e.to_string(),
-                });
-            }
-            if full || bytes_out >= max_bytes {
-                break;
-            }
-        }
-        debug_assert!(
-            out.windows(2)
-                .all(|w| w[0].base_offset.0 + w[0].records.len() as u64 == w[1].base_offset.0),
-            "a scan returns consecutive batches of one shard"
-        );
-        if let Some(e) = failed {
-            return Err(StorageError::Corrupt {
-                path: self.inner.dir.clone(),
-                position: 0,
-                reason: e.to_string(),
-            });
-        }
-        Ok(out)
-    }
-
-    fn segment_at(
-        &self,
-        shard: ShardId,
-        from: Offset,
-        position: u64,
-    ) -> Result<(u64, u64, Rc<LogFile>)> {
-        let st = self.inner.state.borrow();
-        let i = st.segments.partition_point(|s| s.base_position <= position);
-        match i.checked_sub(1).map(|i| &st.segments[i]) {
-            Some(s) => Ok((s.base_position, s.base_position + s.end, s.file.clone())),
-            None => {
-                let start = st.shards.get(&shard).map_or(0, |s| s.index.start_offset());
-                Err(StorageError::OffsetBeforeStart {
-                    shard,
-                    requested: from,
-                    start: Offset(start),
-                })
-            }
-        }
-    }
-
     /// Resolve once `shard` holds a written record at `offset` (tail readers).
     pub async fn wait_for(&self, shard: ShardId, offset: Offset) -> Result<()> {
         let rx = {
@@ -742,21 +562,6 @@ impl StreamLog {
     }
 }
 
-fn stored(
-    bytes: &Bytes,
-    h: &crate::format::BatchHeader,
-) -> std::result::Result<StoredBatch, crate::format::FormatError> {
-    Ok(StoredBatch {
-        shard: h.shard,
-        base_offset: h.base_offset,
-        first_timestamp_ms: h.first_timestamp_ms,
-        last_timestamp_ms: h.last_timestamp_ms,
-        producer: h.producer,
-        epoch: h.epoch,
-        records: decode_records(bytes, h)?,
-    })
-}
-
 /// What an append waits for before it answers.
 enum AckWait {
     /// Nothing: answer now.
@@ -767,7 +572,7 @@ enum AckWait {
     Flush,
 }
 
-fn owned_shard<'a>(
+pub(crate) fn owned_shard<'a>(
     stream: &str,
     shards: &'a mut BTreeMap<ShardId, ShardState>,
     shard: ShardId,

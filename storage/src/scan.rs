@@ -8,7 +8,7 @@ use crate::error::Result;
 use crate::format::{
     align_up, batch_slot, probe, verify_batch, BatchHeader, FormatError, Probe, FORMAT_ALIGN_BYTES,
 };
-use crate::io::LogFile;
+use crate::io::{LogFile, ReadBuf};
 
 /// Bytes read per scan I/O (a whole batch is read at once if it is larger).
 pub const SCAN_CHUNK_BYTES: usize = 1 << 20;
@@ -26,22 +26,24 @@ pub(crate) enum ScanEnd {
 struct Window<'a> {
     file: &'a LogFile,
     end: u64,
-    buf: Vec<u8>,
+    buf: Option<ReadBuf>,
     buf_pos: u64,
 }
 
 impl Window<'_> {
     /// The bytes at `[pos, pos + need)`, or fewer if the range ends first.
     async fn get(&mut self, pos: u64, need: usize) -> Result<&[u8]> {
-        let have_end = self.buf_pos + self.buf.len() as u64;
-        if pos < self.buf_pos || pos + need as u64 > have_end {
+        let have_end = self.buf_pos + self.buf.as_ref().map_or(0, |b| b.len()) as u64;
+        if self.buf.is_none() || pos < self.buf_pos || pos + need as u64 > have_end {
             let len = (need.max(SCAN_CHUNK_BYTES) as u64).min(self.end.saturating_sub(pos));
-            self.buf = self.file.read_at(pos, len as usize).await?;
+            self.buf = None;
+            self.buf = Some(self.file.read_buf(pos, len as usize).await?);
             self.buf_pos = pos;
         }
-        let from = (pos - self.buf_pos) as usize;
-        let to = (from + need).min(self.buf.len());
-        Ok(&self.buf[from..to])
+        let buf: &[u8] = self.buf.as_deref().unwrap_or(&[]);
+        let from = ((pos - self.buf_pos) as usize).min(buf.len());
+        let to = (from + need).min(buf.len());
+        Ok(&buf[from..to])
     }
 }
 
@@ -54,7 +56,7 @@ pub(crate) async fn scan_segment(
     batch_bytes_limit: usize,
     mut visit: impl FnMut(u64, &BatchHeader, &[u8]) -> ControlFlow<()>,
 ) -> Result<ScanEnd> {
-    let mut w = Window { file, end, buf: Vec::new(), buf_pos: start };
+    let mut w = Window { file, end, buf: None, buf_pos: start };
     let mut pos = start;
     while pos < end {
         // Enough for a header with every extension; a plain one needs only its first 48 bytes.

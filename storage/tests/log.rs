@@ -6,8 +6,9 @@ mod common;
 use std::path::PathBuf;
 use std::rc::Rc;
 
+use bytes::Bytes;
 use common::{records, run, small_config};
-use felix_proto::{AckMode, Offset, ShardId};
+use felix_proto::{AckMode, Offset, Record, ShardId};
 use felix_storage::{RetentionConfig, StorageConfig, StorageError, StreamLog};
 
 const SHARDS: [ShardId; 3] = [ShardId(0), ShardId(1), ShardId(7)];
@@ -36,6 +37,40 @@ async fn check_shard(log: &StreamLog, shard: ShardId, expected_next: u64, value_
     assert_eq!(at, expected_next);
     assert_eq!(log.next_offset(shard).unwrap(), Offset(expected_next));
     assert!(log.read(shard, Offset(expected_next), 1 << 20).await.unwrap().is_empty());
+}
+
+/// Walk `shard` from offset 0 with `read_with` (the borrowed views) and check that each view
+/// shows exactly what `read` returns for the same offset: header fields and every record.
+async fn check_views(log: &StreamLog, shard: ShardId, expected_next: u64) {
+    let mut at = 0u64;
+    while at < expected_next {
+        let owned = log.read(shard, Offset(at), 64 << 10).await.expect("read");
+        let mut seen = Vec::new();
+        log.read_with(shard, Offset(at), 64 << 10, |v| {
+            let records: Vec<Record> = v
+                .records()
+                .map(|(k, value)| Record {
+                    key: k.map(Bytes::copy_from_slice),
+                    value: Bytes::copy_from_slice(value).into(),
+                })
+                .collect();
+            assert_eq!(records.len() as u32, v.record_count());
+            seen.push((v.shard(), v.base_offset(), v.end(), v.first_timestamp_ms(), records));
+        })
+        .await
+        .expect("read_with");
+        assert!(!seen.is_empty(), "{shard} has nothing at {at}");
+        assert_eq!(seen.len(), owned.len(), "{shard} at {at}");
+        for (view, b) in seen.iter().zip(&owned) {
+            let end = b.base_offset.0 + b.records.len() as u64;
+            assert_eq!(
+                view,
+                &(b.shard, b.base_offset, end, b.first_timestamp_ms, b.records.clone())
+            );
+        }
+        at = seen.last().unwrap().2;
+    }
+    assert_eq!(at, expected_next);
 }
 
 #[test]
@@ -76,6 +111,8 @@ fn append_read_and_reopen_keep_dense_offsets_per_shard() {
         assert_eq!(report.batches, 90);
         for (i, shard) in SHARDS.iter().enumerate() {
             check_shard(&log, *shard, next[i], 100).await;
+            // Keyed and unkeyed records, 1 to 5 per batch, through borrowed views.
+            check_views(&log, *shard, next[i]).await;
         }
         let out = log
             .append(ShardId(1), &records(1, next[1], 2, 100), 5, AckMode::Durable)
@@ -215,6 +252,9 @@ fn segments_roll_and_old_entries_are_served_through_the_sparse_index() {
         assert!(log.segment_count() >= 2, "no roll: {} segments", log.segment_count());
         // Offsets were assigned in append order, so content matches offsets.
         check_shard(&log, ShardId(0), n, 1500).await;
+        // The same through borrowed views, below (scan) and within (dense) the index.
+        check_views(&log, ShardId(0), n).await;
+        check_views(&log, ShardId(1), n.div_ceil(4)).await;
         let old = log.read(ShardId(0), Offset(5), 3000).await.unwrap();
         assert_eq!(old[0].base_offset, Offset(5));
         log.clone().close().await.unwrap();

@@ -17,7 +17,7 @@ use felix_proto::{
     StreamName,
 };
 use felix_storage::{
-    AppendOutcome, CoreStore, RetentionConfig, StorageError, StoredBatch, StreamLog,
+    AppendOutcome, BatchView, CoreStore, RetentionConfig, StorageError, StreamLog,
 };
 use glommio::sync::Semaphore;
 
@@ -509,13 +509,19 @@ impl CoreApp {
             match self.read_tail(&entry, shard, from, max_bytes, next) {
                 TailRead::Batches(b) => return Ok(b),
                 TailRead::Miss => {
-                    let mut batches =
-                        log.read(shard, from, max_bytes).await.map_err(|e| storage_error(&e))?;
-                    // Only what is committed, on a replicated shard.
-                    batches.retain(|b| b.base_offset < next);
+                    // Encoded straight from the read buffer: one copy per payload byte.
+                    let mut batches = Vec::new();
+                    log.read_with(shard, from, max_bytes, |view| {
+                        // Only what is committed, on a replicated shard.
+                        if view.base_offset() < next {
+                            batches.extend(encode_view(shard, from, &view));
+                        }
+                    })
+                    .await
+                    .map_err(|e| storage_error(&e))?;
                     if !batches.is_empty() {
                         stats::add(&self.stats.counters.log_batches, batches.len() as u64);
-                        return Ok(encode_from(shard, from, batches));
+                        return Ok(batches);
                     }
                     if std::time::Instant::now() >= deadline {
                         return Ok(Vec::new());
@@ -791,23 +797,22 @@ fn parse_client_stream(name: &str) -> Result<StreamName, WireError> {
     Ok(parsed)
 }
 
-/// Encodes batches read from the log, dropping records before `from`.
-fn encode_from(shard: ShardId, from: Offset, batches: Vec<StoredBatch>) -> Vec<EncodedBatch> {
-    let mut out = Vec::with_capacity(batches.len());
-    for b in batches {
-        let end = b.base_offset.0 + b.records.len() as u64;
-        if end <= from.0 {
-            continue;
-        }
-        let skip = from.0.saturating_sub(b.base_offset.0) as usize;
-        out.push(EncodedBatch::encode(&felix_proto::EventBatch {
-            shard,
-            base_offset: Offset(b.base_offset.0 + skip as u64),
-            timestamp_ms: b.first_timestamp_ms,
-            records: b.records.into_iter().skip(skip).collect(),
-        }));
+/// Encodes a batch read from the log as an EventBatch, without the records before `from`
+/// (`None` if nothing is left).
+fn encode_view(shard: ShardId, from: Offset, view: &BatchView<'_>) -> Option<EncodedBatch> {
+    if view.end() <= from.0 {
+        return None;
     }
-    out
+    let skip = from.0.saturating_sub(view.base_offset().0);
+    let base_offset = Offset(view.base_offset().0 + skip);
+    let records = view.records().skip(skip as usize);
+    let frame = felix_proto::encode_event_batch_slices(
+        shard,
+        base_offset,
+        view.first_timestamp_ms(),
+        records,
+    );
+    Some(EncodedBatch { base_offset, count: (view.end() - base_offset.0) as u32, frame })
 }
 
 /// Milliseconds since the Unix epoch.

@@ -18,8 +18,8 @@ def med(xs):
     return f"{f(m)} ({f(min(xs))}-{f(max(xs))})"
 
 print(f"### {label}\n")
-print("| scenario | runs | published rec/s | delivered rec/s per subscriber | delivered MB/s per subscriber | delivery p50 ms | delivery p99 ms | broker CPU % | generator CPU % | load avg 1m (start-end) |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print("| scenario | runs | published rec/s | delivered rec/s per subscriber | delivered MB/s per subscriber | delivery p50 ms | delivery p99 ms | broker CPU % | generator CPU % | delivered MB per broker CPU-s | load avg 1m (start-end) |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for s in ["mixed1", "mixed2", "half2", "catchup"]:
     files = sorted(glob.glob(os.path.join(d, f"{s}-run*.json")))
     if not files:
@@ -33,8 +33,10 @@ for s in ["mixed1", "mixed2", "half2", "catchup"]:
     p99 = [r["delivery"]["p99_us"] / 1000 for r in rows]
     bcpu = [r["broker"].get("cpu_pct") for r in rows]
     gcpu = [r.get("generator_cpu_pct") for r in rows]
+    # All subscribers' bytes over the broker's CPU seconds in the window.
+    eff = [r["delivered_bytes"] / 1e6 / r["broker"]["cpu_s"] if r["broker"].get("cpu_s") else 0 for r in rows]
     la = ", ".join(f"{r['load_average_1m'][0]:.1f}-{r['load_average_1m'][1]:.1f}" for r in rows)
-    print(f"| {s} | {len(rows)} | {med(pub) if s != 'catchup' else '0 (backlog first)'} | {med(dl)} | {med(dmb)} | {med(p50)} | {med(p99)} | {med(bcpu)} | {med(gcpu)} | {la} |")
+    print(f"| {s} | {len(rows)} | {med(pub) if s != 'catchup' else '0 (backlog first)'} | {med(dl)} | {med(dmb)} | {med(p50)} | {med(p99)} | {med(bcpu)} | {med(gcpu)} | {med(eff)} | {la} |")
 print()
 
 # Catch-up: the rate over the full seconds of the catch-up (every timeline second with

@@ -4,8 +4,9 @@
 //! copies each payload byte once, not twice.
 //!
 //! Batches come from the dense part of the shard index (one I/O per run of nearby batches) or,
-//! below it, from a scan of the segments. Every batch is verified (CRC and structure) before it
-//! is shown; a bad one is `StorageError::Corrupt` naming file and position.
+//! below it, from a scan of the segments, which steps over the other shards' batches by their
+//! headers. Every batch shown is verified (CRC and structure) first; a bad one is
+//! `StorageError::Corrupt` naming file and position.
 
 use std::ops::ControlFlow;
 use std::path::Path;
@@ -22,7 +23,7 @@ use crate::format::{
 use crate::index::{IndexEntry, Lookup};
 use crate::io::LogFile;
 use crate::log::{owned_shard, StoredBatch, StreamLog, READ_GAP_BYTES_MAX};
-use crate::scan::{scan_segment, ScanEnd};
+use crate::scan::{scan_segment_for, ScanEnd};
 
 /// One verified batch as read, borrowed from the read buffer.
 pub struct BatchView<'a> {
@@ -263,7 +264,9 @@ impl StreamLog {
             }
             let from_rel = start.saturating_sub(*base).max(SEGMENT_HEADER_BYTES);
             let to_rel = (*end).min(until.saturating_sub(*base));
-            let done = scan_segment(file, from_rel, to_rel, limit, |pos, h, bytes| {
+            // Other shards' batches, and ours that end before `from`, are stepped over unread.
+            let wanted = |h: &BatchHeader| h.shard == shard && h.next_offset() > from.0;
+            let done = scan_segment_for(file, from_rel, to_rel, limit, wanted, |pos, h, bytes| {
                 if h.shard != shard {
                     return ControlFlow::Continue(());
                 }

@@ -54,6 +54,21 @@ pub(crate) async fn scan_segment(
     start: u64,
     end: u64,
     batch_bytes_limit: usize,
+    visit: impl FnMut(u64, &BatchHeader, &[u8]) -> ControlFlow<()>,
+) -> Result<ScanEnd> {
+    scan_segment_for(file, start, end, batch_bytes_limit, |_| true, visit).await
+}
+
+/// [`scan_segment`] for a reader that wants only some batches: a batch whose header `wanted`
+/// refuses is stepped over once its header checks out (a reader of one shard of a log that
+/// interleaves many neither reads the others' records twice nor computes their CRCs). Only
+/// for written ranges: recovery, which must find torn and corrupt batches, scans them all.
+pub(crate) async fn scan_segment_for(
+    file: &LogFile,
+    start: u64,
+    end: u64,
+    batch_bytes_limit: usize,
+    wanted: impl Fn(&BatchHeader) -> bool,
     mut visit: impl FnMut(u64, &BatchHeader, &[u8]) -> ControlFlow<()>,
 ) -> Result<ScanEnd> {
     let mut w = Window { file, end, buf: None, buf_pos: start };
@@ -70,6 +85,10 @@ pub(crate) async fn scan_segment(
             Probe::Invalid(e) => return Ok(ScanEnd::Invalid(pos, e)),
             Probe::Header(h) => h,
         };
+        if !wanted(&header) {
+            pos += batch_slot(u64::from(header.len));
+            continue;
+        }
         let bytes = w.get(pos, header.len as usize).await?;
         if bytes.len() < header.len as usize {
             return Ok(ScanEnd::Invalid(pos, FormatError::BadLength(header.len)));

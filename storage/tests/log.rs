@@ -266,6 +266,66 @@ fn segments_roll_and_old_entries_are_served_through_the_sparse_index() {
 }
 
 #[test]
+fn a_corrupt_batch_of_one_shard_stops_its_readers_not_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = small_config(&path);
+        let log = open(&path, &config).await;
+        // Shard 0 past its dense index (its oldest batches are read by scanning the log),
+        // shard 1 interleaved with it.
+        let n = felix_storage::index::INDEX_RECENT_MAX as u64 + 200;
+        let mut pending = Vec::new();
+        for i in 0..n {
+            let l = log.clone();
+            pending.push(glommio::spawn_local(async move {
+                l.append(ShardId(0), &records(0, i, 1, 64), i, AckMode::Written).await.unwrap()
+            }));
+            if i % 8 == 0 {
+                let l = log.clone();
+                pending.push(glommio::spawn_local(async move {
+                    l.append(ShardId(1), &records(1, i / 8, 1, 64), i, AckMode::Written)
+                        .await
+                        .unwrap()
+                }));
+            }
+            if pending.len() >= 64 {
+                for p in pending.drain(..) {
+                    p.await;
+                }
+            }
+        }
+        for p in pending.drain(..) {
+            p.await;
+        }
+        log.flush().await.unwrap();
+        // Damage one byte of the value of shard 1's record at offset 3 (an old batch, amid
+        // shard 0's scanned ones).
+        let tag = b"s1-o3.";
+        let mut hit = None;
+        for entry in std::fs::read_dir(path.join("log")).unwrap() {
+            let file = entry.unwrap().path();
+            let bytes = std::fs::read(&file).unwrap();
+            if let Some(at) = bytes.windows(tag.len()).position(|w| w == tag) {
+                hit = Some((file, at + tag.len()));
+            }
+        }
+        let (file, at) = hit.expect("shard 1's record 3 is on disk");
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[at] ^= 0xff;
+        std::fs::write(&file, &bytes).unwrap();
+
+        // Shard 0 reads everything, through the scan and the dense index.
+        check_shard(&log, ShardId(0), n, 64).await;
+        // Shard 1's reader gets a typed error naming the file.
+        match log.read(ShardId(1), Offset(3), 1 << 20).await {
+            Err(StorageError::Corrupt { path, .. }) => assert_eq!(path, file),
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
+#[test]
 fn reading_one_shard_reads_little_of_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_owned();

@@ -16,6 +16,8 @@ RUNS=${3:-3}
 SCEN=${4:-"mixed1 mixed2 half2 catchup"}
 RATE=${RATE:-13000}
 BACKLOG_S=${BACKLOG_S:-5}
+# Records per published batch (64; 1 gives a deep catch-up: most of the backlog lies below each
+# shard's dense index of 4096 batches, so it is read by scanning the log).
 DURATION=${DURATION:-5}
 DATA=${DATA:-/tmp/felix-dlv}
 # Scheduling priority of broker and generator: the machine is shared with builds (load average
@@ -45,7 +47,7 @@ lg() {
   echo "load $(cut -d' ' -f1-3 /proc/loadavg)" > "${json%.json}.txt"
   nice -n "$NICE" taskset -c 1 "$BIN/felix-loadgen" run --addr 127.0.0.1:$PORT --metrics 127.0.0.1:$MPORT \
     --ca-file "$DATA/data/dev-cert.pem" --broker-pid "$bpid" --warmup-s "${WARM:-1}" --json "$json" \
-    --stream bench/dlv/s --shards 12 --keys 12 --payload-bytes 4096 --batch-records 64 \
+    --stream bench/dlv/s --shards 12 --keys 12 --payload-bytes 4096 --batch-records "${BATCH_RECORDS:-64}" \
     --ack durable --workers 1 --cpus 1 "$@" >> "${json%.json}.txt" 2>&1 || true
   echo "load $(cut -d' ' -f1-3 /proc/loadavg)" >> "${json%.json}.txt"
 }

@@ -37,7 +37,7 @@ fn data_dir() -> tempfile::TempDir {
 }
 
 /// Whether an etcd on `addr` answers its health check (a listening socket alone is not
-/// enough: it could be anyone's).
+/// enough: it could be anything).
 fn healthy(addr: &str) -> bool {
     use std::io::{Read, Write};
     let Ok(mut s) = std::net::TcpStream::connect(addr) else { return false };
@@ -128,12 +128,16 @@ impl Etcd {
             .map_err(|e| format!("spawn etcd: {e}"))?;
         let addr = self.client_url.trim_start_matches("http://").to_owned();
         let deadline = Instant::now() + START_TIMEOUT;
+        // Ours answers: another test's etcd on a port we lost would answer too, so the
+        // child must be alive and its own log must say it serves this address.
+        let serving = format!("serving insecure client requests on {addr}");
         loop {
-            if healthy(&addr) {
+            let exited = child.try_wait();
+            if matches!(exited, Ok(None)) && healthy(&addr) && self.log().contains(&serving) {
                 self.child = Some(child);
                 return Ok(());
             }
-            if let Ok(Some(status)) = child.try_wait() {
+            if let Ok(Some(status)) = exited {
                 return Err(format!("etcd exited ({status}); its log ends:\n{}", self.log_tail()));
             }
             if Instant::now() >= deadline {
@@ -194,5 +198,18 @@ mod tests {
         let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
         assert!(msg.contains("did not restart"), "{msg}");
         assert!(msg.contains("address already in use"), "etcd's log is in the message: {msg}");
+    }
+
+    #[test]
+    fn another_etcd_answering_on_our_port_is_not_taken_for_ours() {
+        let Some(other) = Etcd::start() else { return };
+        let Some(mut etcd) = Etcd::start() else { return };
+        etcd.kill();
+        // Our port is now the other server's: it answers health checks there, ours cannot bind.
+        etcd.client_url = other.client_url.clone();
+        let err = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| etcd.spawn()))
+            .expect_err("our etcd cannot listen where another one does");
+        let msg = err.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(msg.contains("did not restart"), "{msg}");
     }
 }

@@ -252,8 +252,10 @@ impl StreamLog {
         let limit = crate::config::BATCH_BYTES_LIMIT;
         let mut shown = 0usize;
         let mut bytes_out = 0usize;
-        // Checks that the batches shown are consecutive (debug builds).
+        // The batches shown must be consecutive, the first holding `from`: a gap means a
+        // damaged header made the scan step over one of ours (position, what was found).
         let mut last_end: Option<u64> = None;
+        let mut gap: Option<(u64, String)> = None;
         // Set when the byte budget stopped the scan inside a segment: the batches after
         // that point (in this segment and the next ones) are for the next read, so the scan
         // must not go on in a later segment, or it would skip them.
@@ -264,8 +266,15 @@ impl StreamLog {
             }
             let from_rel = start.saturating_sub(*base).max(SEGMENT_HEADER_BYTES);
             let to_rel = (*end).min(until.saturating_sub(*base));
-            // Other shards' batches, and ours that end before `from`, are stepped over unread.
-            let wanted = |h: &BatchHeader| h.shard == shard && h.next_offset() > from.0;
+            // Other shards' batches, and ours that end before `from`, are stepped over unread
+            // (an end that overflows is wanted, so verification reports it).
+            let wanted = |h: &BatchHeader| {
+                h.shard == shard
+                    && h.base_offset
+                        .0
+                        .checked_add(u64::from(h.record_count))
+                        .is_none_or(|e| e > from.0)
+            };
             let done = scan_segment_for(file, from_rel, to_rel, limit, wanted, |pos, h, bytes| {
                 if h.shard != shard {
                     return ControlFlow::Continue(());
@@ -280,10 +289,19 @@ impl StreamLog {
                     full = true;
                     return ControlFlow::Break(());
                 }
-                debug_assert!(
-                    last_end.is_none_or(|e| e == h.base_offset.0),
-                    "a scan shows consecutive batches of one shard"
-                );
+                let in_order = match last_end {
+                    None => h.base_offset.0 <= from.0,
+                    Some(e) => h.base_offset.0 == e,
+                };
+                if !in_order {
+                    let expected = last_end.unwrap_or(from.0);
+                    let reason = format!(
+                        "shard {shard}: batch at offset {} where offset {expected} was due",
+                        h.base_offset
+                    );
+                    gap = Some((pos, reason));
+                    return ControlFlow::Break(());
+                }
                 last_end = Some(visible_end);
                 shown += 1;
                 bytes_out += bytes.len();
@@ -297,6 +315,13 @@ impl StreamLog {
                 ControlFlow::Continue(())
             })
             .await?;
+            if let Some((position, reason)) = gap {
+                return Err(StorageError::Corrupt {
+                    path: file.path().to_owned(),
+                    position,
+                    reason,
+                });
+            }
             if let ScanEnd::Invalid(pos, e) = done {
                 return Err(StorageError::Corrupt {
                     path: file.path().to_owned(),

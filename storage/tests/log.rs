@@ -322,6 +322,32 @@ fn a_corrupt_batch_of_one_shard_stops_its_readers_not_the_others() {
             Err(StorageError::Corrupt { path, .. }) => assert_eq!(path, file),
             other => panic!("{other:?}"),
         }
+
+        // A damaged header (shard 0's batch at offset 5 now names shard 7) makes the scan step
+        // over it: shard 0's reader must get an error, not records 4 then 6.
+        let key = b"s0-o5";
+        let mut hit = None;
+        for entry in std::fs::read_dir(path.join("log")).unwrap() {
+            let file = entry.unwrap().path();
+            let bytes = std::fs::read(&file).unwrap();
+            if let Some(at) = bytes.windows(key.len()).position(|w| w == key) {
+                hit = Some((file, at));
+            }
+        }
+        let (file, key_at) = hit.expect("shard 0's record 5 is on disk");
+        // The key follows the 48-byte batch header and the 9-byte record header.
+        let shard_at = key_at - 9 - 48 + 16;
+        let mut bytes = std::fs::read(&file).unwrap();
+        assert_eq!(bytes[shard_at..shard_at + 4], 0u32.to_le_bytes());
+        bytes[shard_at..shard_at + 4].copy_from_slice(&7u32.to_le_bytes());
+        std::fs::write(&file, &bytes).unwrap();
+        match log.read(ShardId(0), Offset(4), 1 << 20).await {
+            Err(StorageError::Corrupt { path, reason, .. }) => {
+                assert_eq!(path, file);
+                assert!(reason.contains("offset 5 was due"), "{reason}");
+            }
+            other => panic!("{:?}", other.map(|b| b.len())),
+        }
     });
 }
 

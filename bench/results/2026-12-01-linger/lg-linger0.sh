@@ -1,0 +1,2 @@
+#!/bin/sh
+exec /tmp/cup-skip/felix-loadgen "$@" --linger-us 0

@@ -48,20 +48,9 @@ where
         body_len: u32::try_from(body_len).unwrap_or(u32::MAX),
     };
     dst.put_slice(&header.encode());
-    dst.put_u32(shard.0);
-    dst.put_u64(base_offset.0);
-    dst.put_u64(timestamp_ms);
-    dst.put_u32(len_u32(count));
+    put_fixed(&mut dst, shard, base_offset, timestamp_ms, count);
     for (key, value) in records {
-        match key {
-            Some(k) => {
-                dst.put_u8(1);
-                dst.put_bytes_u16(k);
-            }
-            None => dst.put_u8(0),
-        }
-        dst.put_u32(len_u32(value.len()));
-        dst.put_slice(value);
+        put_record(&mut dst, key, value.len(), [value]);
     }
     dst.freeze()
 }
@@ -81,22 +70,37 @@ pub fn encode_event_batch(batch: &EventBatch, dst: &mut BytesMut) {
 
 /// Writes an EventBatch body into `dst`.
 pub(crate) fn encode_event_batch_body(b: &EventBatch, dst: &mut BytesMut) {
-    dst.put_u32(b.shard.0);
-    dst.put_u64(b.base_offset.0);
-    dst.put_u64(b.timestamp_ms);
-    dst.put_u32(len_u32(b.records.len()));
+    put_fixed(dst, b.shard, b.base_offset, b.timestamp_ms, b.records.len());
     for rec in &b.records {
-        match &rec.key {
-            Some(k) => {
-                dst.put_u8(1);
-                dst.put_bytes_u16(k);
-            }
-            None => dst.put_u8(0),
+        put_record(dst, rec.key.as_deref(), rec.value.len(), rec.value.parts().map(|p| &p[..]));
+    }
+}
+
+/// The body's fields before its records.
+fn put_fixed(dst: &mut BytesMut, shard: ShardId, base: Offset, timestamp_ms: u64, count: usize) {
+    dst.put_u32(shard.0);
+    dst.put_u64(base.0);
+    dst.put_u64(timestamp_ms);
+    dst.put_u32(len_u32(count));
+}
+
+/// One record: key presence and key, value length, then the value's parts in order.
+fn put_record<'a>(
+    dst: &mut BytesMut,
+    key: Option<&[u8]>,
+    value_len: usize,
+    parts: impl IntoIterator<Item = &'a [u8]>,
+) {
+    match key {
+        Some(k) => {
+            dst.put_u8(1);
+            dst.put_bytes_u16(k);
         }
-        dst.put_u32(len_u32(rec.value.len()));
-        for part in rec.value.parts() {
-            dst.put_slice(part);
-        }
+        None => dst.put_u8(0),
+    }
+    dst.put_u32(len_u32(value_len));
+    for part in parts {
+        dst.put_slice(part);
     }
 }
 

@@ -73,6 +73,45 @@ async fn check_views(log: &StreamLog, shard: ShardId, expected_next: u64) {
     assert_eq!(at, expected_next);
 }
 
+/// Appends one-record batches `0..n` to shard 0 and, every `every`th, the next one to shard
+/// 1 (value lengths `lens`), 64 appends in flight at a time: offsets follow append order.
+async fn append_interleaved(log: &StreamLog, n: u64, every: u64, lens: (usize, usize)) {
+    let mut pending = Vec::new();
+    for i in 0..n {
+        let l = log.clone();
+        pending.push(glommio::spawn_local(async move {
+            l.append(ShardId(0), &records(0, i, 1, lens.0), i, AckMode::Written).await.unwrap()
+        }));
+        if i % every == 0 {
+            let l = log.clone();
+            pending.push(glommio::spawn_local(async move {
+                let rec = records(1, i / every, 1, lens.1);
+                l.append(ShardId(1), &rec, i, AckMode::Written).await.unwrap()
+            }));
+        }
+        if pending.len() >= 64 {
+            for p in pending.drain(..) {
+                p.await;
+            }
+        }
+    }
+    for p in pending.drain(..) {
+        p.await;
+    }
+}
+
+/// The segment file under `dir` holding `needle`, and where it starts in it.
+fn find_on_disk(dir: &std::path::Path, needle: &[u8]) -> (PathBuf, usize) {
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let file = entry.unwrap().path();
+        let bytes = std::fs::read(&file).unwrap();
+        if let Some(at) = bytes.windows(needle.len()).position(|w| w == needle) {
+            return (file, at);
+        }
+    }
+    panic!("{} is not on disk", String::from_utf8_lossy(needle));
+}
+
 #[test]
 fn append_read_and_reopen_keep_dense_offsets_per_shard() {
     let dir = tempfile::tempdir().unwrap();
@@ -226,29 +265,7 @@ fn segments_roll_and_old_entries_are_served_through_the_sparse_index() {
         let log = open(&path, &config).await;
         // > INDEX_RECENT_MAX batches of shard 0, interleaved with shard 1, over several segments.
         let n = felix_storage::index::INDEX_RECENT_MAX as u64 + 300;
-        let mut pending = Vec::new();
-        for i in 0..n {
-            let l = log.clone();
-            pending.push(glommio::spawn_local(async move {
-                l.append(ShardId(0), &records(0, i, 1, 1500), i, AckMode::Written).await.unwrap()
-            }));
-            if i % 4 == 0 {
-                let l = log.clone();
-                pending.push(glommio::spawn_local(async move {
-                    l.append(ShardId(1), &records(1, i / 4, 1, 500), i, AckMode::Written)
-                        .await
-                        .unwrap()
-                }));
-            }
-            if pending.len() >= 64 {
-                for p in pending.drain(..) {
-                    p.await;
-                }
-            }
-        }
-        for p in pending.drain(..) {
-            p.await;
-        }
+        append_interleaved(&log, n, 4, (1500, 500)).await;
         assert!(log.segment_count() >= 2, "no roll: {} segments", log.segment_count());
         // Offsets were assigned in append order, so content matches offsets.
         check_shard(&log, ShardId(0), n, 1500).await;
@@ -275,42 +292,13 @@ fn a_corrupt_batch_of_one_shard_stops_its_readers_not_the_others() {
         // Shard 0 past its dense index (its oldest batches are read by scanning the log),
         // shard 1 interleaved with it.
         let n = felix_storage::index::INDEX_RECENT_MAX as u64 + 200;
-        let mut pending = Vec::new();
-        for i in 0..n {
-            let l = log.clone();
-            pending.push(glommio::spawn_local(async move {
-                l.append(ShardId(0), &records(0, i, 1, 64), i, AckMode::Written).await.unwrap()
-            }));
-            if i % 8 == 0 {
-                let l = log.clone();
-                pending.push(glommio::spawn_local(async move {
-                    l.append(ShardId(1), &records(1, i / 8, 1, 64), i, AckMode::Written)
-                        .await
-                        .unwrap()
-                }));
-            }
-            if pending.len() >= 64 {
-                for p in pending.drain(..) {
-                    p.await;
-                }
-            }
-        }
-        for p in pending.drain(..) {
-            p.await;
-        }
+        append_interleaved(&log, n, 8, (64, 64)).await;
         log.flush().await.unwrap();
         // Damage one byte of the value of shard 1's record at offset 3 (an old batch, amid
         // shard 0's scanned ones).
         let tag = b"s1-o3.";
-        let mut hit = None;
-        for entry in std::fs::read_dir(path.join("log")).unwrap() {
-            let file = entry.unwrap().path();
-            let bytes = std::fs::read(&file).unwrap();
-            if let Some(at) = bytes.windows(tag.len()).position(|w| w == tag) {
-                hit = Some((file, at + tag.len()));
-            }
-        }
-        let (file, at) = hit.expect("shard 1's record 3 is on disk");
+        let (file, at) = find_on_disk(&path.join("log"), tag);
+        let at = at + tag.len();
         let mut bytes = std::fs::read(&file).unwrap();
         bytes[at] ^= 0xff;
         std::fs::write(&file, &bytes).unwrap();
@@ -325,16 +313,7 @@ fn a_corrupt_batch_of_one_shard_stops_its_readers_not_the_others() {
 
         // A damaged header (shard 0's batch at offset 5 now names shard 7) makes the scan step
         // over it: shard 0's reader must get an error, not records 4 then 6.
-        let key = b"s0-o5";
-        let mut hit = None;
-        for entry in std::fs::read_dir(path.join("log")).unwrap() {
-            let file = entry.unwrap().path();
-            let bytes = std::fs::read(&file).unwrap();
-            if let Some(at) = bytes.windows(key.len()).position(|w| w == key) {
-                hit = Some((file, at));
-            }
-        }
-        let (file, key_at) = hit.expect("shard 0's record 5 is on disk");
+        let (file, key_at) = find_on_disk(&path.join("log"), b"s0-o5");
         // The key follows the 48-byte batch header and the 9-byte record header.
         let shard_at = key_at - 9 - 48 + 16;
         let mut bytes = std::fs::read(&file).unwrap();

@@ -8,7 +8,8 @@
 //! Never does: run inside the broker, assume anything of the broker beyond `docs/protocol.md`,
 //! or write a frame carrying a flag bit the broker did not advertise (see `conn`'s
 //! `encode_checked`). `docs/client.md` is the user guide.
-#![forbid(unsafe_code)]
+// One unsafe call, in `timer` (registering the linger timerfd with tokio's reactor).
+#![deny(unsafe_code)]
 
 mod batch;
 pub mod cli;
@@ -22,6 +23,7 @@ mod producer;
 pub mod publisher;
 mod resend;
 pub mod subscriber;
+pub(crate) mod timer;
 pub mod tls;
 
 pub use client::{Client, StreamDescription, COVER_ATTEMPTS_PER_CONNECTION};

@@ -50,6 +50,7 @@ use crate::pool::Pool;
 pub use crate::producer::PRODUCER_IN_FLIGHT_MAX;
 use crate::producer::{mark_broken, outcome_unknown, take_tag, Producer, TagHold};
 use crate::resend::{resolve, Resend};
+use crate::timer::FineTimer;
 
 /// Publishes records to one stream. Cheap to clone; clones share the workers.
 #[derive(Clone)]
@@ -470,6 +471,7 @@ impl Drop for Worker {
 
 impl Worker {
     async fn run(mut self) {
+        let mut timer = FineTimer::new();
         loop {
             let (items, closed) = self.queue.take_ready();
             let idle = items.is_empty();
@@ -489,7 +491,7 @@ impl Worker {
             if self.has_lost() {
                 self.resend_lost().await;
             } else if idle {
-                self.queue.poll_deadline().await;
+                self.queue.poll_deadline(&mut timer).await;
             }
         }
     }

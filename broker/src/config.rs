@@ -132,6 +132,11 @@ pub struct ServeArgs {
     /// Segment size at which a log rolls, in bytes.
     #[arg(long, env = "FELIX_SEGMENT_BYTES", default_value_t = 256 << 20)]
     pub segment_bytes: u64,
+    /// Bytes of recently read log blocks each core keeps for its subscribers, whole 1 MiB
+    /// blocks (catch-up readers of a core's shards share one read of each block); 0 turns it
+    /// off.
+    #[arg(long, env = "FELIX_READ_CACHE_BYTES", default_value_t = felix_storage::READ_CACHE_BYTES_DEFAULT)]
+    pub read_cache_bytes: u64,
     /// Default retention by size per stream log, in bytes; 0 keeps everything.
     #[arg(long, env = "FELIX_RETENTION_BYTES", default_value_t = 0)]
     pub retention_bytes: u64,
@@ -224,6 +229,7 @@ struct FileConfig {
     min_free_bytes: Option<TomlMinFree>,
     default_shards: Option<u32>,
     segment_bytes: Option<u64>,
+    read_cache_bytes: Option<u64>,
     retention_bytes: Option<u64>,
     retention_ms: Option<u64>,
     inflight_bytes_per_conn: Option<usize>,
@@ -349,6 +355,7 @@ impl ServeArgs {
             max_streams_per_tenant,
             default_shards,
             segment_bytes,
+            read_cache_bytes,
             retention_bytes,
             retention_ms,
             inflight_bytes_per_conn,
@@ -482,6 +489,7 @@ impl ServeArgs {
             },
             format!("default_shards = {}", self.default_shards),
             format!("segment_bytes = {}", self.segment_bytes),
+            format!("read_cache_bytes = {}", self.read_cache_bytes),
             format!("retention_bytes = {}", self.retention_bytes),
             format!("retention_ms = {}", self.retention_ms),
             format!("inflight_bytes_per_conn = {}", self.inflight_bytes_per_conn),

@@ -58,6 +58,7 @@ fn every_environment_twin_takes_effect() {
         ("FELIX_AUTO_CREATE", "false", "auto_create = false"),
         ("FELIX_DEFAULT_SHARDS", "11", "default_shards = 11"),
         ("FELIX_SEGMENT_BYTES", "4194304", "segment_bytes = 4194304"),
+        ("FELIX_READ_CACHE_BYTES", "2097152", "read_cache_bytes = 2097152"),
         ("FELIX_RETENTION_BYTES", "999", "retention_bytes = 999"),
         ("FELIX_RETENTION_MS", "888", "retention_ms = 888"),
         ("FELIX_INFLIGHT_BYTES_PER_CONN", "4096", "inflight_bytes_per_conn = 4096"),

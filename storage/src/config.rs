@@ -48,6 +48,9 @@ pub struct RetentionConfig {
     pub age_ms_max: Option<u64>,
 }
 
+/// Default of [`StorageConfig::read_cache_bytes`].
+pub const READ_CACHE_BYTES_DEFAULT: u64 = 32 << 20;
+
 /// Configuration of the store of one core.
 #[derive(Clone, Debug)]
 pub struct StorageConfig {
@@ -70,10 +73,14 @@ pub struct StorageConfig {
     /// [`PRODUCERS_PER_SHARD_MAX`]); beyond it, the producer whose last append is oldest is
     /// forgotten, and a retry of its batches is then stored as new. At least 1.
     pub producers_per_shard_max: usize,
+    /// Bytes of recently read log blocks a core keeps for its readers (whole
+    /// [`crate::READ_CACHE_BLOCK_BYTES`] blocks; 0: no cache). See `crate::cache`.
+    pub read_cache_bytes: u64,
 }
 
 impl StorageConfig {
-    /// Defaults for `dir`: 256 MiB segments, 1 MiB batches, 10 000 records, 64 MiB queue.
+    /// Defaults for `dir`: 256 MiB segments, 1 MiB batches, 10 000 records, 64 MiB queue,
+    /// 32 MiB read cache.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
@@ -84,6 +91,7 @@ impl StorageConfig {
             repair: false,
             retention: RetentionConfig::default(),
             producers_per_shard_max: PRODUCERS_PER_SHARD_MAX,
+            read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
         }
     }
 

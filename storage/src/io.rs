@@ -37,7 +37,8 @@ impl WriteBuf {
 }
 
 /// Bytes read from a file, in the buffer the read went into (the runtime's own: it lives on
-/// this core's thread and is not `Send`).
+/// this core's thread and is not `Send`). A clone shares the buffer.
+#[derive(Clone)]
 pub(crate) struct ReadBuf(glommio::io::ReadResult);
 
 impl std::ops::Deref for ReadBuf {
@@ -52,7 +53,12 @@ impl std::ops::Deref for ReadBuf {
 pub(crate) struct LogFile {
     file: DmaFile,
     path: PathBuf,
+    /// Unique within the process (the read cache's key; a reopened file gets a new one).
+    id: u64,
 }
+
+/// Ids of opened segment files.
+static LOG_FILE_IDS: AtomicU64 = AtomicU64::new(0);
 
 impl LogFile {
     /// Create a new file (it must not exist) holding `first_block`, fdatasync it, and open
@@ -112,11 +118,17 @@ impl LogFile {
                 reason: "device O_DIRECT alignment does not divide FORMAT_ALIGN_BYTES",
             });
         }
-        Ok(LogFile { file, path: path.to_owned() })
+        let id = LOG_FILE_IDS.fetch_add(1, Ordering::Relaxed);
+        Ok(LogFile { file, path: path.to_owned(), id })
     }
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// This open file's process-unique id.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 
     /// An aligned buffer of `len` bytes (a multiple of the format alignment).

@@ -13,12 +13,14 @@
 //!
 //! Code map: [`format`], [`index`], `producers` and `epochs` are pure; `state` is a log's shared state; `log`
 //! (appends, reads), `commit` (writer and group commit), `recovery`, `retention` and
-//! `truncate` (logical truncation of one shard, durable markers) hold the logic; `io` is
+//! `truncate` (logical truncation of one shard, durable markers) hold the logic; `cache` is the
+//! core's read cache of log blocks, shared by its readers; `io` is
 //! the only module that touches glommio, files and clocks; `sys` wraps the syscalls
 //! glommio does not offer (`statvfs`). The crate has no `unsafe`.
 
 #![forbid(unsafe_code)]
 
+mod cache;
 mod commit;
 mod config;
 mod epochs;
@@ -39,10 +41,11 @@ mod sync;
 mod sys;
 mod truncate;
 
+pub use cache::{ReadCacheStats, READ_CACHE_BATCH_BYTES_MAX, READ_CACHE_BLOCK_BYTES};
 pub use config::{
-    stream_dir_name, RetentionConfig, StorageConfig, BATCH_BYTES_LIMIT, SEGMENT_GROW_BYTES,
-    SEGMENT_GROW_MIN_BYTES, STREAM_NAME_BYTES_MAX, WRITE_BYTES_MAX, WRITE_BYTES_TARGET,
-    WRITE_IN_FLIGHT_BYTES_MAX,
+    stream_dir_name, RetentionConfig, StorageConfig, BATCH_BYTES_LIMIT, READ_CACHE_BYTES_DEFAULT,
+    SEGMENT_GROW_BYTES, SEGMENT_GROW_MIN_BYTES, STREAM_NAME_BYTES_MAX, WRITE_BYTES_MAX,
+    WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX,
 };
 pub use epochs::EPOCH_CHANGES_PER_SHARD_MAX;
 pub use error::{is_no_space, Result, StorageError};

@@ -112,6 +112,19 @@ impl StreamLog {
         config: &StorageConfig,
         retention: RetentionConfig,
     ) -> Result<(StreamLog, crate::recovery::RecoveryReport)> {
+        let cache = crate::cache::ReadCache::shared(config.read_cache_bytes);
+        Self::open_with_cache(name, dir, shards, config, retention, cache).await
+    }
+
+    /// [`StreamLog::open`] sharing a core's read cache.
+    pub(crate) async fn open_with_cache(
+        name: &str,
+        dir: &Path,
+        shards: &[ShardId],
+        config: &StorageConfig,
+        retention: RetentionConfig,
+        cache: crate::cache::SharedCache,
+    ) -> Result<(StreamLog, crate::recovery::RecoveryReport)> {
         config.validate()?;
         if shards.len() > SHARDS_PER_LOG_MAX {
             return Err(StorageError::TooManyShards {
@@ -158,10 +171,17 @@ impl StreamLog {
             state: RefCell::new(state),
             writer: Signal::new(),
             flusher: Signal::new(),
+            cache,
         });
         io::spawn(crate::commit::writer_loop(Rc::downgrade(&inner), inner.writer.clone()));
         io::spawn(crate::commit::flusher_loop(Rc::downgrade(&inner), inner.flusher.clone()));
         Ok((StreamLog { inner }, rec.report))
+    }
+
+    /// The counters of the read cache this log uses (its core's, when opened by a
+    /// [`crate::CoreStore`]).
+    pub fn read_cache_stats(&self) -> crate::ReadCacheStats {
+        self.inner.cache.borrow().stats()
     }
 
     /// The stream's name.

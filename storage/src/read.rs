@@ -15,6 +15,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 use felix_proto::{Offset, ProducerTag, ShardId};
 
+use crate::cache::{self, READ_CACHE_BATCH_BYTES_MAX};
 use crate::error::{Result, StorageError};
 use crate::format::{
     decode_records, verify_batch, BatchHeader, FormatError, RECORD_FLAG_KEY, RECORD_HEADER_BYTES,
@@ -190,10 +191,11 @@ impl StreamLog {
         entries: &[IndexEntry],
         visit: &mut impl FnMut(BatchView<'_>),
     ) -> Result<()> {
-        let limit = crate::config::BATCH_BYTES_LIMIT;
         let mut i = 0;
         while i < entries.len() {
             let (seg_base, seg_end, file) = self.segment_at(shard, from, entries[i].position)?;
+            // A run of nearby batches: one read would cover it, the other shards' batches
+            // between them included.
             let start = entries[i].position;
             let mut j = i + 1;
             while j < entries.len()
@@ -203,29 +205,39 @@ impl StreamLog {
             {
                 j += 1;
             }
-            let end = entries[j - 1].position + u64::from(entries[j - 1].len);
-            let buf = file.read_buf(start - seg_base, (end - start) as usize).await?;
-            for e in &entries[i..j] {
-                let at = (e.position - start) as usize;
-                let bytes = buf.get(at..(at + e.len as usize).min(buf.len())).unwrap_or(&[]);
-                let corrupt = |reason: String| StorageError::Corrupt {
-                    path: file.path().to_owned(),
-                    position: e.position - seg_base,
-                    reason,
-                };
-                let header = verify_batch(bytes, limit).map_err(|e| corrupt(e.to_string()))?;
-                if header.shard != shard || header.base_offset.0 != e.base_offset {
-                    return Err(corrupt("batch does not match the index".into()));
+            if j - i == 1 || !self.inner.cache.borrow().enabled() {
+                // A batch on its own, or no cache: one read.
+                let end = entries[j - 1].position + u64::from(entries[j - 1].len);
+                let buf = file.read_buf(start - seg_base, (end - start) as usize).await?;
+                for e in &entries[i..j] {
+                    let at = (e.position - start) as usize;
+                    let bytes = buf.get(at..(at + e.len as usize).min(buf.len())).unwrap_or(&[]);
+                    show_entry(shard, e, bytes, &file, seg_base, visit)?;
                 }
-                // A truncation may have cut the batch (the index entry holds fewer records).
-                let records = e.record_count.min(header.record_count);
-                visit(BatchView {
-                    header: &header,
-                    bytes,
-                    records,
-                    path: file.path(),
-                    position: e.position - seg_base,
-                });
+                i = j;
+                continue;
+            }
+            // A run goes through the core's read cache: the blocks hold the other shards'
+            // batches between ours, which their readers want too.
+            for e in &entries[i..j] {
+                let rel = e.position - seg_base;
+                let cached = if e.len < READ_CACHE_BATCH_BYTES_MAX {
+                    let written_end = seg_end - seg_base;
+                    cache::block(&self.inner.cache, &file, rel, e.len as usize, written_end).await?
+                } else {
+                    None
+                };
+                match cached {
+                    Some((buf, block_start)) => {
+                        let at = (rel - block_start) as usize;
+                        let bytes = &buf[at..at + e.len as usize];
+                        show_entry(shard, e, bytes, &file, seg_base, visit)?;
+                    }
+                    None => {
+                        let buf = file.read_buf(rel, e.len as usize).await?;
+                        show_entry(shard, e, &buf, &file, seg_base, visit)?;
+                    }
+                }
             }
             i = j;
         }
@@ -275,46 +287,48 @@ impl StreamLog {
                         .checked_add(u64::from(h.record_count))
                         .is_none_or(|e| e > from.0)
             };
-            let done = scan_segment_for(file, from_rel, to_rel, limit, wanted, |pos, h, bytes| {
-                if h.shard != shard {
-                    return ControlFlow::Continue(());
-                }
-                // Records a later truncation removed are skipped (`truncate::limit_at`).
-                let cut = crate::truncate::limit_at(&truncations, base + pos);
-                let visible_end = cut.map_or(h.next_offset(), |c| c.min(h.next_offset()));
-                if visible_end <= from.0 || visible_end <= h.base_offset.0 {
-                    return ControlFlow::Continue(());
-                }
-                if shown > 0 && bytes_out + bytes.len() > max_bytes {
-                    full = true;
-                    return ControlFlow::Break(());
-                }
-                let in_order = match last_end {
-                    None => h.base_offset.0 <= from.0,
-                    Some(e) => h.base_offset.0 == e,
-                };
-                if !in_order {
-                    let expected = last_end.unwrap_or(from.0);
-                    let reason = format!(
-                        "shard {shard}: batch at offset {} where offset {expected} was due",
-                        h.base_offset
-                    );
-                    gap = Some((pos, reason));
-                    return ControlFlow::Break(());
-                }
-                last_end = Some(visible_end);
-                shown += 1;
-                bytes_out += bytes.len();
-                visit(BatchView {
-                    header: h,
-                    bytes,
-                    records: (visible_end - h.base_offset.0) as u32,
-                    path: file.path(),
-                    position: pos,
-                });
-                ControlFlow::Continue(())
-            })
-            .await?;
+            let cache = Some((&self.inner.cache, file, *end));
+            let done =
+                scan_segment_for(file, from_rel, to_rel, limit, cache, wanted, |pos, h, bytes| {
+                    if h.shard != shard {
+                        return ControlFlow::Continue(());
+                    }
+                    // Records a later truncation removed are skipped (`truncate::limit_at`).
+                    let cut = crate::truncate::limit_at(&truncations, base + pos);
+                    let visible_end = cut.map_or(h.next_offset(), |c| c.min(h.next_offset()));
+                    if visible_end <= from.0 || visible_end <= h.base_offset.0 {
+                        return ControlFlow::Continue(());
+                    }
+                    if shown > 0 && bytes_out + bytes.len() > max_bytes {
+                        full = true;
+                        return ControlFlow::Break(());
+                    }
+                    let in_order = match last_end {
+                        None => h.base_offset.0 <= from.0,
+                        Some(e) => h.base_offset.0 == e,
+                    };
+                    if !in_order {
+                        let expected = last_end.unwrap_or(from.0);
+                        let reason = format!(
+                            "shard {shard}: batch at offset {} where offset {expected} was due",
+                            h.base_offset
+                        );
+                        gap = Some((pos, reason));
+                        return ControlFlow::Break(());
+                    }
+                    last_end = Some(visible_end);
+                    shown += 1;
+                    bytes_out += bytes.len();
+                    visit(BatchView {
+                        header: h,
+                        bytes,
+                        records: (visible_end - h.base_offset.0) as u32,
+                        path: file.path(),
+                        position: pos,
+                    });
+                    ControlFlow::Continue(())
+                })
+                .await?;
             if let Some((position, reason)) = gap {
                 return Err(StorageError::Corrupt {
                     path: file.path().to_owned(),
@@ -356,6 +370,37 @@ impl StreamLog {
             }
         }
     }
+}
+
+/// Verify the batch an index entry points at and show it to `visit`.
+fn show_entry(
+    shard: ShardId,
+    e: &IndexEntry,
+    bytes: &[u8],
+    file: &LogFile,
+    seg_base: u64,
+    visit: &mut impl FnMut(BatchView<'_>),
+) -> Result<()> {
+    let corrupt = |reason: String| StorageError::Corrupt {
+        path: file.path().to_owned(),
+        position: e.position - seg_base,
+        reason,
+    };
+    let header = verify_batch(bytes, crate::config::BATCH_BYTES_LIMIT)
+        .map_err(|e| corrupt(e.to_string()))?;
+    if header.shard != shard || header.base_offset.0 != e.base_offset {
+        return Err(corrupt("batch does not match the index".into()));
+    }
+    // A truncation may have cut the batch (the index entry holds fewer records).
+    let records = e.record_count.min(header.record_count);
+    visit(BatchView {
+        header: &header,
+        bytes,
+        records,
+        path: file.path(),
+        position: e.position - seg_base,
+    });
+    Ok(())
 }
 
 fn stored(bytes: &Bytes, h: &BatchHeader) -> std::result::Result<StoredBatch, FormatError> {

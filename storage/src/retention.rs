@@ -50,6 +50,7 @@ impl StreamLog {
             outcome.segments_deleted += 1;
             outcome.bytes_deleted += victim.end;
             tracing::info!(stream = %self.inner.name, path = %victim.file.path().display(), "retention deletes segment");
+            self.inner.cache.borrow_mut().forget_file(victim.file.id());
             victim.file.remove().await?;
             io::sync_dir(&self.inner.dir).await?;
         }

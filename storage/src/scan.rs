@@ -2,7 +2,9 @@
 //! they are read. Used by recovery and by reads below the dense part of a shard index.
 
 use std::ops::ControlFlow;
+use std::rc::Rc;
 
+use crate::cache::SharedCache;
 use crate::config::WRITE_IN_FLIGHT_BYTES_MAX;
 use crate::error::Result;
 use crate::format::{
@@ -22,23 +24,43 @@ pub(crate) enum ScanEnd {
     Invalid(u64, FormatError),
 }
 
+/// A read cache, the file (shared, for reads ahead) and the file position the segment's
+/// completed writes reach.
+pub(crate) type CacheAt<'a> = Option<(&'a SharedCache, &'a Rc<LogFile>, u64)>;
+
 /// Buffered sequential reader over `[start, end)` of one file.
 struct Window<'a> {
     file: &'a LogFile,
     end: u64,
     buf: Option<ReadBuf>,
     buf_pos: u64,
+    cache: CacheAt<'a>,
 }
 
 impl Window<'_> {
     /// The bytes at `[pos, pos + need)`, or fewer if the range ends first.
     async fn get(&mut self, pos: u64, need: usize) -> Result<&[u8]> {
+        let need = (need as u64).min(self.end.saturating_sub(pos)) as usize;
         let have_end = self.buf_pos + self.buf.as_ref().map_or(0, |b| b.len()) as u64;
         if self.buf.is_none() || pos < self.buf_pos || pos + need as u64 > have_end {
-            let len = (need.max(SCAN_CHUNK_BYTES) as u64).min(self.end.saturating_sub(pos));
             self.buf = None;
-            self.buf = Some(self.file.read_buf(pos, len as usize).await?);
-            self.buf_pos = pos;
+            let cached = match self.cache {
+                Some((cache, file, written_end)) => {
+                    crate::cache::block(cache, file, pos, need, written_end).await?
+                }
+                None => None,
+            };
+            if let Some((buf, start)) = cached {
+                self.buf = Some(buf);
+                self.buf_pos = start;
+            } else {
+                // Through a cache, only what is needed (a batch across two blocks); else
+                // a chunk, for the batches after it.
+                let chunk = if self.cache.is_some() { need } else { need.max(SCAN_CHUNK_BYTES) };
+                let len = (chunk as u64).min(self.end.saturating_sub(pos));
+                self.buf = Some(self.file.read_buf(pos, len as usize).await?);
+                self.buf_pos = pos;
+            }
         }
         let buf: &[u8] = self.buf.as_deref().unwrap_or(&[]);
         let from = ((pos - self.buf_pos) as usize).min(buf.len());
@@ -56,22 +78,24 @@ pub(crate) async fn scan_segment(
     batch_bytes_limit: usize,
     visit: impl FnMut(u64, &BatchHeader, &[u8]) -> ControlFlow<()>,
 ) -> Result<ScanEnd> {
-    scan_segment_for(file, start, end, batch_bytes_limit, |_| true, visit).await
+    scan_segment_for(file, start, end, batch_bytes_limit, None, |_| true, visit).await
 }
 
 /// [`scan_segment`] for a reader that wants only some batches: a batch whose header `wanted`
 /// refuses is stepped over once its header checks out (a reader of one shard of a log that
 /// interleaves many neither reads the others' records twice nor computes their CRCs). Only
 /// for written ranges: recovery, which must find torn and corrupt batches, scans them all.
+/// With `cache`, the scan reads through the core's read cache (`crate::cache`).
 pub(crate) async fn scan_segment_for(
     file: &LogFile,
     start: u64,
     end: u64,
     batch_bytes_limit: usize,
+    cache: CacheAt<'_>,
     wanted: impl Fn(&BatchHeader) -> bool,
     mut visit: impl FnMut(u64, &BatchHeader, &[u8]) -> ControlFlow<()>,
 ) -> Result<ScanEnd> {
-    let mut w = Window { file, end, buf: None, buf_pos: start };
+    let mut w = Window { file, end, buf: None, buf_pos: start, cache };
     let mut pos = start;
     while pos < end {
         // Enough for a header with every extension; a plain one needs only its first 48 bytes.

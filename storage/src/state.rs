@@ -13,6 +13,7 @@ use std::rc::Rc;
 
 use felix_proto::{AckMode, Offset, ProducerTag, Record, ShardId};
 
+use crate::cache::SharedCache;
 use crate::config::{RetentionConfig, StorageConfig};
 use crate::epochs::EpochIndex;
 use crate::error::{Result, StorageError};
@@ -159,6 +160,8 @@ pub(crate) struct Inner {
     pub(crate) state: RefCell<State>,
     pub(crate) writer: Signal,
     pub(crate) flusher: Signal,
+    /// Blocks read for readers (the core's, shared by its logs).
+    pub(crate) cache: SharedCache,
 }
 
 impl Drop for Inner {

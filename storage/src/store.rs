@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use felix_proto::{CoreId, ShardId};
 
+use crate::cache::{ReadCache, ReadCacheStats, SharedCache};
 use crate::config::{stream_dir_name, RetentionConfig, StorageConfig};
 use crate::error::{Result, StorageError};
 use crate::io::{self, BackgroundQueue};
@@ -22,6 +23,8 @@ struct StoreInner {
     dir: PathBuf,
     config: StorageConfig,
     logs: RefCell<BTreeMap<String, StreamLog>>,
+    /// The read cache every log of the core shares.
+    cache: SharedCache,
 }
 
 /// The storage of one core. Not `Send`: it lives and dies on its executor.
@@ -42,7 +45,12 @@ impl CoreStore {
             .join(format!("core-{}", core.0));
         io::create_dir_all(&dir).await?;
         Ok(CoreStore {
-            inner: Rc::new(StoreInner { dir, config, logs: RefCell::new(BTreeMap::new()) }),
+            inner: Rc::new(StoreInner {
+                dir,
+                cache: ReadCache::shared(config.read_cache_bytes),
+                config,
+                logs: RefCell::new(BTreeMap::new()),
+            }),
         })
     }
 
@@ -64,10 +72,17 @@ impl CoreStore {
         }
         let dir = self.inner.dir.join(stream_dir_name(name)?);
         let retention = retention.unwrap_or(self.inner.config.retention);
+        let cache = self.inner.cache.clone();
         let (log, report) =
-            StreamLog::open(name, &dir, shards, &self.inner.config, retention).await?;
+            StreamLog::open_with_cache(name, &dir, shards, &self.inner.config, retention, cache)
+                .await?;
         self.inner.logs.borrow_mut().insert(name.to_owned(), log.clone());
         Ok((log, report))
+    }
+
+    /// The counters of the core's read cache.
+    pub fn read_cache_stats(&self) -> ReadCacheStats {
+        self.inner.cache.borrow().stats()
     }
 
     /// The open log of stream `name`.

@@ -750,6 +750,12 @@ impl CoreApp {
         }
         stats::set(&c.storage_flushes, flushes);
         stats::set(&c.storage_bytes_written, written);
+        let cache = self.store.read_cache_stats();
+        stats::set(&c.storage_read_cache_hits, cache.hits);
+        stats::set(&c.storage_read_cache_misses, cache.misses);
+        stats::set(&c.storage_read_cache_waits, cache.waits);
+        stats::set(&c.storage_read_cache_evictions, cache.evictions);
+        stats::set(&c.storage_read_cache_bytes, cache.bytes);
         stats::publish_histogram(&self.stats.flush_latency_us, &flush_h);
         stats::publish_histogram(&self.stats.write_latency_us, &write_h);
         stats::publish_histogram(&self.stats.fan_in, &fan_in);

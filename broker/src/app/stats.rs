@@ -69,6 +69,11 @@ counters! {
     storage_flushes: "fdatasyncs issued by storage.",
     storage_bytes_written: "Bytes written to log files (encoded, padded).",
     storage_torn_bytes_dropped: "Bytes of torn tails dropped at recovery.",
+    storage_read_cache_hits: "Log reads served from the core's read cache.",
+    storage_read_cache_misses: "Log blocks the read cache read from disk.",
+    storage_read_cache_waits: "Log reads that waited for another reader's read of the same block.",
+    storage_read_cache_evictions: "Blocks the read cache dropped to stay within --read-cache-bytes.",
+    storage_read_cache_bytes: "Bytes the read cache holds (gauge).",
     inflight_bytes: "Publish bytes received and not yet acked (gauge).",
     cluster_not_owner: "Requests refused because another broker of the cluster owns the shard.",
     replication_bytes_sent: "Batch payload bytes sent to followers in fetch replies.",
@@ -85,8 +90,9 @@ counters! {
 }
 
 /// The counters exported as gauges.
-const GAUGES: [&str; 6] = [
+const GAUGES: [&str; 7] = [
     "inflight_bytes",
+    "storage_read_cache_bytes",
     "connections_open",
     "replicas_leading",
     "replicas_following",

@@ -3,19 +3,28 @@
 //! tokio's timer wheel counts in 1 ms ticks and rounds every sleep up to the next tick, so a
 //! 1 ms linger waited 1-2 ms and added ~1.9 ms to a client's p99 (bench/results/2026-12-01-linger).
 //! A `timerfd` registered with tokio's reactor wakes the worker when the kernel's high-resolution
-//! timer fires instead. Where a timerfd cannot be made, the sleep falls back to tokio's timer.
+//! timer fires instead. Where a timerfd cannot be made (or on a system other than Linux), the
+//! sleep is tokio's. tokio's timer also backs every sleep up, [`BACKSTOP`] after the deadline:
+//! in real time the timerfd comes first, and under a paused test clock it is what ends the sleep.
 //! The crate's one `unsafe` block (registering the fd) and its timer syscalls live here.
 
+#[cfg(target_os = "linux")]
 use std::io;
+#[cfg(target_os = "linux")]
 use std::os::fd::OwnedFd;
 use std::time::Duration;
 
-use rustix::time::Timespec;
+#[cfg(target_os = "linux")]
 use rustix::time::{
     timerfd_create, timerfd_settime, Itimerspec, TimerfdClockId, TimerfdFlags, TimerfdTimerFlags,
+    Timespec,
 };
+#[cfg(target_os = "linux")]
 use tokio::io::unix::AsyncFd;
 use tokio::time::Instant;
+
+/// How long after its deadline tokio's timer ends a sleep the timerfd has not ended.
+pub(crate) const BACKSTOP: Duration = Duration::from_millis(2);
 
 /// One worker's fine-grained timer. Sleeps on it are not concurrent (`&mut self`); a sleep that
 /// is dropped before it fires leaves the timer armed: the next sleep until the same instant
@@ -23,14 +32,17 @@ use tokio::time::Instant;
 /// discards the stale expiry.
 #[derive(Debug)]
 pub(crate) struct FineTimer {
+    #[cfg(target_os = "linux")]
     fd: Option<AsyncFd<OwnedFd>>,
     /// The instant the timer is armed for and whose expiry is not read yet.
+    #[cfg(target_os = "linux")]
     armed: Option<Instant>,
 }
 
 impl FineTimer {
     /// A timer on a `timerfd`, or on tokio's timer where one cannot be made (it logs why).
     /// Must be called inside a tokio runtime with I/O enabled.
+    #[cfg(target_os = "linux")]
     pub(crate) fn new() -> Self {
         match Self::timerfd() {
             Ok(fd) => Self { fd: Some(fd), armed: None },
@@ -41,6 +53,28 @@ impl FineTimer {
         }
     }
 
+    /// A timer on tokio's timer (no timerfd here).
+    #[cfg(not(target_os = "linux"))]
+    pub(crate) fn new() -> Self {
+        Self {}
+    }
+
+    /// Returns at `at` (or at once if it has passed), [`BACKSTOP`] after it at the latest
+    /// by tokio's clock.
+    pub(crate) async fn sleep_until(&mut self, at: Instant) {
+        tokio::select! {
+            biased;
+            _ = self.fine_sleep_until(at) => {}
+            _ = tokio::time::sleep_until(at + BACKSTOP) => {}
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    async fn fine_sleep_until(&mut self, at: Instant) {
+        tokio::time::sleep_until(at).await
+    }
+
+    #[cfg(target_os = "linux")]
     fn timerfd() -> io::Result<AsyncFd<OwnedFd>> {
         let fd = timerfd_create(
             TimerfdClockId::Monotonic,
@@ -55,13 +89,13 @@ impl FineTimer {
     }
 
     /// Whether sleeps use a timerfd.
-    #[cfg(test)]
+    #[cfg(all(test, target_os = "linux"))]
     pub(crate) fn is_fine(&self) -> bool {
         self.fd.is_some()
     }
 
-    /// Returns at `at` (or at once if it has passed).
-    pub(crate) async fn sleep_until(&mut self, at: Instant) {
+    #[cfg(target_os = "linux")]
+    async fn fine_sleep_until(&mut self, at: Instant) {
         let Some(fd) = &self.fd else {
             return tokio::time::sleep_until(at).await;
         };
@@ -99,6 +133,7 @@ impl FineTimer {
 }
 
 /// Arms the timer to fire once, `wait` from now; this resets any expiry not yet read.
+#[cfg(target_os = "linux")]
 fn arm(fd: &AsyncFd<OwnedFd>, wait: Duration) -> io::Result<()> {
     let value = Itimerspec {
         it_interval: Timespec { tv_sec: 0, tv_nsec: 0 },
@@ -112,7 +147,7 @@ fn arm(fd: &AsyncFd<OwnedFd>, wait: Duration) -> io::Result<()> {
     Ok(())
 }
 
-#[cfg(test)]
+#[cfg(all(test, target_os = "linux"))]
 mod tests {
     use super::*;
 
@@ -162,6 +197,15 @@ mod tests {
         let again = Instant::now();
         t.sleep_until(again + Duration::from_millis(2)).await;
         assert!(again.elapsed() >= Duration::from_millis(2), "{:?}", again.elapsed());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_paused_clock_ends_a_sleep_by_the_backstop() {
+        let mut t = FineTimer::new();
+        let start = Instant::now();
+        t.sleep_until(start + Duration::from_secs(3600)).await;
+        assert!(start.elapsed() >= Duration::from_secs(3600));
+        assert!(start.elapsed() <= Duration::from_secs(3600) + BACKSTOP);
     }
 
     #[tokio::test]

@@ -12,9 +12,10 @@
 //! [`READ_CACHE_BATCH_BYTES_MAX`] are read on their own, around the cache: a block would
 //! cost more reading than it saves when one shard alone is behind.
 //!
-//! Blocks hold only bytes below the segment's written end at the time they were read: written
-//! bytes never change (writes only append, and a failed write's range was never written), so
-//! a block is never stale; a reader that needs bytes past a block's length reads it again.
+//! Blocks lie below the segment's end of completed writes when they are read: written bytes
+//! never change (writes only append, and a failed write's range was never published), so a
+//! block is never stale. The partial block at the end of the segment being written is not
+//! kept (it grows with every write; its readers read what they need); a sealed segment's is.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -28,6 +29,33 @@ use crate::sync::{completion, Completer};
 pub const READ_CACHE_BLOCK_BYTES: u64 = 1 << 20;
 /// Batches this long or longer are read on their own, not through the cache.
 pub const READ_CACHE_BATCH_BYTES_MAX: u32 = 128 << 10;
+
+/// How far a segment file is written, as the cache needs to know it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Written {
+    /// The file position the segment's completed writes reach.
+    pub(crate) end: u64,
+    /// Whether the segment is sealed (a later one is being written): its end never moves.
+    pub(crate) sealed: bool,
+}
+
+impl Written {
+    /// The end of what the cache may keep: all of a sealed segment, the whole blocks of the
+    /// one being written (its last, partial block grows with every write).
+    pub(crate) fn cacheable_end(&self) -> u64 {
+        if self.sealed {
+            self.end
+        } else {
+            self.end - self.end % READ_CACHE_BLOCK_BYTES
+        }
+    }
+
+    /// The length of the block at `start`, if the cache may keep it.
+    fn block_len(&self, start: u64) -> Option<usize> {
+        let end = self.cacheable_end();
+        (start < end).then(|| READ_CACHE_BLOCK_BYTES.min(end - start) as usize)
+    }
+}
 
 /// Counters of a read cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -148,10 +176,10 @@ impl Drop for LoadGuard {
     }
 }
 
-/// The cached block of `file` holding `[pos, pos + len)`, read (up to `written_end`, the
-/// file position the segment's completed writes reach) if it is not held. Returns the block
-/// and its start, or `None` when the range is not within one block or below `written_end`,
-/// or the cache is off: the caller then reads the range itself.
+/// The cached block of `file` holding `[pos, pos + len)`, read if it is not held. Returns the
+/// block and its start, or `None` when the range is not within one block, lies past what
+/// the cache may keep of the segment ([`Written::cacheable_end`]), or the cache is off: the
+/// caller then reads the range itself.
 ///
 /// The next block is read ahead in the background when it is not held (readers of a log
 /// walk it forward), so a reader finds it read, or being read, when it gets there.
@@ -160,11 +188,13 @@ pub(crate) async fn block(
     file: &Rc<LogFile>,
     pos: u64,
     len: usize,
-    written_end: u64,
+    written: Written,
 ) -> Result<Option<(ReadBuf, u64)>> {
     let start = pos - pos % READ_CACHE_BLOCK_BYTES;
     let need = pos - start + len as u64;
-    if !cache.borrow().enabled() || need > READ_CACHE_BLOCK_BYTES || pos + len as u64 > written_end
+    if !cache.borrow().enabled()
+        || need > READ_CACHE_BLOCK_BYTES
+        || pos + len as u64 > written.cacheable_end()
     {
         return Ok(None);
     }
@@ -178,7 +208,7 @@ pub(crate) async fn block(
                 *used = c.tick;
                 c.stats.hits += 1;
                 let buf = buf.clone();
-                read_ahead(c, cache, file, start + READ_CACHE_BLOCK_BYTES, written_end);
+                read_ahead(c, cache, file, start + READ_CACHE_BLOCK_BYTES, written);
                 return Ok(Some((buf, start)));
             }
             Some(Slot::Loading(waiters)) => {
@@ -187,10 +217,10 @@ pub(crate) async fn block(
                 c.stats.waits += 1;
                 Some(rx)
             }
-            // Absent, or read while the segment was shorter: (re)read it.
+            // Absent (or, defensively, held short of what is needed): read it.
             _ => {
                 c.start_loading(key);
-                read_ahead(c, cache, file, start + READ_CACHE_BLOCK_BYTES, written_end);
+                read_ahead(c, cache, file, start + READ_CACHE_BLOCK_BYTES, written);
                 None
             }
         }
@@ -199,7 +229,8 @@ pub(crate) async fn block(
         // Another reader's read; a block too short for us, or none, and we read on our own.
         return Ok(rx.await.filter(|b| b.len() as u64 >= need).map(|b| (b, start)));
     }
-    let buf = load(cache.clone(), file, key, written_end).await?;
+    let block_len = written.block_len(start).expect("the range is below the cacheable end");
+    let buf = load(cache.clone(), file, key, block_len).await?;
     Ok((buf.len() as u64 >= need).then_some((buf, start)))
 }
 
@@ -213,38 +244,39 @@ impl ReadCache {
     }
 }
 
-/// Start reading the block at `start` in the background if it is written and not held.
+/// Start reading the block at `start` in the background if the cache may keep it and does
+/// not hold it.
 fn read_ahead(
     c: &mut ReadCache,
     cache: &SharedCache,
     file: &Rc<LogFile>,
     start: u64,
-    written_end: u64,
+    written: Written,
 ) {
     let key = (file.id(), start);
-    if start >= written_end || c.slots.contains_key(&key) {
+    let Some(block_len) = written.block_len(start) else { return };
+    if c.slots.contains_key(&key) {
         return;
     }
     c.start_loading(key);
     c.stats.read_aheads += 1;
     let (cache, file) = (cache.clone(), file.clone());
     crate::io::spawn(async move {
-        if let Err(e) = load(cache, &file, key, written_end).await {
+        if let Err(e) = load(cache, &file, key, block_len).await {
             tracing::debug!(error = %e, "read-ahead failed; readers read the block themselves");
         }
     });
 }
 
-/// Read the block `key` (marked `Loading` by the caller), hold it, and hand it to the
-/// readers waiting for it.
+/// Read the block `key`, `block_len` bytes (marked `Loading` by the caller), hold it, and
+/// hand it to the readers waiting for it.
 async fn load(
     cache: SharedCache,
     file: &LogFile,
     key: (u64, u64),
-    written_end: u64,
+    block_len: usize,
 ) -> Result<ReadBuf> {
     let mut guard = LoadGuard { cache, key, done: false };
-    let block_len = READ_CACHE_BLOCK_BYTES.min(written_end - key.1) as usize;
     let buf = file.read_buf(key.1, block_len).await?;
     let waiters = {
         let mut c = guard.cache.borrow_mut();

@@ -113,6 +113,9 @@ impl StorageConfig {
         if self.producers_per_shard_max == 0 {
             return bad("producers_per_shard_max must be at least 1");
         }
+        if self.read_cache_bytes != 0 && self.read_cache_bytes < crate::READ_CACHE_BLOCK_BYTES {
+            return bad("read_cache_bytes must be 0 (no cache) or at least one 1 MiB block");
+        }
         Ok(())
     }
 }

@@ -15,7 +15,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 use felix_proto::{Offset, ProducerTag, ShardId};
 
-use crate::cache::{self, READ_CACHE_BATCH_BYTES_MAX};
+use crate::cache::{self, Written, READ_CACHE_BATCH_BYTES_MAX};
 use crate::error::{Result, StorageError};
 use crate::format::{
     decode_records, verify_batch, BatchHeader, FormatError, RECORD_FLAG_KEY, RECORD_HEADER_BYTES,
@@ -193,10 +193,10 @@ impl StreamLog {
     ) -> Result<()> {
         let mut i = 0;
         while i < entries.len() {
-            let (seg_base, seg_end, file) = self.segment_at(shard, from, entries[i].position)?;
+            let (seg_base, seg_end, file, sealed) =
+                self.segment_at(shard, from, entries[i].position)?;
             // A run of nearby batches: one read would cover it, the other shards' batches
             // between them included.
-            let start = entries[i].position;
             let mut j = i + 1;
             while j < entries.len()
                 && entries[j].position < seg_end
@@ -205,38 +205,44 @@ impl StreamLog {
             {
                 j += 1;
             }
-            if j - i == 1 || !self.inner.cache.borrow().enabled() {
-                // A batch on its own, or no cache: one read.
+            // A run goes through the core's read cache as far as the cache may keep the
+            // segment: its blocks hold the other shards' batches between ours, which their
+            // readers want too. A batch on its own, and the rest of the run (in the last,
+            // partial block of the segment being written), take one read.
+            let written = Written { end: seg_end - seg_base, sealed };
+            let mut k = i;
+            if j - i > 1 && self.inner.cache.borrow().enabled() {
+                let cacheable_end = seg_base + written.cacheable_end();
+                while k < j && entries[k].position + u64::from(entries[k].len) <= cacheable_end {
+                    let e = &entries[k];
+                    let rel = e.position - seg_base;
+                    let cached = if e.len < READ_CACHE_BATCH_BYTES_MAX {
+                        cache::block(&self.inner.cache, &file, rel, e.len as usize, written).await?
+                    } else {
+                        None
+                    };
+                    match cached {
+                        Some((buf, block_start)) => {
+                            let at = (rel - block_start) as usize;
+                            let bytes = &buf[at..at + e.len as usize];
+                            show_entry(shard, e, bytes, &file, seg_base, visit)?;
+                        }
+                        None => {
+                            let buf = file.read_buf(rel, e.len as usize).await?;
+                            show_entry(shard, e, &buf, &file, seg_base, visit)?;
+                        }
+                    }
+                    k += 1;
+                }
+            }
+            if k < j {
+                let start = entries[k].position;
                 let end = entries[j - 1].position + u64::from(entries[j - 1].len);
                 let buf = file.read_buf(start - seg_base, (end - start) as usize).await?;
-                for e in &entries[i..j] {
+                for e in &entries[k..j] {
                     let at = (e.position - start) as usize;
                     let bytes = buf.get(at..(at + e.len as usize).min(buf.len())).unwrap_or(&[]);
                     show_entry(shard, e, bytes, &file, seg_base, visit)?;
-                }
-                i = j;
-                continue;
-            }
-            // A run goes through the core's read cache: the blocks hold the other shards'
-            // batches between ours, which their readers want too.
-            for e in &entries[i..j] {
-                let rel = e.position - seg_base;
-                let cached = if e.len < READ_CACHE_BATCH_BYTES_MAX {
-                    let written_end = seg_end - seg_base;
-                    cache::block(&self.inner.cache, &file, rel, e.len as usize, written_end).await?
-                } else {
-                    None
-                };
-                match cached {
-                    Some((buf, block_start)) => {
-                        let at = (rel - block_start) as usize;
-                        let bytes = &buf[at..at + e.len as usize];
-                        show_entry(shard, e, bytes, &file, seg_base, visit)?;
-                    }
-                    None => {
-                        let buf = file.read_buf(rel, e.len as usize).await?;
-                        show_entry(shard, e, &buf, &file, seg_base, visit)?;
-                    }
                 }
             }
             i = j;
@@ -259,6 +265,8 @@ impl StreamLog {
                 st.segments.iter().map(|s| (s.base_position, s.end, s.file.clone())).collect();
             (segments, st.truncations.of_shard(shard))
         };
+        let last = segments.len().saturating_sub(1);
+        let cache_on = self.inner.cache.borrow().enabled();
         let start = from_position.unwrap_or(segments.first().map_or(0, |s| s.0));
         let until = until.unwrap_or(u64::MAX);
         let limit = crate::config::BATCH_BYTES_LIMIT;
@@ -272,7 +280,7 @@ impl StreamLog {
         // that point (in this segment and the next ones) are for the next read, so the scan
         // must not go on in a later segment, or it would skip them.
         let mut full = false;
-        for (base, end, file) in &segments {
+        for (n, (base, end, file)) in segments.iter().enumerate() {
             if base + end <= start || *base >= until {
                 continue;
             }
@@ -287,7 +295,8 @@ impl StreamLog {
                         .checked_add(u64::from(h.record_count))
                         .is_none_or(|e| e > from.0)
             };
-            let cache = Some((&self.inner.cache, file, *end));
+            let written = Written { end: *end, sealed: n < last };
+            let cache = cache_on.then_some((&self.inner.cache, file, written));
             let done =
                 scan_segment_for(file, from_rel, to_rel, limit, cache, wanted, |pos, h, bytes| {
                     if h.shard != shard {
@@ -350,16 +359,19 @@ impl StreamLog {
         Ok(())
     }
 
+    /// The segment holding `position`: its base position, end (log positions), file, and
+    /// whether it is sealed (not the one being written).
     fn segment_at(
         &self,
         shard: ShardId,
         from: Offset,
         position: u64,
-    ) -> Result<(u64, u64, Rc<LogFile>)> {
+    ) -> Result<(u64, u64, Rc<LogFile>, bool)> {
         let st = self.inner.state.borrow();
         let i = st.segments.partition_point(|s| s.base_position <= position);
+        let sealed = i < st.segments.len();
         match i.checked_sub(1).map(|i| &st.segments[i]) {
-            Some(s) => Ok((s.base_position, s.base_position + s.end, s.file.clone())),
+            Some(s) => Ok((s.base_position, s.base_position + s.end, s.file.clone(), sealed)),
             None => {
                 let start = st.shards.get(&shard).map_or(0, |s| s.index.start_offset());
                 Err(StorageError::OffsetBeforeStart {

@@ -4,7 +4,7 @@
 use std::ops::ControlFlow;
 use std::rc::Rc;
 
-use crate::cache::SharedCache;
+use crate::cache::{SharedCache, Written};
 use crate::config::WRITE_IN_FLIGHT_BYTES_MAX;
 use crate::error::Result;
 use crate::format::{
@@ -24,9 +24,8 @@ pub(crate) enum ScanEnd {
     Invalid(u64, FormatError),
 }
 
-/// A read cache, the file (shared, for reads ahead) and the file position the segment's
-/// completed writes reach.
-pub(crate) type CacheAt<'a> = Option<(&'a SharedCache, &'a Rc<LogFile>, u64)>;
+/// A read cache, the file (shared, for reads ahead) and how far its segment is written.
+pub(crate) type CacheAt<'a> = Option<(&'a SharedCache, &'a Rc<LogFile>, Written)>;
 
 /// Buffered sequential reader over `[start, end)` of one file.
 struct Window<'a> {
@@ -45,8 +44,8 @@ impl Window<'_> {
         if self.buf.is_none() || pos < self.buf_pos || pos + need as u64 > have_end {
             self.buf = None;
             let cached = match self.cache {
-                Some((cache, file, written_end)) => {
-                    crate::cache::block(cache, file, pos, need, written_end).await?
+                Some((cache, file, written)) => {
+                    crate::cache::block(cache, file, pos, need, written).await?
                 }
                 None => None,
             };
@@ -54,9 +53,13 @@ impl Window<'_> {
                 self.buf = Some(buf);
                 self.buf_pos = start;
             } else {
-                // Through a cache, only what is needed (a batch across two blocks); else
-                // a chunk, for the batches after it.
-                let chunk = if self.cache.is_some() { need } else { need.max(SCAN_CHUNK_BYTES) };
+                // A batch across two cached blocks: just it (the scan goes back to the blocks
+                // after it). Otherwise a chunk, for the batches after it too.
+                let block = crate::cache::READ_CACHE_BLOCK_BYTES;
+                let across = self.cache.is_some()
+                    && need > 0
+                    && pos / block != (pos + need as u64 - 1) / block;
+                let chunk = if across { need } else { need.max(SCAN_CHUNK_BYTES) };
                 let len = (chunk as u64).min(self.end.saturating_sub(pos));
                 self.buf = Some(self.file.read_buf(pos, len as usize).await?);
                 self.buf_pos = pos;

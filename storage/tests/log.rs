@@ -284,18 +284,31 @@ fn segments_roll_and_old_entries_are_served_through_the_sparse_index() {
 
 #[test]
 fn a_corrupt_batch_of_one_shard_stops_its_readers_not_the_others() {
+    corrupt_batches(false);
+}
+
+#[test]
+fn a_corrupt_batch_of_one_shard_stops_its_readers_not_the_others_through_the_cache() {
+    corrupt_batches(true);
+}
+
+/// Damages a batch of shard 1, then (without the read cache) the header of one of shard 0's.
+fn corrupt_batches(cache: bool) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_owned();
     run(move || async move {
         let mut config = small_config(&path);
-        // Bytes are damaged behind the running log's back after it read them: its read cache
-        // would go on serving the copy it read (and verified) before.
-        config.read_cache_bytes = 0;
+        if !cache {
+            config.read_cache_bytes = 0;
+        }
         let log = open(&path, &config).await;
         // Shard 0 past its dense index (its oldest batches are read by scanning the log),
         // shard 1 interleaved with it.
         let n = felix_storage::index::INDEX_RECENT_MAX as u64 + 200;
-        append_interleaved(&log, n, 8, (64, 64)).await;
+        // Through the cache, enough for whole blocks (the cache keeps no partial one of the
+        // segment being written).
+        let len = if cache { 400 } else { 64 };
+        append_interleaved(&log, n, 8, (len, len)).await;
         log.flush().await.unwrap();
         // Damage one byte of the value of shard 1's record at offset 3 (an old batch, amid
         // shard 0's scanned ones).
@@ -307,13 +320,19 @@ fn a_corrupt_batch_of_one_shard_stops_its_readers_not_the_others() {
         std::fs::write(&file, &bytes).unwrap();
 
         // Shard 0 reads everything, through the scan and the dense index.
-        check_shard(&log, ShardId(0), n, 64).await;
+        check_shard(&log, ShardId(0), n, len).await;
         // Shard 1's reader gets a typed error naming the file.
         match log.read(ShardId(1), Offset(3), 1 << 20).await {
             Err(StorageError::Corrupt { path, .. }) => assert_eq!(path, file),
             other => panic!("{other:?}"),
         }
 
+        if cache {
+            // The bytes below are damaged behind the log's back after it read (and verified)
+            // them: the cache would go on serving what it read.
+            assert!(log.read_cache_stats().hits > 0);
+            return;
+        }
         // A damaged header (shard 0's batch at offset 5 now names shard 7) makes the scan step
         // over it: shard 0's reader must get an error, not records 4 then 6.
         let (file, key_at) = find_on_disk(&path.join("log"), b"s0-o5");

@@ -10,8 +10,13 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use felix_broker::app::subscribe::{queue, SUBSCRIPTION_QUEUE_FRAMES};
+use felix_broker::app::subscribe::{queue, Queued, SUBSCRIPTION_QUEUE_FRAMES};
 use glommio::{LocalExecutorBuilder, Placement};
+
+/// One frame's bytes as a queue entry.
+fn one(bytes: Vec<u8>) -> Queued {
+    Queued { frame: Bytes::from(bytes), frames: 1 }
+}
 
 /// Bound on every wait in these tests.
 const WAIT: Duration = Duration::from_secs(5);
@@ -25,9 +30,9 @@ fn a_sender_blocked_on_a_full_queue_fails_when_the_receiver_goes() {
     let outcome = run(async {
         let (tx, rx) = queue();
         for i in 0..SUBSCRIPTION_QUEUE_FRAMES {
-            tx.try_send(Bytes::from(vec![i as u8])).expect("room in the queue");
+            tx.try_send(one(vec![i as u8])).expect("room in the queue");
         }
-        let pump = glommio::spawn_local(async move { tx.send(Bytes::from_static(b"late")).await });
+        let pump = glommio::spawn_local(async move { tx.send(one(b"late".to_vec())).await });
         // Let the pump block on the full queue, then the writer goes.
         glommio::timer::sleep(Duration::from_millis(20)).await;
         drop(rx);
@@ -45,12 +50,12 @@ fn the_writer_receives_every_frame_in_order() {
         let (tx, rx) = queue();
         let pump = glommio::spawn_local(async move {
             for i in 0..3 * SUBSCRIPTION_QUEUE_FRAMES {
-                tx.send(Bytes::from(vec![i as u8])).await.expect("writer present");
+                tx.send(one(vec![i as u8])).await.expect("writer present");
             }
         });
         let mut got = Vec::new();
-        while let Some(frame) = rx.recv().await {
-            got.push(frame[0]);
+        while let Some(q) = rx.recv().await {
+            got.push(q.frame[0]);
         }
         pump.await;
         got

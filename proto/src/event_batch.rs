@@ -37,22 +37,46 @@ pub fn encode_event_batch_slices<'a, I>(
 where
     I: Iterator<Item = (Option<&'a [u8]>, &'a [u8])> + Clone,
 {
+    let mut dst = BytesMut::with_capacity(event_batch_slices_len(records.clone()));
+    encode_event_batch_slices_into(&mut dst, shard, base_offset, timestamp_ms, records);
+    dst.freeze()
+}
+
+/// The encoded size of the EventBatch frame [`encode_event_batch_slices`] makes of `records`.
+pub fn event_batch_slices_len<'a, I>(records: I) -> usize
+where
+    I: Iterator<Item = (Option<&'a [u8]>, &'a [u8])>,
+{
+    HEADER_LEN + FIXED_BODY_BYTES + records.map(|(k, v)| record_len(k, v.len())).sum::<usize>()
+}
+
+/// [`encode_event_batch_slices`] appending to `dst` (frames encoded back to back in one buffer
+/// are sent as one chunk). `dst` grows at most once, by the frame's exact size; not at all
+/// when it has the room.
+pub fn encode_event_batch_slices_into<'a, I>(
+    dst: &mut BytesMut,
+    shard: ShardId,
+    base_offset: Offset,
+    timestamp_ms: u64,
+    records: I,
+) where
+    I: Iterator<Item = (Option<&'a [u8]>, &'a [u8])> + Clone,
+{
     let (count, records_len) = records
         .clone()
         .fold((0usize, 0usize), |(n, len), (k, v)| (n + 1, len + record_len(k, v.len())));
     let body_len = FIXED_BODY_BYTES + records_len;
-    let mut dst = BytesMut::with_capacity(HEADER_LEN + body_len);
+    dst.reserve(HEADER_LEN + body_len);
     let header = FrameHeader {
         frame_type: FrameType::EventBatch,
         flags: Flags::NONE,
         body_len: u32::try_from(body_len).unwrap_or(u32::MAX),
     };
     dst.put_slice(&header.encode());
-    put_fixed(&mut dst, shard, base_offset, timestamp_ms, count);
+    put_fixed(dst, shard, base_offset, timestamp_ms, count);
     for (key, value) in records {
-        put_record(&mut dst, key, value.len(), [value]);
+        put_record(dst, key, value.len(), [value]);
     }
-    dst.freeze()
 }
 
 /// Encodes an EventBatch frame (header included) straight from its parts, so a broker can

@@ -26,7 +26,10 @@ pub mod stream_name;
 pub use cluster::{Metadata, MetadataOk, NotOwner, ShardOwner};
 pub use decoder::{decode_frame, FrameDecoder};
 pub use error::{DecodeError, ErrorCode, FrameError};
-pub use event_batch::{encode_event_batch, encode_event_batch_slices};
+pub use event_batch::{
+    encode_event_batch, encode_event_batch_slices, encode_event_batch_slices_into,
+    event_batch_slices_len,
+};
 pub use frame::{
     AckRequest, CommitOffset, CreateStream, DescribeStream, ErrorBody, EventBatch, Frame, Hello,
     HelloOk, ListStreams, Publish, PublishAck, RequestId, Retention, StartAt, StreamInfo,

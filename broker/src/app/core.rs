@@ -16,14 +16,13 @@ use felix_proto::{
     AckMode, CoreId, ErrorCode, Offset, ProducerTag, Record, Retention, ShardId, StartAt,
     StreamName,
 };
-use felix_storage::{
-    AppendOutcome, BatchView, CoreStore, RetentionConfig, StorageError, StreamLog,
-};
+use felix_storage::{AppendOutcome, CoreStore, RetentionConfig, StorageError, StreamLog};
 use glommio::sync::Semaphore;
 
 use super::disk::DiskFloor;
 pub use super::error::{meta_error, storage_error, DISK_FULL_MESSAGE};
 use super::error::{CoreOpenError, WireError};
+use super::frames::LogFrames;
 use super::mesh::{CoreRequest, CoreResponse, Mesh};
 use super::meta::{self, StreamMeta, TenantQuota};
 use super::stats::{self, AppStats};
@@ -510,17 +509,19 @@ impl CoreApp {
                 TailRead::Batches(b) => return Ok(b),
                 TailRead::Miss => {
                     // Encoded straight from the read buffer: one copy per payload byte.
-                    let mut batches = Vec::new();
+                    let mut frames = LogFrames::new(shard, from);
                     log.read_with(shard, from, max_bytes, |view| {
                         // Only what is committed, on a replicated shard.
                         if view.base_offset() < next {
-                            batches.extend(encode_view(shard, from, &view));
+                            frames.push(&view);
                         }
                     })
                     .await
                     .map_err(|e| storage_error(&e))?;
+                    let read = frames.batches();
+                    let batches = frames.finish();
                     if !batches.is_empty() {
-                        stats::add(&self.stats.counters.log_batches, batches.len() as u64);
+                        stats::add(&self.stats.counters.log_batches, read);
                         return Ok(batches);
                     }
                     if std::time::Instant::now() >= deadline {
@@ -801,24 +802,6 @@ fn parse_client_stream(name: &str) -> Result<StreamName, WireError> {
         ));
     }
     Ok(parsed)
-}
-
-/// Encodes a batch read from the log as an EventBatch, without the records before `from`
-/// (`None` if nothing is left).
-fn encode_view(shard: ShardId, from: Offset, view: &BatchView<'_>) -> Option<EncodedBatch> {
-    if view.end() <= from.0 {
-        return None;
-    }
-    let skip = from.0.saturating_sub(view.base_offset().0);
-    let base_offset = Offset(view.base_offset().0 + skip);
-    let records = view.records().skip(skip as usize);
-    let frame = felix_proto::encode_event_batch_slices(
-        shard,
-        base_offset,
-        view.first_timestamp_ms(),
-        records,
-    );
-    Some(EncodedBatch { base_offset, count: (view.end() - base_offset.0) as u32, frame })
 }
 
 /// Milliseconds since the Unix epoch.

@@ -21,6 +21,7 @@ pub mod cluster;
 pub mod core;
 pub mod disk;
 pub mod error;
+pub mod frames;
 pub mod mesh;
 pub mod meta;
 pub mod replication;

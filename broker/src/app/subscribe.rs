@@ -21,7 +21,7 @@ use super::stats;
 
 /// Subscriptions one connection may hold at once.
 pub const SUBSCRIPTIONS_PER_CONN_MAX: usize = 64;
-/// Encoded EventBatches queued per subscription.
+/// Queue entries per subscription (each one EventBatch, or one log read's small batches).
 pub const SUBSCRIPTION_QUEUE_FRAMES: usize = 8;
 /// Bytes one read asks the owner for.
 pub const READ_BYTES_MAX: usize = 1 << 20;
@@ -101,7 +101,7 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
         let _slot = slot;
         let _guard = OnDrop(move || writer_cancel.set(true));
         let c = &writer_app.stats.counters;
-        while let Some(frame) = rx.recv().await {
+        while let Some(Queued { frame, frames }) = rx.recv().await {
             let len = frame.len() as u64;
             // Handed to quinn as it is: a tail batch's frame is shared by all its subscribers.
             let mut chunks = [frame];
@@ -113,7 +113,7 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
             .await
             {
                 Ok(()) => {
-                    stats::add(&c.event_batches, 1);
+                    stats::add(&c.event_batches, u64::from(frames));
                     stats::add(&c.event_bytes, len);
                 }
                 Err(glommio::GlommioError::TimedOut(_)) => {
@@ -140,7 +140,7 @@ async fn pump(
     stream: String,
     shard: ShardId,
     mut next: Offset,
-    tx: Rc<LocalSender<Bytes>>,
+    tx: Rc<LocalSender<Queued>>,
     cancelled: Rc<std::cell::Cell<bool>>,
 ) {
     let app = session.app.clone();
@@ -184,7 +184,7 @@ async fn pump(
             if b.end() <= next.0 {
                 continue;
             }
-            if tx.send(b.frame.clone()).await.is_err() {
+            if tx.send(Queued { frame: b.frame.clone(), frames: b.frames }).await.is_err() {
                 return;
             }
             next = Offset(b.end());
@@ -218,9 +218,18 @@ impl Drop for SubscriptionSlot {
     }
 }
 
+/// Encoded EventBatch frames on a subscription's queue: one, or a log read's small batches
+/// back to back (`super::frames`).
+pub struct Queued {
+    /// The frames' bytes.
+    pub frame: Bytes,
+    /// EventBatch frames in it.
+    pub frames: u32,
+}
+
 /// A subscription's queue of encoded frames, from its pumps to its writer, bounded by
-/// [`SUBSCRIPTION_QUEUE_FRAMES`].
-pub fn queue() -> (LocalSender<Bytes>, QueueReceiver) {
+/// [`SUBSCRIPTION_QUEUE_FRAMES`] entries.
+pub fn queue() -> (LocalSender<Queued>, QueueReceiver) {
     let (tx, rx) = local_channel::new_bounded(SUBSCRIPTION_QUEUE_FRAMES);
     (tx, QueueReceiver(rx))
 }
@@ -229,11 +238,11 @@ pub fn queue() -> (LocalSender<Bytes>, QueueReceiver) {
 /// every pump blocked in `send` fails and ends: glommio wakes the senders blocked on a full
 /// channel when its receiver goes, but a woken sender that finds the channel still full waits
 /// again, for ever, and its pump would hold its session and batches for the life of the core.
-pub struct QueueReceiver(LocalReceiver<Bytes>);
+pub struct QueueReceiver(LocalReceiver<Queued>);
 
 impl QueueReceiver {
-    /// The next frame; `None` once every sender is gone.
-    pub async fn recv(&self) -> Option<Bytes> {
+    /// The next frames; `None` once every sender is gone.
+    pub async fn recv(&self) -> Option<Queued> {
         self.0.recv().await
     }
 }

@@ -38,15 +38,18 @@ pub const TAIL_WAITERS_PER_SHARD: usize = 4096;
 /// How long a reader turned away from a crowded tail waits before it asks again.
 pub const CROWDED_RETRY_MS: u64 = 20;
 
-/// An EventBatch ready to send: its offsets and its encoded frame.
+/// EventBatches ready to send: their offsets and their encoded frames, back to back (one,
+/// except where a log read put small batches in one buffer: `super::frames`).
 #[derive(Clone, Debug)]
 pub struct EncodedBatch {
     /// The first record's offset.
     pub base_offset: Offset,
-    /// Records in the batch.
+    /// Records in the frames (consecutive offsets).
     pub count: u32,
-    /// The encoded EventBatch frame, header included.
+    /// The encoded EventBatch frames, headers included.
     pub frame: Bytes,
+    /// EventBatch frames in `frame`.
+    pub frames: u32,
 }
 
 impl EncodedBatch {
@@ -58,6 +61,7 @@ impl EncodedBatch {
             base_offset: batch.base_offset,
             count: batch.records.len() as u32,
             frame: buf.freeze(),
+            frames: 1,
         }
     }
 

@@ -56,6 +56,25 @@ async fn read_back(log: &StreamLog, shards: &[ShardId], rounds: u64, len: usize)
     glommio::executor().io_stats().all_rings().file_reads().1 - before
 }
 
+/// The same rounds appended to a log with the default cache (under `dir/cached`) and to one
+/// without (`dir/plain`), then read back: both logs and the bytes each read.
+async fn read_with_and_without_cache(
+    dir: &std::path::Path,
+    shards: &[ShardId],
+    rounds: u64,
+    len: usize,
+) -> (StreamLog, StreamLog, u64, u64) {
+    let mut config = small_config(&dir.join("cached"));
+    let cached = open(&dir.join("cached"), &config, shards).await;
+    append_rounds(&cached, shards, rounds, len).await;
+    config.read_cache_bytes = 0;
+    let plain = open(&dir.join("plain"), &config, shards).await;
+    append_rounds(&plain, shards, rounds, len).await;
+    let with_cache = read_back(&cached, shards, rounds, len).await;
+    let without = read_back(&plain, shards, rounds, len).await;
+    (cached, plain, with_cache, without)
+}
+
 #[test]
 fn readers_of_interleaved_shards_share_one_read_of_each_block() {
     let dir = tempfile::tempdir().unwrap();
@@ -65,16 +84,9 @@ fn readers_of_interleaved_shards_share_one_read_of_each_block() {
         // 12 shards x 300 batches of ~2 KiB: ~8 MiB over a few small segments, in the dense
         // index, each shard's batches ~24 KiB apart (one read would span the others').
         let (rounds, len) = (300, 2000);
-        let mut config = small_config(&path.join("cached"));
-        let cached = open(&path.join("cached"), &config, &shards).await;
-        append_rounds(&cached, &shards, rounds, len).await;
+        let (cached, plain, with_cache, without) =
+            read_with_and_without_cache(&path, &shards, rounds, len).await;
         assert!(cached.segment_count() >= 2, "no roll");
-        config.read_cache_bytes = 0;
-        let plain = open(&path.join("plain"), &config, &shards).await;
-        append_rounds(&plain, &shards, rounds, len).await;
-
-        let with_cache = read_back(&cached, &shards, rounds, len).await;
-        let without = read_back(&plain, &shards, rounds, len).await;
         let stats = cached.read_cache_stats();
         // The log fits in the cache: each block is read once, by whichever shard came first.
         let log_bytes = rounds * shards.len() as u64 * (len as u64 + 100);
@@ -101,15 +113,8 @@ fn scans_below_the_dense_index_share_the_cache() {
         // Two shards, each past its dense index: their oldest batches are found by scanning.
         let shards = shards(2);
         let (rounds, len) = (felix_storage::index::INDEX_RECENT_MAX as u64 + 400, 300);
-        let mut config = small_config(&path.join("cached"));
-        let cached = open(&path.join("cached"), &config, &shards).await;
-        append_rounds(&cached, &shards, rounds, len).await;
-        config.read_cache_bytes = 0;
-        let plain = open(&path.join("plain"), &config, &shards).await;
-        append_rounds(&plain, &shards, rounds, len).await;
-
-        let with_cache = read_back(&cached, &shards, rounds, len).await;
-        let without = read_back(&plain, &shards, rounds, len).await;
+        let (cached, _, with_cache, without) =
+            read_with_and_without_cache(&path, &shards, rounds, len).await;
         assert!(
             with_cache * 3 < without * 2,
             "read {with_cache} bytes with the cache, {without} without"

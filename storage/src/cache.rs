@@ -117,15 +117,18 @@ impl ReadCache {
         self.stats
     }
 
-    /// Drop the blocks of a file (deleted by retention).
+    /// Drop the blocks of a file (deleted by retention), also those being read: such a read
+    /// still reaches its reader, but the block is not kept, and the readers waiting for it
+    /// read on their own.
     pub(crate) fn forget_file(&mut self, file_id: u64) {
         let mut dropped = 0u64;
         self.slots.retain(|(id, _), slot| match slot {
-            Slot::Ready { buf, .. } if *id == file_id => {
+            _ if *id != file_id => true,
+            Slot::Ready { buf, .. } => {
                 dropped += buf.len() as u64;
                 false
             }
-            _ => true,
+            Slot::Loading(_) => false,
         });
         self.recount();
         self.stats.bytes -= dropped;
@@ -280,20 +283,66 @@ async fn load(
     let buf = file.read_buf(key.1, block_len).await?;
     let waiters = {
         let mut c = guard.cache.borrow_mut();
-        let tick = c.tick;
-        let waiters = match c.slots.insert(key, Slot::Ready { buf: buf.clone(), used: tick }) {
-            Some(Slot::Loading(w)) => w,
-            _ => Vec::new(),
-        };
-        c.ready += 1;
+        let c = &mut *c;
         c.stats.misses += 1;
-        c.stats.bytes += buf.len() as u64;
-        c.evict();
-        waiters
+        // Kept only while the slot is still ours: `forget_file` may have dropped it.
+        match c.slots.get_mut(&key) {
+            Some(slot @ Slot::Loading(_)) => {
+                let Slot::Loading(waiters) =
+                    std::mem::replace(slot, Slot::Ready { buf: buf.clone(), used: c.tick })
+                else {
+                    unreachable!("matched as loading")
+                };
+                c.ready += 1;
+                c.stats.bytes += buf.len() as u64;
+                c.evict();
+                waiters
+            }
+            _ => Vec::new(),
+        }
     };
     guard.done = true;
     for w in waiters {
         w.complete(buf.clone());
     }
     Ok(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::io;
+    use std::time::Duration;
+
+    /// A block being read when retention forgets its file reaches its reader but is not
+    /// kept, nor is the block read ahead behind it.
+    #[test]
+    fn a_block_read_while_its_file_is_forgotten_is_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("segment");
+        io::run_local(move || async move {
+            let block = READ_CACHE_BLOCK_BYTES as usize;
+            let file = Rc::new(LogFile::create(&path, vec![7u8; 2 * block]).await.unwrap());
+            let cache = ReadCache::shared(4 * READ_CACHE_BLOCK_BYTES);
+            let written = Written { end: 2 * READ_CACHE_BLOCK_BYTES, sealed: true };
+            let mut read = Box::pin(super::block(&cache, &file, 100, 4096, written));
+            assert!(
+                futures_lite::future::poll_once(&mut read).await.is_none(),
+                "read is under way"
+            );
+            assert_eq!(cache.borrow().slots.len(), 2, "the block and the one read ahead");
+            cache.borrow_mut().forget_file(file.id());
+            let (buf, start) = read.await.unwrap().expect("the reader gets its block");
+            assert_eq!((buf.len(), start, buf[100]), (block, 0, 7));
+            for _ in 0..500 {
+                if cache.borrow().stats().misses == 2 {
+                    break;
+                }
+                io::sleep(Duration::from_millis(10)).await;
+            }
+            let c = cache.borrow();
+            assert_eq!(c.stats().misses, 2, "both reads finished");
+            assert_eq!((c.slots.len(), c.ready, c.stats().bytes), (0, 0, 0));
+        });
+    }
 }

@@ -353,6 +353,21 @@ impl BackgroundQueue {
 }
 
 /// Sleep on the executor's timer.
+/// Run the future `make` returns to its end on a new executor thread (unit tests).
+#[cfg(test)]
+pub(crate) fn run_local<F, G>(make: G)
+where
+    F: Future<Output = ()> + 'static,
+    G: FnOnce() -> F + Send + 'static,
+{
+    glommio::LocalExecutorBuilder::default()
+        .io_memory(256 << 10)
+        .spawn(make)
+        .expect("executor starts")
+        .join()
+        .expect("test task");
+}
+
 pub(crate) async fn sleep(d: Duration) {
     glommio::timer::sleep(d).await;
 }

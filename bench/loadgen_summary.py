@@ -160,6 +160,83 @@ def profile_summary(d, symbolized=True):
             "symbols: " + "; ".join(tops))
 
 
+def delivery():
+    """The delivery scenario (bench/run.sh's scenario_delivery): per case, median and spread of
+    the published and per-subscriber delivered rates, publish-to-delivery p50/p99, both sides'
+    busy %; and the catch-up's drain rate. Returns the page's lines (empty without runs)."""
+    d = f"{RES}/{DATE}-delivery"
+    lines = []
+    head = ("| case | published rec/s | delivered rec/s per subscriber | delivered MB/s per "
+            "subscriber | delivered / published % | delivery p50 ms | delivery p99 ms | "
+            "broker busy % | generator busy % | bound by | runs | load avg |")
+    rows = []
+    for case in ["mixed1", "mixed2", "half2"]:
+        runs = load(f"{d}/{case}-run*.json")
+        if not runs:
+            continue
+        subs = [max(r["config"].get("subscribers") or 1, 1) for r in runs]
+        pub = [r["sent_records"] / r["measured_s"] for r in runs]
+        per_sub = [r["delivered_records"] / r["measured_s"] / n for r, n in zip(runs, subs)]
+        share = [100 * r["delivered_records"] / n / max(r["sent_records"], 1)
+                 for r, n in zip(runs, subs)]
+        mb = [r["delivered_bytes"] / 1e6 / r["measured_s"] / n for r, n in zip(runs, subs)]
+        p50 = [r["delivery"]["p50_us"] / 1000 for r in runs]
+        p99 = [r["delivery"]["p99_us"] / 1000 for r in runs]
+        t = publish_table(runs)
+        rows.append(f"| {case} | {spread(pub, '{:,.0f}')[0]} | {spread(per_sub, '{:,.0f}')[0]} | "
+                    f"{spread(mb)[0]} | {spread(share)[0]} | {spread(p50, '{:.2f}')[0]} | "
+                    f"{spread(p99, '{:.2f}')[0]} | {t['broker_busy'][0]} | {t['gen_busy'][0]} | "
+                    f"{t['bound_by']} | {t['runs']} | {t['load']} |")
+    if rows:
+        lines += [head, "|" + "---|" * 12, *rows, "",
+                  "12-shard durable keyed publish, 4 KiB x 64, 12 keys; fresh broker per run. "
+                  "mixed1 / mixed2: as fast as possible with 1 / 2 subscribers (fanout, from the "
+                  "end); half2: 2 subscribers at half of mixed2's median published rate. "
+                  "Delivered / published: what each subscriber received of what was published "
+                  "in the window (records delivered after the window's end are not counted). "
+                  "Delivery latency: publish to delivery, per record.", ""]
+    catchup = []
+    for p in sorted(glob.glob(f"{d}/catchup-run*.json")):
+        try:
+            with open(p) as f:
+                r = json.load(f)
+        except (OSError, ValueError):
+            continue
+        du = p.replace(".json", ".du")
+        backlog, dropped = None, False
+        if os.path.exists(du):
+            with open(du) as f:
+                text = f.read()
+            backlog = int(text.split()[0]) if text.split() else None
+            dropped = "page cache dropped" in text
+        # The drain rate: mean over the whole timeline seconds with deliveries, the last
+        # (partial) one left out.
+        busy = [t["delivered_records"] for t in r["timeline"] if t["delivered_records"] > 0]
+        full = busy[:-1] if len(busy) > 1 else busy
+        rec_bytes = r["delivered_bytes"] / max(r["delivered_records"], 1)
+        rps = statistics.mean(full) if full else 0
+        catchup.append({"backlog": backlog, "dropped": dropped, "records": r["delivered_records"],
+                        "seconds": len(busy), "rps": rps, "mb_s": rps * rec_bytes / 1e6,
+                        "busy": (r.get("broker") or {}).get("cpu_pct")})
+    if catchup:
+        dropped = sum(c["dropped"] for c in catchup)
+        lines += ["Catch-up: a backlog published first (no subscriber), the page cache dropped "
+                  f"({dropped} of {len(catchup)} runs could), then one subscriber from the "
+                  "earliest offset and no publisher. Rate: the mean of the full seconds with "
+                  "deliveries.", "",
+                  "| backlog MB | records delivered | seconds with deliveries | drain records/s | "
+                  "drain MB/s | broker CPU % | runs |", "|---|---|---|---|---|---|---|",
+                  f"| {spread([c['backlog'] / 1e6 for c in catchup if c['backlog']], '{:,.0f}')[0]} | "
+                  f"{spread([c['records'] for c in catchup], '{:,.0f}')[0]} | "
+                  f"{spread([c['seconds'] for c in catchup], '{:.0f}')[0]} | "
+                  f"{spread([c['rps'] for c in catchup], '{:,.0f}')[0]} | "
+                  f"{spread([c['mb_s'] for c in catchup], '{:,.0f}')[0]} | "
+                  f"{spread([c['busy'] for c in catchup], '{:.0f}')[0]} | {len(catchup)} |", ""]
+    if lines:
+        write(f"{d}/summary.md", "\n".join([f"# Delivery, {DATE}\n", *lines]))
+    return lines
+
+
 def write(path, text):
     with open(path, "w") as f:
         f.write(text)
@@ -231,8 +308,9 @@ def main():
             ratios = []
         notes = ["",
                  "Durable keyed publish: 4 KiB records, 64 per batch, 12 keys, ack durable; broker "
-                 "`--cores 1` pinned to CPU 0, generator (1 worker, 4 publisher tasks, 1024 records "
-                 "outstanding) pinned to CPU 1; fresh broker and data dir per run. Stored = the "
+                 "`--cores 1` pinned to CPU 0, generator (1 worker, 4 publisher tasks; the saturated "
+                 "rows with 8192 records outstanding and 256 batches in flight, bench/run.sh's "
+                 "$SATURATE) pinned to CPU 1; fresh broker and data dir per run. Stored = the "
                  "broker's felix_storage_append_bytes_total over the window (the throughput). "
                  "The fixedrate row publishes 10,000 records/s (41 MB/s) instead of as fast as "
                  "possible, so its latency is not queueing. "
@@ -248,7 +326,8 @@ def main():
                       "with JetStream and its default file store, pinned to CPU 0 (GOMAXPROCS 1); "
                       "bench's nats_pub (async-nats, one current-thread runtime) on CPU 1 publishes "
                       "4 KiB messages round-robin over 12 subjects of one stream, each on its own "
-                      "(no batches), at most 1024 awaiting their ack. Stored = payload + subject "
+                      f"(no batches), at most {os.environ.get('NATS_IN_FLIGHT', '8192')} awaiting their ack. "
+                      "Stored = payload + subject "
                       "bytes acked in the window; MB per broker CPU-s = per server CPU-s (from "
                       "/proc/<pid>/stat). Not like for like: the server acks once the message is "
                       "written to its file, fsyncing on a 2-minute timer (JetStream's default), "
@@ -282,6 +361,10 @@ def main():
             write(f"{RES}/{DATE}-{name}/summary.md", text)
         top += ["## Durable keyed publish (1 vs 12 shards; the NATS JetStream peer)", *t, *ratios,
                 *notes, *profiles, ""]
+
+    dl = delivery()
+    if dl:
+        top += ["## Delivery: does it keep up with ingest", *dl]
 
     scal = {}
     for cores in range(1, NCPU + 1):

@@ -11,15 +11,24 @@
 #                   as the broker's data),
 #                   one core's AES-128-GCM seal+open at 1200 bytes (ring), loopback UDP with
 #                   GSO/GRO on one core (bench's net_upload/net_udp_sink)
-#   publish-1shard  durable keyed publish, 4 KiB records, 64 per batch, 12 keys, 1 shard
+#   publish-1shard  durable keyed publish, 4 KiB records, 64 per batch, 12 keys, 1 shard, as
+#                   fast as the generator can with $SATURATE (8192 records outstanding, 256
+#                   batches in flight: with the generator's default 1024 the closed loop waits
+#                   on fdatasync'd acks and neither side is saturated)
 #   publish-12shards  the same on a 12-shard stream
 #   publish-12shards-fixedrate  the same at 10,000 records/s (latency without queueing)
+#   delivery        does delivery keep up with ingest (12 shards, 4 KiB x 64, durable):
+#                   mixed1 / mixed2 publish as fast as possible with 1 / 2 subscribers; half2
+#                   publishes at half of mixed2's median published rate with 2 subscribers
+#                   (publish-to-delivery latency at half load); catchup publishes $BACKLOG_S s
+#                   with no subscriber, drops the page cache, then one subscriber reads it all
+#                   from the earliest offset ($CATCHUP_S s window, no publisher)
 #   nats            the peer row: NATS JetStream (Debian's nats-server, installed with apt-get
 #                   when missing; JetStream on, its default file store under $DATA_ROOT, pinned
 #                   to $BROKER_CPU), 4 KiB messages over 12 subjects from bench's nats_pub
 #                   (async-nats, acks awaited, $NATS_IN_FLIGHT in flight) on $GEN_CPU; results in
 #                   <date>-nats-jetstream/, its row beside Felix's in the publish tables
-#   scaling         the 12-shard publish on 1..N broker cores (N = CPUs found)
+#   scaling         the saturated 12-shard publish on 1..N broker cores (N = CPUs found)
 #   soak            a mixed publish+subscribe run at a fixed rate for soak_s seconds
 # Profiles: after the measured runs of each saturated scenario (publish-1shard, publish-12shards,
 # nats) one more run, not counted in the figures, under `perf record -F $PERF_FREQ
@@ -43,12 +52,17 @@ WARMUP=${WARMUP:-1}
 BROKER_CPU=${BROKER_CPU:-0}
 GEN_CPU=${GEN_CPU:-1}
 DATA_ROOT=${DATA_ROOT:-/tmp/felix-bench}
-SCENARIOS=${SCENARIOS:-"limits publish nats scaling soak"}
+SCENARIOS=${SCENARIOS:-"limits publish delivery nats scaling soak"}
+# The generator's window for the saturated rows (publish, scaling): deep enough that one
+# generator core keeps one broker core busy.
+SATURATE=${SATURATE:-"--outstanding 8192 --in-flight-batches 256"}
+BACKLOG_S=${BACKLOG_S:-3}
+CATCHUP_S=${CATCHUP_S:-5}
 PORT=${PORT:-7600}
 MPORT=${MPORT:-9600}
 NATS_PORT=${NATS_PORT:-4622}
-# Publishes awaiting their ack in the NATS row: the Felix rows' closed loop of 1024 records.
-NATS_IN_FLIGHT=${NATS_IN_FLIGHT:-1024}
+# Publishes awaiting their ack in the NATS row: the saturated Felix rows' 8192 records.
+NATS_IN_FLIGHT=${NATS_IN_FLIGHT:-8192}
 PROFILE=${PROFILE:-1}
 # 499 Hz over a 2 s window is up to ~1000 samples per busy core; DWARF stacks (8 KiB each) because the
 # release build keeps no frame pointers: a few MB of perf data, deleted after rendering.
@@ -236,7 +250,8 @@ scenario_publish() {
   # name shards extra-args: saturated 1 and 12 shards, then 12 shards at a fixed 10,000
   # records/s (41 MB/s), whose latency is not the closed loop's queueing.
   local spec
-  for spec in "publish-1shard 1" "publish-12shards 12" "publish-12shards-fixedrate 12 --rate 10000"; do
+  for spec in "publish-1shard 1 $SATURATE" "publish-12shards 12 $SATURATE" \
+    "publish-12shards-fixedrate 12 --rate 10000"; do
     # shellcheck disable=SC2086
     set -- $spec
     local name=$1 shards=$2
@@ -335,9 +350,56 @@ scenario_scaling() {
       loadgen "$gcpus" "$out/cores$cores-run$run.json" "scaling-cores$cores-run$run" \
         --workload publish --stream bench/scaling/s --shards 12 --keys 12 --payload-bytes 4096 \
         --batch-records 64 --ack durable --duration-s "$DURATION" --workers "$workers" \
-        --cpus "$gcpus"
+        --cpus "$gcpus" $SATURATE
       stop_broker
     done
+  done
+}
+
+# delivery_run <out json> <label> <loadgen args...>: one delivery run on a fresh broker.
+delivery_run() {
+  local json=$1 label=$2
+  shift 2
+  start_broker 1 "$BROKER_CPU"
+  loadgen "$GEN_CPU" "$json" "$label" --stream bench/delivery/s --shards 12 --keys 12 \
+    --payload-bytes 4096 --batch-records 64 --ack durable --workers 1 --cpus "$GEN_CPU" "$@"
+  stop_broker
+}
+
+scenario_delivery() {
+  local out=$RES/$DATE-delivery run
+  mkdir -p "$out"
+  for run in $(seq 1 "$RUNS"); do
+    delivery_run "$out/mixed1-run$run.json" "mixed1-run$run" --workload mixed --subscribers 1 \
+      --duration-s "$DURATION"
+  done
+  for run in $(seq 1 "$RUNS"); do
+    delivery_run "$out/mixed2-run$run.json" "mixed2-run$run" --workload mixed --subscribers 2 \
+      --duration-s "$DURATION"
+  done
+  local half
+  half=$(python3 -c 'import glob, json, statistics, sys
+rates = [j["sent_records"] / j["measured_s"] for j in map(lambda p: json.load(open(p)), glob.glob(sys.argv[1] + "/mixed2-run*.json"))]
+print(max(100, int(statistics.median(rates) / 2)) if rates else 10000)' "$out")
+  echo "  half load: $half records/s (half of mixed2's median published rate)"
+  for run in $(seq 1 "$RUNS"); do
+    delivery_run "$out/half2-run$run.json" "half2-run$run" --workload mixed --subscribers 2 \
+      --rate "$half" --duration-s "$DURATION"
+  done
+  for run in $(seq 1 "$RUNS"); do
+    start_broker 1 "$BROKER_CPU"
+    loadgen "$GEN_CPU" "$out/catchup-fill-run$run.json" "catchup-fill-run$run" --workload publish \
+      --stream bench/delivery/s --shards 12 --keys 12 --payload-bytes 4096 --batch-records 64 \
+      --ack durable --workers 1 --cpus "$GEN_CPU" --duration-s "$BACKLOG_S" $SATURATE
+    du -sb "$DATA_ROOT/data" | cut -f1 > "$out/catchup-run$run.du"
+    # Read the disk, not the page cache that holds what was just written (where allowed).
+    (sync; echo 1 > /proc/sys/vm/drop_caches && echo "page cache dropped" ||
+      echo "page cache NOT dropped") >> "$out/catchup-run$run.du" 2>&1
+    WARMUP=0 loadgen "$GEN_CPU" "$out/catchup-run$run.json" "catchup-run$run" --workload subscribe \
+      --stream bench/delivery/s --shards 12 --keys 12 --payload-bytes 4096 --ack durable \
+      --subscribers 1 --subscribe-from earliest --publishers 0 --workers 1 --cpus "$GEN_CPU" \
+      --duration-s "$CATCHUP_S"
+    stop_broker
   done
 }
 
@@ -358,5 +420,5 @@ for s in $SCENARIOS; do
 done
 rm -rf "$DATA_ROOT/data"
 GIT_COMMIT="$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- broker storage proto client loadgen || echo '+uncommitted')" \
-  KERNEL="$(uname -r)" python3 bench/loadgen_summary.py "$RES" "$DATE" "$NCPU"
+  KERNEL="$(uname -r)" NATS_IN_FLIGHT="$NATS_IN_FLIGHT" python3 bench/loadgen_summary.py "$RES" "$DATE" "$NCPU"
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -271,7 +271,8 @@ def main():
         top += ["## Physical limits", *t[2:], ""]
 
     pub = {}
-    for name in ["publish-1shard", "publish-12shards", "publish-12shards-fixedrate", PEER]:
+    for name in ["publish-1shard", "publish-12shards", "publish-12shards-fixedrate",
+                 "publish-12shards-halfrate", PEER]:
         runs = load(f"{RES}/{DATE}-{name}/run*.json")
         if runs:
             pub[name] = publish_table(runs)
@@ -291,7 +292,7 @@ def main():
                      f"{s['runs']} | {s['load']} |")
         ratios = ["", "Ratios to the limits measured in the same session (medians):", ""]
         for name, s in pub.items():
-            if name.endswith("fixedrate"):
+            if name.endswith("rate"):
                 continue
             st, pc = s["stored_mb_s"][1], s["per_cpu_s"][1]
             parts = []
@@ -313,7 +314,8 @@ def main():
                  "$SATURATE) pinned to CPU 1; fresh broker and data dir per run. Stored = the "
                  "broker's felix_storage_append_bytes_total over the window (the throughput). "
                  "The fixedrate row publishes 10,000 records/s (41 MB/s) instead of as fast as "
-                 "possible, so its latency is not queueing. "
+                 "possible, so its latency is not queueing; the halfrate row publishes at half of "
+                 "publish-12shards' median acked records/s (the latency at half load). "
                  "Client latency is send-to-ack including the generator's closed-loop queue; broker "
                  "latency is the broker's own publish-to-ack histogram (its p50/p99 at the end). "
                  "MB per generator CPU-s: stored MB over the generator's CPU seconds. Bound by: "

@@ -17,6 +17,8 @@
 #                   on fdatasync'd acks and neither side is saturated)
 #   publish-12shards  the same on a 12-shard stream
 #   publish-12shards-fixedrate  the same at 10,000 records/s (latency without queueing)
+#   publish-12shards-halfrate  the same at half of publish-12shards' median acked records/s
+#                   (run after it, same date): latency at half load (issue 13, target 3)
 #   delivery        does delivery keep up with ingest (12 shards, 4 KiB x 64, durable):
 #                   mixed1 / mixed2 publish as fast as possible with 1 / 2 subscribers; half2
 #                   publishes at half of mixed2's median published rate with 2 subscribers
@@ -52,7 +54,7 @@ WARMUP=${WARMUP:-1}
 BROKER_CPU=${BROKER_CPU:-0}
 GEN_CPU=${GEN_CPU:-1}
 DATA_ROOT=${DATA_ROOT:-/tmp/felix-bench}
-SCENARIOS=${SCENARIOS:-"limits publish delivery nats scaling soak"}
+SCENARIOS=${SCENARIOS:-"limits publish halfrate delivery nats scaling soak"}
 # The generator's window for the saturated rows (publish, scaling): deep enough that one
 # generator core keeps one broker core busy.
 SATURATE=${SATURATE:-"--outstanding 8192 --in-flight-batches 256"}
@@ -353,6 +355,29 @@ scenario_scaling() {
         --cpus "$gcpus" $SATURATE
       stop_broker
     done
+  done
+}
+
+# The 12-shard publish at half of publish-12shards' median acked records/s, as the fixed-rate
+# row is run: latency at half load.
+scenario_halfrate() {
+  local sat=$RES/$DATE-publish-12shards out=$RES/$DATE-publish-12shards-halfrate half run
+  half=$(python3 -c 'import glob, json, statistics, sys
+runs = [json.load(open(p)) for p in glob.glob(sys.argv[1] + "/run*.json")]
+rates = [r["acked_records"] / r["measured_s"] for r in runs if r.get("acked_records")]
+print(int(statistics.median(rates) / 2) if rates else "")' "$sat")
+  if [ -z "$half" ]; then
+    echo "  no publish-12shards runs of $DATE under $RES: run the publish scenario first"; return 0
+  fi
+  echo "  half load: $half records/s (half of publish-12shards' median acked rate)"
+  mkdir -p "$out"
+  for run in $(seq 1 "$RUNS"); do
+    start_broker 1 "$BROKER_CPU"
+    loadgen "$GEN_CPU" "$out/run$run.json" "publish-12shards-halfrate-run$run" --workload publish \
+      --stream bench/publish/s12 --shards 12 --keys 12 --payload-bytes 4096 --batch-records 64 \
+      --ack durable --duration-s "$DURATION" --workers 1 --cpus "$GEN_CPU" \
+      --plots "$out/plots-run$run" --rate "$half"
+    stop_broker
   done
 }
 

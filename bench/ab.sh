@@ -6,13 +6,15 @@
 # $BROKER_CPU, felix-loadgen pinned to CPU $GEN_CPU.
 #
 # Usage: bench/ab.sh <label-a> <felix-a> <label-b> <felix-b> <felix-loadgen> <out dir>
-#        (RUNS=5 DURATION=4 by default; PROFILE=1 adds one `perf record` per side;
+#        (RUNS=5 DURATION=4 RATE=10000 by default; PROFILE=1 adds one `perf record` per side;
 #        LOADGEN_A / LOADGEN_B give a side its own felix-loadgen)
 # Writes <out dir>: one loadgen JSON and report per run, summary.md (median, min-max, ratios).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 RUNS=${RUNS:-5}
+# The fixed-rate row's records/s.
+export RATE=${RATE:-10000}
 DURATION=${DURATION:-4}
 WARMUP=${WARMUP:-1}
 BROKER_CPU=${BROKER_CPU:-0}
@@ -71,7 +73,7 @@ one_run() {
 for run in $(seq 1 "$RUNS"); do
   for variant in "$A" "$B"; do
     one_run "$variant" "sat-$variant-$run" --outstanding 8192 --in-flight-batches 256
-    one_run "$variant" "rate-$variant-$run" --rate 10000
+    one_run "$variant" "rate-$variant-$run" --rate "$RATE"
   done
   echo "run $run of $RUNS done (load $(cut -d' ' -f1 /proc/loadavg))"
 done
@@ -144,7 +146,8 @@ for kind, keys in [
               ("write_p99", "{:.2f}"), ("flush_p99", "{:.2f}"), ("flushes_per_gb", "{:.0f}"),
               ("mb_per_broker_cpu_s", "{:.0f}"), ("load", "{:.1f}")]),
 ]:
-    title = {"sat": "Saturated (--outstanding 8192)", "rate": "Fixed rate, 10,000 records/s"}[kind]
+    title = {"sat": "Saturated (--outstanding 8192)",
+             "rate": f"Fixed rate, {int(os.environ.get('RATE', '10000')):,} records/s"}[kind]
     print(f"## {title}\n")
     print("| broker | " + " | ".join(k for k, _ in keys) + " |")
     print("|---|" + "---|" * len(keys))

@@ -208,6 +208,7 @@ fn metrics_carry_every_documented_name_in_openmetrics_text() {
         "felix_broker_connections_accepted_total{core=\"0\"} ",
         "felix_broker_publish_errors_total{core=\"0\"} ",
         "felix_storage_flushes_total{core=\"0\"} ",
+        "felix_storage_flushes_overlapped_total{core=\"0\"} ",
         "felix_publish_ack_latency_us{core=\"0\",quantile=\"0.5\"} ",
         "felix_publish_ack_latency_us{core=\"1\",quantile=\"0.99\"} ",
     ] {

@@ -15,9 +15,10 @@
 //! Duplicates (retries of a tagged batch still queued or being written, `retry_waiters`) are
 //! answered with their original: acknowledged when it publishes, failed when it fails.
 //!
-//! Flushes: while durable appends wait, take `target = written_pos`, fdatasync, set
-//! `durable_pos = target` and acknowledge every waiter at or below it; repeat at once if
-//! more wait.
+//! Flushes: when a durable append waits that no flush in flight covers, take
+//! `target = written_pos` and fdatasync; when it ends, raise `durable_pos` to `target` and
+//! acknowledge every waiter at or below it. Up to `FLUSHES_IN_FLIGHT_MAX` run at once, so an
+//! append written while a flush runs starts its own instead of waiting for that one to end.
 //!
 //! Failures: a failed write fails its batches, everything queued, and every later write
 //! still in flight (their offsets are handed out again, and the producer tables and epoch
@@ -29,8 +30,8 @@ use std::rc::{Rc, Weak};
 use felix_proto::{AckMode, Offset};
 
 use crate::config::{
-    SEGMENT_GROW_BYTES, SEGMENT_GROW_MIN_BYTES, WRITE_BYTES_MAX, WRITE_BYTES_TARGET,
-    WRITE_IN_FLIGHT_BYTES_MAX,
+    FLUSHES_IN_FLIGHT_MAX, SEGMENT_GROW_BYTES, SEGMENT_GROW_MIN_BYTES, WRITE_BYTES_MAX,
+    WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX,
 };
 use crate::error::StorageError;
 use crate::format::{align_up, batch_slot, encode_batch, BATCH_ALIGN_BYTES, SEGMENT_HEADER_BYTES};
@@ -347,32 +348,57 @@ pub(crate) async fn flusher_loop(weak: Weak<Inner>, signal: Signal) {
         loop {
             let Some(inner) = weak.upgrade() else { return };
             let (target, file) = {
-                let st = inner.state.borrow();
-                if st.durable_waiters.is_empty() || st.poisoned.is_some() {
+                let mut st = inner.state.borrow_mut();
+                // Flush when a durable append waits that no flush in flight covers, and
+                // fewer than FLUSHES_IN_FLIGHT_MAX run (a finished flush wakes this loop).
+                let uncovered =
+                    st.durable_waiters.back().is_some_and(|(pos, _)| *pos > st.flush_issued_pos);
+                if !uncovered
+                    || st.poisoned.is_some()
+                    || st.flushes_in_flight >= FLUSHES_IN_FLIGHT_MAX
+                {
                     break;
                 }
+                if st.flushes_in_flight > 0 {
+                    st.stats.flushes_overlapped += 1;
+                }
+                st.flushes_in_flight += 1;
+                st.flush_issued_pos = st.written_pos;
                 let active = st.segments.last().expect("active segment");
                 (st.written_pos, active.file.clone())
             };
-            let watch = Stopwatch::start();
-            let result = file.fdatasync().await;
-            let latency_us = watch.elapsed_us();
-            match result {
-                Ok(()) => {
-                    let mut st = inner.state.borrow_mut();
-                    st.durable_pos = st.durable_pos.max(target);
-                    let mut done = Vec::new();
-                    while st.durable_waiters.front().is_some_and(|(pos, _)| *pos <= target) {
-                        done.push(st.durable_waiters.pop_front().expect("front exists").1);
-                    }
-                    st.stats.record_flush(done.len() as u64, latency_us);
-                    drop(st);
-                    for d in done {
-                        d.complete(Ok(()));
-                    }
-                }
-                Err(e) => poison(&inner, "fdatasync failed", &e),
-            }
+            io::spawn(flush(inner, target, file));
         }
     }
+}
+
+/// One fdatasync covering the log up to `target` (everything written when it was issued; an
+/// earlier segment was synced when it was rolled). Acknowledges every durable waiter up to
+/// the highest position a completed flush covers, so flushes may complete in any order.
+async fn flush(inner: Rc<Inner>, target: u64, file: Rc<LogFile>) {
+    let watch = Stopwatch::start();
+    let result = file.fdatasync().await;
+    let latency_us = watch.elapsed_us();
+    match result {
+        Ok(()) => {
+            let mut st = inner.state.borrow_mut();
+            st.flushes_in_flight -= 1;
+            st.durable_pos = st.durable_pos.max(target);
+            let durable = st.durable_pos;
+            let mut done = Vec::new();
+            while st.durable_waiters.front().is_some_and(|(pos, _)| *pos <= durable) {
+                done.push(st.durable_waiters.pop_front().expect("front exists").1);
+            }
+            st.stats.record_flush(done.len() as u64, latency_us);
+            drop(st);
+            for d in done {
+                d.complete(Ok(()));
+            }
+        }
+        Err(e) => {
+            inner.state.borrow_mut().flushes_in_flight -= 1;
+            poison(&inner, "fdatasync failed", &e);
+        }
+    }
+    inner.flusher.notify();
 }

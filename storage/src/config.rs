@@ -16,6 +16,10 @@ pub const WRITE_BYTES_TARGET: usize = 1 << 20;
 /// distance of the oldest, so damage followed by valid data further away is corruption.
 pub const WRITE_IN_FLIGHT_BYTES_MAX: usize = 8 << 20;
 const _: () = assert!(WRITE_IN_FLIGHT_BYTES_MAX >= WRITE_BYTES_MAX);
+/// The most fdatasyncs in flight per log. A durable append whose write completes while a
+/// flush runs does not wait for that flush to end before its own starts: with one at a time
+/// it waited the rest of that flush and then a whole one (p99 about twice the flush's).
+pub const FLUSHES_IN_FLIGHT_MAX: usize = 2;
 /// Largest step in which the active segment's blocks are reserved (`fallocate`, keeping the
 /// file size). Before a write that would pass the reservation, the writer reserves that write
 /// plus a step as large as the segment's data so far, between `SEGMENT_GROW_MIN_BYTES` and

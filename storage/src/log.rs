@@ -157,6 +157,8 @@ impl StreamLog {
             write_failed: None,
             written_pos,
             durable_pos: written_pos,
+            flushes_in_flight: 0,
+            flush_issued_pos: written_pos,
             durable_waiters: VecDeque::new(),
             retry_waiters: BTreeMap::new(),
             poisoned: None,

@@ -142,6 +142,9 @@ pub(crate) struct State {
     /// Log position after the last published write.
     pub(crate) written_pos: u64,
     pub(crate) durable_pos: u64,
+    /// fdatasyncs in flight, and the log position the newest of them covers.
+    pub(crate) flushes_in_flight: usize,
+    pub(crate) flush_issued_pos: u64,
     pub(crate) durable_waiters: VecDeque<(u64, Completer<Result<()>>)>,
     /// Duplicates waiting for their original batch to be written (see [`RetryWaiters`]).
     pub(crate) retry_waiters: RetryWaiters,

@@ -20,6 +20,9 @@ pub struct StorageStats {
     pub writes: u64,
     /// fdatasync calls issued (group commits, segment rolls, segment creation).
     pub flushes: u64,
+    /// Group-commit fdatasyncs issued while another of the same log was in flight
+    /// (`FLUSHES_IN_FLIGHT_MAX`).
+    pub flushes_overlapped: u64,
     /// Appends rejected with an error.
     pub append_errors: u64,
     /// Tagged appends answered from a shard's producer table as retries of a stored batch
@@ -65,6 +68,7 @@ impl StorageStats {
             bytes_written: 0,
             writes: 0,
             flushes: 0,
+            flushes_overlapped: 0,
             append_errors: 0,
             duplicates: 0,
             producers_evicted: 0,

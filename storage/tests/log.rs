@@ -227,6 +227,56 @@ fn group_commit_covers_concurrent_durable_appends_with_few_flushes() {
     });
 }
 
+/// Durable appends on three shards at once, each waiting for its ack (and a moment) before the
+/// next: a write that completes while a flush runs starts its own flush (two in flight), and
+/// every acked record is there, also after reopening.
+#[test]
+fn a_durable_append_written_during_a_flush_starts_its_own_flush() {
+    const PER_SHARD: u64 = 150;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = small_config(&path);
+        let log = open(&path, &config).await;
+        let tasks: Vec<_> = SHARDS
+            .iter()
+            .map(|&shard| {
+                let log = log.clone();
+                glommio::spawn_local(async move {
+                    for i in 0..PER_SHARD {
+                        let out = log
+                            .append(shard, &records(shard.0, 2 * i, 2, 700), 1, AckMode::Durable)
+                            .await
+                            .unwrap();
+                        assert_eq!(out.base_offset, Offset(2 * i));
+                        // Out of step with the other shards' appenders, so that writes complete
+                        // while a flush runs.
+                        let pause = (i * 37 + u64::from(shard.0) * 101) % 400;
+                        glommio::timer::sleep(std::time::Duration::from_micros(pause)).await;
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await;
+        }
+        let stats = log.stats();
+        assert!(
+            stats.flushes_overlapped > 0,
+            "no flush started while another ran ({} flushes)",
+            stats.flushes
+        );
+        for shard in SHARDS {
+            check_shard(&log, shard, 2 * PER_SHARD, 700).await;
+        }
+        drop(log);
+        let log = open(&path, &config).await;
+        for shard in SHARDS {
+            check_shard(&log, shard, 2 * PER_SHARD, 700).await;
+        }
+    });
+}
+
 #[test]
 fn tail_readers_wake_on_new_data() {
     let dir = tempfile::tempdir().unwrap();

@@ -735,6 +735,7 @@ impl CoreApp {
     pub fn publish_stats(&self) {
         let c = &self.stats.counters;
         let mut flushes = 0;
+        let mut overlapped = 0;
         let mut written = 0;
         let mut flush_h = stats::new_histogram();
         let mut write_h = stats::new_histogram();
@@ -743,6 +744,7 @@ impl CoreApp {
             if let Some(log) = &e.log {
                 let s = log.stats();
                 flushes += s.flushes;
+                overlapped += s.flushes_overlapped;
                 written += s.bytes_written;
                 let _ = flush_h.add(&s.flush_latency_us);
                 let _ = write_h.add(&s.write_latency_us);
@@ -750,6 +752,7 @@ impl CoreApp {
             }
         }
         stats::set(&c.storage_flushes, flushes);
+        stats::set(&c.storage_flushes_overlapped, overlapped);
         stats::set(&c.storage_bytes_written, written);
         let cache = self.store.read_cache_stats();
         stats::set(&c.storage_read_cache_hits, cache.hits);

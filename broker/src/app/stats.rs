@@ -67,6 +67,7 @@ counters! {
     storage_append_bytes: "Bytes appended to storage (record payloads and keys), i.e. stored.",
     storage_appends: "Batches appended to storage.",
     storage_flushes: "fdatasyncs issued by storage.",
+    storage_flushes_overlapped: "Group-commit fdatasyncs issued while another of the same log ran.",
     storage_bytes_written: "Bytes written to log files (encoded, padded).",
     storage_torn_bytes_dropped: "Bytes of torn tails dropped at recovery.",
     storage_read_cache_hits: "Log reads served from the core's read cache.",

@@ -19,11 +19,15 @@
 //! `target = written_pos` and fdatasync; when it ends, raise `durable_pos` to `target` and
 //! acknowledge every waiter at or below it. Up to `FLUSHES_IN_FLIGHT_MAX` run at once, so an
 //! append written while a flush runs starts its own instead of waiting for that one to end.
+//! (Data reaches the files with O_DIRECT, so a failed data write fails its write, not a later
+//! fdatasync; on a file system without O_DIRECT, where the kernel reports a writeback error to
+//! only one of two concurrent fdatasyncs of a file, the other may still succeed.)
 //!
 //! Failures: a failed write fails its batches, everything queued, and every later write
 //! still in flight (their offsets are handed out again, and the producer tables and epoch
 //! indexes forget them); when the last of them is done the file is truncated back to the
-//! published end. A failed fdatasync or truncate poisons the log.
+//! published end. A failed fdatasync (also the one before a segment roll) or truncate
+//! poisons the log.
 
 use std::rc::{Rc, Weak};
 
@@ -37,6 +41,7 @@ use crate::error::StorageError;
 use crate::format::{align_up, batch_slot, encode_batch, BATCH_ALIGN_BYTES, SEGMENT_HEADER_BYTES};
 use crate::index::IndexEntry;
 use crate::io::{self, LogFile, Stopwatch, WriteBuf};
+use crate::recovery::RollError;
 use crate::state::{Inner, Pending, State};
 use crate::sync::{completion, Completer, Completion, Signal};
 
@@ -78,8 +83,10 @@ async fn issue_write(inner: &Rc<Inner>) -> bool {
         (needs_roll, reservation_target(&st, inner.config.segment_bytes_max))
     };
     if needs_roll {
-        if let Err(e) = crate::recovery::roll(inner).await {
-            fail_queue(inner, Vec::new(), &e);
+        match crate::recovery::roll(inner).await {
+            Ok(()) => {}
+            Err(RollError::Sync(e)) => poison(inner, "fdatasync before a segment roll failed", &e),
+            Err(RollError::Create(e)) => fail_queue(inner, Vec::new(), &e),
         }
         return true;
     }

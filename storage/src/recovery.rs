@@ -94,8 +94,17 @@ pub(crate) async fn create_segment(dir: &Path, header: &SegmentHeader) -> Result
     })
 }
 
+/// Why a roll failed.
+pub(crate) enum RollError {
+    /// The active segment's fdatasync: what it holds may not be durable, and a later
+    /// fdatasync of the file may not report the error again (the log must be poisoned).
+    Sync(StorageError),
+    /// Creating the next segment: nothing changed (the queue fails, the log goes on).
+    Create(StorageError),
+}
+
 /// Close the active segment (fdatasync it) and start the next one.
-pub(crate) async fn roll(inner: &Rc<Inner>) -> Result<()> {
+pub(crate) async fn roll(inner: &Rc<Inner>) -> std::result::Result<(), RollError> {
     let (old, header) = {
         let st = inner.state.borrow();
         let active = st.segments.last().expect("a log always has an active segment");
@@ -110,8 +119,8 @@ pub(crate) async fn roll(inner: &Rc<Inner>) -> Result<()> {
         };
         (active.file.clone(), header)
     };
-    old.fdatasync().await?;
-    let seg = create_segment(&inner.dir, &header).await?;
+    old.fdatasync().await.map_err(RollError::Sync)?;
+    let seg = create_segment(&inner.dir, &header).await.map_err(RollError::Create)?;
     let mut st = inner.state.borrow_mut();
     st.issued_end = SEGMENT_HEADER_BYTES;
     st.reserved_end = SEGMENT_HEADER_BYTES;

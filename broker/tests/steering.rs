@@ -29,9 +29,12 @@ struct Group {
 }
 
 impl Group {
+    /// Binds `n` sockets to a port no other socket holds (two groups bound to port 0 with
+    /// SO_REUSEPORT may be given the same port, and would then share each other's datagrams).
     fn bind(n: usize) -> Group {
         let mut sockets = Vec::new();
         let mut addr: SocketAddr = "127.0.0.1:0".parse().unwrap();
+        addr.set_port(felix_broker::sys::socket::free_port(addr).unwrap());
         for _ in 0..n {
             let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
             s.set_reuse_port(true).unwrap();

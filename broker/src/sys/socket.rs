@@ -22,10 +22,15 @@ pub const SOCKET_BUFFER_BYTES: usize = 4 << 20;
 
 /// Creates `count` non-blocking UDP sockets with SO_REUSEPORT, all bound to `addr`, in order.
 ///
-/// When `addr` has port 0 the first socket picks the port and the others bind to it.
+/// When `addr` has port 0, a port no socket uses is taken first (see [`free_port`]) and the
+/// group binds to it: a SO_REUSEPORT socket bound to port 0 may be given the port of another
+/// group of the same user, and the two would then share datagrams.
 pub fn bind_reuseport_group(addr: SocketAddr, count: usize) -> io::Result<Vec<Socket>> {
     let mut sockets = Vec::with_capacity(count);
     let mut bind_addr = addr;
+    if addr.port() == 0 {
+        bind_addr.set_port(free_port(addr)?);
+    }
     for _ in 0..count {
         let socket = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
         if addr.is_ipv6() {
@@ -37,16 +42,24 @@ pub fn bind_reuseport_group(addr: SocketAddr, count: usize) -> io::Result<Vec<So
         socket.set_recv_buffer_size(SOCKET_BUFFER_BYTES).ok();
         socket.set_send_buffer_size(SOCKET_BUFFER_BYTES).ok();
         socket.bind(&bind_addr.into())?;
-        if bind_addr.port() == 0 {
-            let local = socket
-                .local_addr()?
-                .as_socket()
-                .ok_or_else(|| io::Error::other("bound socket has no inet address"))?;
-            bind_addr.set_port(local.port());
-        }
         sockets.push(socket);
     }
     Ok(sockets)
+}
+
+/// A UDP port on `addr`'s address that no socket is bound to now: bound without
+/// SO_REUSEPORT (which the kernel never gives a port in use), read back, and released.
+pub fn free_port(addr: SocketAddr) -> io::Result<u16> {
+    let probe = Socket::new(Domain::for_address(addr), Type::DGRAM, Some(Protocol::UDP))?;
+    if addr.is_ipv6() {
+        probe.set_only_v6(false).ok();
+    }
+    let mut any = addr;
+    any.set_port(0);
+    probe.bind(&any.into())?;
+    let local =
+        probe.local_addr()?.as_socket().ok_or_else(|| io::Error::other("no inet address"))?;
+    Ok(local.port())
 }
 
 /// Duplicates `socket`'s descriptor and wraps the copy as a glommio socket, used only to await

@@ -1,4 +1,5 @@
-//! The admin thread: `/metrics` (OpenMetrics text) and `/health` over HTTP/1.1.
+//! The admin thread: `/metrics` (OpenMetrics text), `/histograms` (the latency histograms
+//! themselves, JSON) and `/health` over HTTP/1.1.
 //!
 //! Not pinned and off the hot path: one thread, `felix-admin`, runs a current-thread tokio
 //! runtime and serves each connection in its own task with hyper, so a slow or stalled client
@@ -118,11 +119,16 @@ fn answer(pages: &Pages, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             let net = pages.net.lock().map(|n| n.clone()).unwrap_or_default();
             (StatusCode::OK, stats::METRICS_CONTENT_TYPE, stats::render(&pages.cores, &net))
         }
+        "/histograms" => {
+            (StatusCode::OK, stats::HISTOGRAMS_CONTENT_TYPE, stats::render_histograms(&pages.cores))
+        }
         "/health" if pages.ready.load(Ordering::Relaxed) => {
             (StatusCode::OK, TEXT_PLAIN, "ok\n".to_owned())
         }
         "/health" => (StatusCode::SERVICE_UNAVAILABLE, TEXT_PLAIN, "stopping\n".to_owned()),
-        _ => (StatusCode::NOT_FOUND, TEXT_PLAIN, "try /metrics or /health\n".to_owned()),
+        _ => {
+            (StatusCode::NOT_FOUND, TEXT_PLAIN, "try /metrics, /histograms or /health\n".to_owned())
+        }
     };
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;

@@ -217,6 +217,52 @@ fn metrics_carry_every_documented_name_in_openmetrics_text() {
 }
 
 #[test]
+fn histograms_page_carries_each_cores_published_histograms() {
+    use base64::Engine;
+    use hdrhistogram::serialization::Deserializer;
+    let _serial = serial();
+    let cores = vec![Arc::new(AppStats::default()), Arc::new(AppStats::default())];
+    let mut ack = felix_broker::app::stats::new_histogram();
+    ack.record_n(1_500, 99).unwrap();
+    ack.record(40_000).unwrap();
+    felix_broker::app::stats::publish_histogram(&cores[1].ack_latency_us, &ack);
+    let mut flush = felix_broker::app::stats::new_histogram();
+    flush.record_n(700, 3).unwrap();
+    felix_broker::app::stats::publish_histogram(&cores[1].flush_latency_us, &flush);
+    cores[1].histograms_published_unix_ms.store(1_700_000_000_123, Ordering::Release);
+    let addr = felix_broker::admin::start(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::new(cores),
+        Arc::new(Mutex::new(Vec::new())),
+        Arc::new(AtomicBool::new(true)),
+    )
+    .unwrap();
+    let page = get(addr, "/histograms");
+    let (head, body) = page.split_once("\r\n\r\n").expect("a head");
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    assert!(head.to_ascii_lowercase().contains("content-type: application/json"), "{head}");
+    let v: serde_json::Value = serde_json::from_str(body).expect("JSON");
+    let decode = |core: usize, name: &str| -> hdrhistogram::Histogram<u64> {
+        let b64 = v["cores"][core][name].as_str().unwrap_or_else(|| panic!("{name} in {body}"));
+        let bytes = base64::engine::general_purpose::STANDARD.decode(b64).expect("base64");
+        Deserializer::new().deserialize(&mut bytes.as_slice()).expect("HDR V2")
+    };
+    assert_eq!(v["cores"].as_array().map(Vec::len), Some(2));
+    assert_eq!(v["cores"][0]["published_unix_ms"].as_u64(), Some(0), "not published yet");
+    assert_eq!(v["cores"][1]["published_unix_ms"].as_u64(), Some(1_700_000_000_123));
+    assert_eq!(decode(0, "ack_latency_us").len(), 0);
+    let got = decode(1, "ack_latency_us");
+    assert_eq!(got.len(), 100);
+    assert_eq!(got.count_at(1_500), 99);
+    assert_eq!(got.value_at_quantile(0.99), got.highest_equivalent(1_500));
+    assert!(got.max() >= 40_000);
+    assert_eq!(decode(1, "flush_latency_us").count_at(700), 3);
+    assert_eq!(decode(1, "write_latency_us").len(), 0);
+    assert_eq!(decode(1, "fan_in").len(), 0);
+    assert!(get(addr, "/nope").contains("/histograms"), "the 404 names the pages");
+}
+
+#[test]
 fn connections_over_the_cap_are_closed_and_slots_come_back() {
     let _serial = serial();
     let addr = start_admin();

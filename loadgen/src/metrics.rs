@@ -1,7 +1,10 @@
 //! Scraping the broker's `/metrics` (Prometheus text) for the figures the report trusts: bytes
 //! stored, flushes, connections accepted and publish errors per core, and the broker's own
-//! publish-to-ack and flush (fdatasync) p50/p99 per core. With several brokers (a cluster), [`scrape_all`] scrapes each
-//! one and lays their cores end to end, so that totals count every broker.
+//! publish-to-ack and flush (fdatasync) p50/p99 per core since it started; and its
+//! `/histograms` (the histograms themselves), whose difference between two scrapes gives the
+//! quantiles of the window alone ([`HistogramSample::since`]). With several brokers (a
+//! cluster), [`scrape_all`] scrapes each one and lays their cores end to end, so that totals
+//! count every broker.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -9,6 +12,7 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
+use hdrhistogram::Histogram;
 
 /// The most metrics addresses one run scrapes.
 pub const METRICS_ADDRS_MAX: usize = 16;
@@ -120,6 +124,133 @@ pub fn scrape_all(list: &str) -> anyhow::Result<BrokerSample> {
 
 /// Fetches and parses `http://<addr>/metrics`.
 pub fn scrape(addr: &str) -> anyhow::Result<BrokerSample> {
+    Ok(parse(&get(addr, "/metrics")?))
+}
+
+/// The broker's published latency histograms (its `/histograms` page), per core: what they
+/// held when each core last published them.
+#[derive(Clone, Debug, Default)]
+pub struct HistogramSample {
+    /// When each core last published, Unix ms (0: not yet).
+    pub published_unix_ms: Vec<u64>,
+    /// Publish-to-ack, microseconds.
+    pub ack_us: Vec<Histogram<u64>>,
+    /// Flush (fdatasync), microseconds.
+    pub flush_us: Vec<Histogram<u64>>,
+    /// One O_DIRECT write, microseconds.
+    pub write_us: Vec<Histogram<u64>>,
+}
+
+/// The quantiles of the span between two histogram scrapes, per core.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct WindowLatency {
+    /// Milliseconds between the two publications, per core.
+    pub span_ms: Vec<u64>,
+    /// Publish-to-ack p50 per core.
+    pub ack_p50_us: Vec<u64>,
+    /// Publish-to-ack p99 per core.
+    pub ack_p99_us: Vec<u64>,
+    /// Flush p50 per core.
+    pub flush_p50_us: Vec<u64>,
+    /// Flush p99 per core.
+    pub flush_p99_us: Vec<u64>,
+    /// Write p99 per core.
+    pub write_p99_us: Vec<u64>,
+}
+
+impl HistogramSample {
+    /// The earliest publication of any core (0 when a core has not published yet).
+    pub fn oldest_unix_ms(&self) -> u64 {
+        self.published_unix_ms.iter().copied().min().unwrap_or(0)
+    }
+
+    /// The quantiles of what was recorded between `before` and `self` (both of one broker set,
+    /// cores in the same order). `None` when the core counts differ or some core has not
+    /// published since `before`.
+    pub fn since(&self, before: &Self) -> Option<WindowLatency> {
+        let n = self.published_unix_ms.len();
+        if n == 0 || before.published_unix_ms.len() != n {
+            return None;
+        }
+        let mut w = WindowLatency::default();
+        for c in 0..n {
+            let (a, b) = (before.published_unix_ms[c], self.published_unix_ms[c]);
+            if b <= a {
+                return None;
+            }
+            w.span_ms.push(b - a);
+            let ack = difference(self.ack_us.get(c)?, before.ack_us.get(c)?);
+            let flush = difference(self.flush_us.get(c)?, before.flush_us.get(c)?);
+            let write = difference(self.write_us.get(c)?, before.write_us.get(c)?);
+            w.ack_p50_us.push(ack.value_at_quantile(0.5));
+            w.ack_p99_us.push(ack.value_at_quantile(0.99));
+            w.flush_p50_us.push(flush.value_at_quantile(0.5));
+            w.flush_p99_us.push(flush.value_at_quantile(0.99));
+            w.write_p99_us.push(write.value_at_quantile(0.99));
+        }
+        Some(w)
+    }
+}
+
+/// What `end` recorded beyond `start`, bucket by bucket (a bucket that went down, as when a
+/// log whose histogram was part of a core's sum is deleted, counts as empty).
+pub fn difference(end: &Histogram<u64>, start: &Histogram<u64>) -> Histogram<u64> {
+    let mut d = Histogram::new_from(end);
+    for v in end.iter_recorded() {
+        let value = v.value_iterated_to();
+        let more = v.count_at_value().saturating_sub(start.count_at(value));
+        if more > 0 {
+            let _ = d.record_n(value, more);
+        }
+    }
+    d
+}
+
+/// Scrapes `/histograms` of every address of `list` and lays their cores end to end (see
+/// [`scrape_all`]).
+pub fn scrape_histograms_all(list: &str) -> anyhow::Result<HistogramSample> {
+    let addrs = addresses(list);
+    anyhow::ensure!(!addrs.is_empty(), "no metrics address");
+    anyhow::ensure!(
+        addrs.len() <= METRICS_ADDRS_MAX,
+        "more than {METRICS_ADDRS_MAX} metrics addresses"
+    );
+    let mut all = HistogramSample::default();
+    for a in addrs {
+        let one = parse_histograms(&get(a, "/histograms")?)?;
+        all.published_unix_ms.extend(one.published_unix_ms);
+        all.ack_us.extend(one.ack_us);
+        all.flush_us.extend(one.flush_us);
+        all.write_us.extend(one.write_us);
+    }
+    Ok(all)
+}
+
+/// Parses the JSON of the broker's `/histograms` page.
+pub fn parse_histograms(body: &str) -> anyhow::Result<HistogramSample> {
+    use base64::Engine;
+    let v: serde_json::Value = serde_json::from_str(body).context("histograms page")?;
+    let cores = v.get("cores").and_then(|c| c.as_array()).context("histograms: no cores")?;
+    let decode = |core: &serde_json::Value, name: &str| -> anyhow::Result<Histogram<u64>> {
+        let b64 = core.get(name).and_then(|h| h.as_str()).with_context(|| format!("no {name}"))?;
+        let bytes = base64::engine::general_purpose::STANDARD.decode(b64)?;
+        hdrhistogram::serialization::Deserializer::new()
+            .deserialize(&mut bytes.as_slice())
+            .map_err(|e| anyhow::anyhow!("{name}: {e:?}"))
+    };
+    let mut out = HistogramSample::default();
+    for core in cores {
+        let published = core.get("published_unix_ms").and_then(|t| t.as_u64()).unwrap_or(0);
+        out.published_unix_ms.push(published);
+        out.ack_us.push(decode(core, "ack_latency_us")?);
+        out.flush_us.push(decode(core, "flush_latency_us")?);
+        out.write_us.push(decode(core, "write_latency_us")?);
+    }
+    Ok(out)
+}
+
+/// GETs `http://<addr><path>` and returns the body of a 200 answer.
+fn get(addr: &str, path: &str) -> anyhow::Result<String> {
     let sock = addr
         .to_socket_addrs()
         .with_context(|| format!("metrics address {addr}"))?
@@ -128,16 +259,16 @@ pub fn scrape(addr: &str) -> anyhow::Result<BrokerSample> {
     let mut s = TcpStream::connect_timeout(&sock, SCRAPE_TIMEOUT)?;
     s.set_read_timeout(Some(SCRAPE_TIMEOUT))?;
     s.set_write_timeout(Some(SCRAPE_TIMEOUT))?;
-    write!(s, "GET /metrics HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
     let mut page = String::new();
     s.take(PAGE_BYTES_MAX).read_to_string(&mut page)?;
     let Some((head, body)) = page.split_once("\r\n\r\n") else {
-        bail!("metrics answer without a header end");
+        bail!("{path}: answer without a header end");
     };
     if !head.starts_with("HTTP/1.") || head.split_whitespace().nth(1).is_none_or(|c| c != "200") {
-        bail!("metrics answered {:?}", head.lines().next().unwrap_or(""));
+        bail!("{path} answered {:?}", head.lines().next().unwrap_or(""));
     }
-    Ok(parse(body))
+    Ok(body.to_owned())
 }
 
 /// Parses the Prometheus text of the broker's metrics page.
@@ -234,6 +365,64 @@ felix_net_datagrams_in{core=\"0\"} 77
         let before = parse(&PAGE.replace("} 250", "} 50"));
         assert_eq!(s.delta(&before, |s| &s.append_bytes), vec![0, 200]);
         assert_eq!(BrokerSample::total(&s.append_bytes), 350);
+    }
+
+    fn histogram(values: &[(u64, u64)]) -> Histogram<u64> {
+        let mut h = Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap();
+        for &(v, n) in values {
+            h.record_n(v, n).unwrap();
+        }
+        h
+    }
+
+    /// A `/histograms` page as the broker writes it (app::stats::render_histograms).
+    fn page(cores: &[(u64, &Histogram<u64>, &Histogram<u64>)]) -> String {
+        use base64::Engine;
+        use hdrhistogram::serialization::{Serializer, V2DeflateSerializer};
+        let enc = |h: &Histogram<u64>| {
+            let mut buf = Vec::new();
+            V2DeflateSerializer::new().serialize(h, &mut buf).unwrap();
+            base64::engine::general_purpose::STANDARD.encode(&buf)
+        };
+        let cores: Vec<serde_json::Value> = cores
+            .iter()
+            .enumerate()
+            .map(|(i, (t, ack, flush))| {
+                serde_json::json!({"core": i, "published_unix_ms": t, "ack_latency_us": enc(ack),
+                    "flush_latency_us": enc(flush), "write_latency_us": enc(flush), "fan_in": enc(flush)})
+            })
+            .collect();
+        serde_json::json!({ "cores": cores }).to_string()
+    }
+
+    #[test]
+    fn the_window_quantiles_leave_out_what_was_recorded_before_it() {
+        // Warm-up: 1000 slow acks (50 ms) and flushes (20 ms); then 10,000 acks at 1 ms with
+        // 100 at 3 ms, flushes at 500 us.
+        let ack0 = histogram(&[(50_000, 1000), (900, 10)]);
+        let flush0 = histogram(&[(20_000, 1000)]);
+        let ack1 = histogram(&[(50_000, 1000), (900, 10), (1_000, 9_900), (3_000, 100)]);
+        let flush1 = histogram(&[(20_000, 1000), (500, 2000)]);
+        let before = parse_histograms(&page(&[(1_000, &ack0, &flush0)])).unwrap();
+        let after = parse_histograms(&page(&[(3_000, &ack1, &flush1)])).unwrap();
+        assert_eq!(after.oldest_unix_ms(), 3_000);
+        let w = after.since(&before).expect("two publications");
+        assert_eq!(w.span_ms, vec![2_000]);
+        assert_eq!(w.ack_p50_us, vec![1_000]);
+        // 9,900 + 100: the 99th percentile is the last 1 ms ack, the warm-up's 50 ms gone.
+        assert!((999..=1_001).contains(&w.ack_p99_us[0]), "{w:?}");
+        assert!((499..=501).contains(&w.flush_p99_us[0]), "{w:?}");
+        // Since start, the warm-up dominates the tail.
+        assert!(ack1.value_at_quantile(0.99) > 40_000);
+        // The same publication twice, or another broker set: no window.
+        assert_eq!(after.since(&after), None);
+        let two = parse_histograms(&page(&[(1_000, &ack0, &flush0), (1_000, &ack0, &flush0)]));
+        assert_eq!(after.since(&two.unwrap()), None);
+        // A bucket that went down (a deleted log's histogram left the sum) counts as empty.
+        let d = difference(&histogram(&[(700, 5)]), &histogram(&[(700, 9), (800, 1)]));
+        assert_eq!(d.len(), 0);
+        assert!(parse_histograms("{}").is_err());
+        assert!(parse_histograms("{\"cores\":[{\"ack_latency_us\":\"!!\"}]}").is_err());
     }
 
     #[test]

@@ -151,22 +151,30 @@ pub struct BrokerResult {
     pub connections_accepted: u64,
     /// Publishes the broker refused during the window.
     pub publish_errors: u64,
-    /// The broker's publish-to-ack p50 and p99 per core at the window's end (its histogram
-    /// since it started: run a fresh broker per measurement).
+    /// The broker's publish-to-ack p50 and p99 per core: over the window when
+    /// `latency_span_ms_per_core` is set (the difference of its published histograms, see
+    /// there), else its histogram since it started, read at the window's end.
     pub ack_p50_us_per_core: Vec<u64>,
     /// p99 per core.
     pub ack_p99_us_per_core: Vec<u64>,
-    /// The broker's flush (fdatasync) p50 per core at the window's end (its histogram since
-    /// it started), the floor under its publish-to-ack latency.
+    /// The broker's flush (fdatasync) p50 per core (over the same span as the ack
+    /// quantiles), the floor under its publish-to-ack latency.
     #[serde(default)]
     pub flush_p50_us_per_core: Vec<u64>,
     /// Flush p99 per core.
     #[serde(default)]
     pub flush_p99_us_per_core: Vec<u64>,
-    /// The broker's write p99 per core (one O_DIRECT write, issue to completion; its
-    /// histogram since it started): with the flush, the disk's part of a durable ack.
+    /// The broker's write p99 per core (one O_DIRECT write, issue to completion; over the
+    /// same span as the ack quantiles): with the flush, the disk's part of a durable ack.
     #[serde(default)]
     pub write_p99_us_per_core: Vec<u64>,
+    /// The span the latency quantiles above cover, per core, in milliseconds: from the first
+    /// publication of the broker's histograms (`/histograms`, once a second per core) at or
+    /// after the window's start to the last one before its end. Empty when the quantiles are
+    /// the broker's since-start ones (no `/histograms`, or no two publications in the window),
+    /// which also count the warm-up.
+    #[serde(default)]
+    pub latency_span_ms_per_core: Vec<u64>,
     /// Broker CPU seconds over the window (when its pid was given).
     pub cpu_s: Option<f64>,
     /// Broker CPU, % of one core.
@@ -367,15 +375,20 @@ impl RunResult {
                 "broker flushes {} ({:.0} per GB), connections accepted {}, publish errors {}",
                 b.flushes, b.flushes_per_gb, b.connections_accepted, b.publish_errors
             );
+            let over = if b.latency_span_ms_per_core.is_empty() {
+                "since it started".to_owned()
+            } else {
+                format!("over {:?} ms of the window", b.latency_span_ms_per_core)
+            };
             let _ = writeln!(
                 o,
-                "broker publish-to-ack per core (its histogram): p50 {:?} us, p99 {:?} us",
+                "broker publish-to-ack per core (its histogram, {over}): p50 {:?} us, p99 {:?} us",
                 b.ack_p50_us_per_core, b.ack_p99_us_per_core
             );
             let _ = writeln!(
                 o,
-                "broker flush (fdatasync) per core (its histogram): p50 {:?} us, p99 {:?} us; \
-                 write p99 {:?} us",
+                "broker flush (fdatasync) per core (its histogram, {over}): p50 {:?} us, \
+                 p99 {:?} us; write p99 {:?} us",
                 b.flush_p50_us_per_core, b.flush_p99_us_per_core, b.write_p99_us_per_core
             );
             let _ = writeln!(

@@ -12,7 +12,7 @@ use felix_client::{Client, Retention};
 use hdrhistogram::Histogram;
 
 use crate::config::RunConfig;
-use crate::metrics::{self, BrokerSample};
+use crate::metrics::{self, BrokerSample, HistogramSample};
 use crate::report::{
     Bound, BrokerResult, Latency, RunResult, Second, WorkerResult, RESULT_VERSION,
 };
@@ -78,6 +78,7 @@ struct Edge {
     generator_cpu_s: f64,
     broker_cpu_s: Option<f64>,
     broker: Option<BrokerSample>,
+    histograms: Option<HistogramSample>,
     load: Option<f64>,
     rss: Option<u64>,
 }
@@ -129,7 +130,9 @@ pub fn run(config: RunConfig) -> anyhow::Result<RunResult> {
     let end = warmup + Duration::from_secs_f64(config.duration_s);
     let mut start_edge: Option<Edge> = None;
     if warmup.is_zero() {
-        start_edge = Some(sampler.edge());
+        let edge = sampler.edge();
+        sampler.start_window(&edge);
+        start_edge = Some(edge);
     }
     let mut next = began;
     loop {
@@ -144,7 +147,9 @@ pub fn run(config: RunConfig) -> anyhow::Result<RunResult> {
         sampler.tick(began.elapsed().as_secs_f64(), measured);
         if target == boundary {
             if start_edge.is_none() {
-                start_edge = Some(sampler.edge());
+                let edge = sampler.edge();
+                sampler.start_window(&edge);
+                start_edge = Some(edge);
             } else {
                 break;
             }
@@ -192,6 +197,10 @@ struct Sampler<'a> {
     delivery_totals: Vec<Histogram<u64>>,
     timeline: Vec<Second>,
     rss_max: Option<u64>,
+    /// When the window began, Unix ms (`None` during the warm-up).
+    window_start_unix_ms: Option<u64>,
+    /// The first histograms the broker published at or after the window's start.
+    histograms_start: Option<HistogramSample>,
 }
 
 impl<'a> Sampler<'a> {
@@ -210,6 +219,8 @@ impl<'a> Sampler<'a> {
             delivery_totals: (0..n).map(|_| new_histogram()).collect(),
             timeline: Vec::new(),
             rss_max: None,
+            window_start_unix_ms: None,
+            histograms_start: None,
         }
     }
 
@@ -221,12 +232,39 @@ impl<'a> Sampler<'a> {
             generator_cpu_s: sys::process_cpu_s(None).unwrap_or(0.0),
             broker_cpu_s: self.config.broker_pid.and_then(|p| sys::process_cpu_s(Some(p))),
             broker: self.config.metrics.as_deref().and_then(|m| metrics::scrape_all(m).ok()),
+            histograms: self.scrape_histograms(),
             load: sys::load_average_1m(),
             rss: self.config.broker_pid.and_then(sys::process_rss_bytes),
         }
     }
 
+    fn scrape_histograms(&self) -> Option<HistogramSample> {
+        self.config.metrics.as_deref().and_then(|m| metrics::scrape_histograms_all(m).ok())
+    }
+
+    /// Marks the window's start (at its start edge).
+    fn start_window(&mut self, edge: &Edge) {
+        self.window_start_unix_ms = Some(edge.unix_ms);
+        self.take_histograms_start(edge.histograms.clone());
+    }
+
+    /// Keeps `h` as the window's first histograms if every core published it inside the
+    /// window (the broker publishes once a second, so the one seen at the start edge usually
+    /// holds some of the warm-up; a later tick's is taken then).
+    fn take_histograms_start(&mut self, h: Option<HistogramSample>) {
+        if let (None, Some(start), Some(h)) = (&self.histograms_start, self.window_start_unix_ms, h)
+        {
+            if h.oldest_unix_ms() >= start {
+                self.histograms_start = Some(h);
+            }
+        }
+    }
+
     fn tick(&mut self, t_s: f64, measured: bool) {
+        if measured && self.histograms_start.is_none() && self.window_start_unix_ms.is_some() {
+            let h = self.scrape_histograms();
+            self.take_histograms_start(h);
+        }
         let now = Instant::now();
         let dt = now.duration_since(self.previous_at).as_secs_f64().max(1e-6);
         self.previous_at = now;
@@ -341,8 +379,17 @@ impl<'a> Sampler<'a> {
             (Some(a), Some(b)) => Some(a - b),
             _ => None,
         };
+        let window = match (&self.histograms_start, &end.histograms) {
+            (Some(a), Some(b)) => b.since(a),
+            _ => None,
+        };
         let broker = match (&end.broker, &start.broker) {
             (Some(e), Some(s)) => {
+                // The window's own quantiles when the histograms allow, else since start.
+                let pick = |w: Option<&Vec<u64>>, since_start: &Vec<u64>| {
+                    w.cloned().unwrap_or_else(|| since_start.clone())
+                };
+                let w = window.as_ref();
                 let per_core = e.delta(s, |s| &s.append_bytes);
                 let stored: u64 = per_core.iter().sum();
                 let flushes = BrokerSample::total(&e.delta(s, |s| &s.flushes));
@@ -359,11 +406,12 @@ impl<'a> Sampler<'a> {
                         &e.delta(s, |s| &s.connections_accepted),
                     ),
                     publish_errors: BrokerSample::total(&e.delta(s, |s| &s.publish_errors)),
-                    ack_p50_us_per_core: e.ack_p50_us.clone(),
-                    ack_p99_us_per_core: e.ack_p99_us.clone(),
-                    flush_p50_us_per_core: e.flush_p50_us.clone(),
-                    flush_p99_us_per_core: e.flush_p99_us.clone(),
-                    write_p99_us_per_core: e.write_p99_us.clone(),
+                    ack_p50_us_per_core: pick(w.map(|w| &w.ack_p50_us), &e.ack_p50_us),
+                    ack_p99_us_per_core: pick(w.map(|w| &w.ack_p99_us), &e.ack_p99_us),
+                    flush_p50_us_per_core: pick(w.map(|w| &w.flush_p50_us), &e.flush_p50_us),
+                    flush_p99_us_per_core: pick(w.map(|w| &w.flush_p99_us), &e.flush_p99_us),
+                    write_p99_us_per_core: pick(w.map(|w| &w.write_p99_us), &e.write_p99_us),
+                    latency_span_ms_per_core: w.map(|w| w.span_ms.clone()).unwrap_or_default(),
                     cpu_s: broker_cpu_s,
                     cpu_pct: broker_cpu_s.map(|c| 100.0 * c / window_s),
                     rss_start_bytes: start.rss,

@@ -148,7 +148,8 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
         .arg("--ca-file")
         .arg(broker.dir.path().join("dev-cert.pem"))
         .args(["--workers", "2", "--publishers", "2", "--payload-bytes", "1024", "--keys", "4"])
-        .args(["--warmup-s", "0.5", "--duration-s", "1.5", "--rate", "2000", "--label", "t1"])
+        // A 2.5 s window holds two of the broker's histogram publications (once a second).
+        .args(["--warmup-s", "0.5", "--duration-s", "2.5", "--rate", "2000", "--label", "t1"])
         .arg("--json")
         .arg(&json)
         .arg("--plots")
@@ -173,6 +174,12 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
     let key_shards = r["key_shards"].as_u64().expect("keys mapped to shards");
     assert_eq!(key_shards, 2, "4 keys use both shards of the stream");
     assert!(r["broker"]["cpu_pct"].as_f64().is_some(), "broker CPU sampled from /proc");
+    // The broker's latency quantiles are the window's own (its /histograms, differenced).
+    let span = r["broker"]["latency_span_ms_per_core"].as_array().expect("latency span");
+    assert_eq!(span.len(), 1, "one broker core: {}", r["broker"]);
+    let span_ms = span[0].as_u64().expect("span ms");
+    assert!((500..=2_600).contains(&span_ms), "between two publications in the window: {span_ms}");
+    assert!(r["broker"]["ack_p99_us_per_core"][0].as_u64().unwrap_or(0) > 0, "{}", r["broker"]);
     let per_gen = r["stored_mb_per_generator_cpu_s"].as_f64().expect("MB per generator CPU-s");
     assert!(per_gen > 0.0, "stored bytes over generator CPU");
     assert!(r["broker_busy_pct"].as_f64().is_some(), "broker busy over its one core");

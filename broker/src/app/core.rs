@@ -764,6 +764,11 @@ impl CoreApp {
         stats::publish_histogram(&self.stats.write_latency_us, &write_h);
         stats::publish_histogram(&self.stats.fan_in, &fan_in);
         stats::publish_histogram(&self.stats.ack_latency_us, &self.ack_latency_us.borrow());
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        // Release: a reader that sees this time sees the histograms copied before it.
+        self.stats.histograms_published_unix_ms.store(now, std::sync::atomic::Ordering::Release);
     }
 }
 

@@ -135,6 +135,8 @@ pub struct AppStats {
     pub fan_in: Mutex<Histogram<u64>>,
     /// The replicated shards on this core (published copy).
     pub replicas: Mutex<Vec<ReplicaStatus>>,
+    /// When the core last published its histograms, Unix milliseconds (0: not yet).
+    pub histograms_published_unix_ms: AtomicU64,
 }
 
 impl Default for AppStats {
@@ -146,6 +148,7 @@ impl Default for AppStats {
             write_latency_us: Mutex::new(new_histogram()),
             fan_in: Mutex::new(new_histogram()),
             replicas: Mutex::new(Vec::new()),
+            histograms_published_unix_ms: AtomicU64::new(0),
         }
     }
 }
@@ -288,6 +291,49 @@ fn render_replicas(out: &mut String, cores: &[std::sync::Arc<AppStats>]) {
             }
         }
     }
+}
+
+/// The `Content-Type` of [`render_histograms`]' page.
+pub const HISTOGRAMS_CONTENT_TYPE: &str = "application/json";
+
+/// The published histograms themselves (the admin page `/histograms`), so that a client can
+/// take the quantiles of any span between two scrapes (the difference of the two) instead of
+/// the summaries' since-start quantiles. JSON: `{"cores": [{"core": n, "published_unix_ms": t,
+/// "<name>": "<HDR V2 deflate, base64>", ...}, ...]}` with the names `ack_latency_us`,
+/// `flush_latency_us`, `write_latency_us` and `fan_in`. `published_unix_ms` is when the core
+/// last copied them (once per [`HISTOGRAM_PUBLISH_INTERVAL_MS`]; 0 before its first copy): a
+/// histogram holds what was recorded up to then.
+pub fn render_histograms(cores: &[std::sync::Arc<AppStats>]) -> String {
+    use base64::Engine;
+    use hdrhistogram::serialization::{Serializer, V2DeflateSerializer};
+    let mut serializer = V2DeflateSerializer::new();
+    let mut encode = |slot: &Mutex<Histogram<u64>>| -> serde_json::Value {
+        let mut buf = Vec::new();
+        let Ok(h) = slot.lock() else { return serde_json::Value::Null };
+        match serializer.serialize(&h, &mut buf) {
+            Ok(_) => base64::engine::general_purpose::STANDARD.encode(&buf).into(),
+            Err(_) => serde_json::Value::Null,
+        }
+    };
+    let cores: Vec<serde_json::Value> = cores
+        .iter()
+        .enumerate()
+        .map(|(core, s)| {
+            // Read the time first: the histograms copied after it are at least as new.
+            let published = s.histograms_published_unix_ms.load(Ordering::Acquire);
+            serde_json::json!({
+                "core": core,
+                "published_unix_ms": published,
+                "ack_latency_us": encode(&s.ack_latency_us),
+                "flush_latency_us": encode(&s.flush_latency_us),
+                "write_latency_us": encode(&s.write_latency_us),
+                "fan_in": encode(&s.fan_in),
+            })
+        })
+        .collect();
+    let mut out = serde_json::json!({ "cores": cores }).to_string();
+    out.push('\n');
+    out
 }
 
 /// The quantile summaries of the published histograms, by hand (see [`render`]).

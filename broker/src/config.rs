@@ -137,6 +137,10 @@ pub struct ServeArgs {
     /// off.
     #[arg(long, env = "FELIX_READ_CACHE_BYTES", default_value_t = felix_storage::READ_CACHE_BYTES_DEFAULT)]
     pub read_cache_bytes: u64,
+    /// How durable appends reach the disk: `fdatasync` (plain writes, then a group-commit
+    /// fdatasync) or `dsync` (segments opened O_DSYNC: an ack waits for its write alone).
+    #[arg(long, env = "FELIX_WRITE_SYNC", default_value_t = felix_storage::WriteSync::Fdatasync)]
+    pub write_sync: felix_storage::WriteSync,
     /// Default retention by size per stream log, in bytes; 0 keeps everything.
     #[arg(long, env = "FELIX_RETENTION_BYTES", default_value_t = 0)]
     pub retention_bytes: u64,
@@ -230,6 +234,7 @@ struct FileConfig {
     default_shards: Option<u32>,
     segment_bytes: Option<u64>,
     read_cache_bytes: Option<u64>,
+    write_sync: Option<String>,
     retention_bytes: Option<u64>,
     retention_ms: Option<u64>,
     inflight_bytes_per_conn: Option<usize>,
@@ -398,6 +403,12 @@ impl ServeArgs {
                 };
             }
         }
+        if let Some(s) = f.write_sync {
+            if unset("write_sync") {
+                self.write_sync =
+                    s.parse().map_err(|e| ConfigError::Invalid(format!("write_sync: {e}")))?;
+            }
+        }
         if let Some(s) = f.steering {
             if unset("steering") {
                 self.steering =
@@ -490,6 +501,7 @@ impl ServeArgs {
             format!("default_shards = {}", self.default_shards),
             format!("segment_bytes = {}", self.segment_bytes),
             format!("read_cache_bytes = {}", self.read_cache_bytes),
+            format!("write_sync = \"{}\"", self.write_sync),
             format!("retention_bytes = {}", self.retention_bytes),
             format!("retention_ms = {}", self.retention_ms),
             format!("inflight_bytes_per_conn = {}", self.inflight_bytes_per_conn),

@@ -24,8 +24,12 @@ fn flags_beat_environment_beats_file_beats_default() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("felix.toml");
     let mut f = std::fs::File::create(&file).unwrap();
-    writeln!(f, "cores = 3\ndefault_shards = 7\nsegment_bytes = 1048576\nslow_consumer_secs = 9")
-        .unwrap();
+    writeln!(
+        f,
+        "cores = 3\ndefault_shards = 7\nsegment_bytes = 1048576\nslow_consumer_secs = 9\n\
+         write_sync = \"dsync\""
+    )
+    .unwrap();
     let out = print_config(
         felix()
             .args(["serve", "--config"])
@@ -37,6 +41,14 @@ fn flags_beat_environment_beats_file_beats_default() {
     assert!(out.contains("default_shards = 5"), "flag beats file: {out}");
     assert!(out.contains("segment_bytes = 2097152"), "env beats file: {out}");
     assert!(out.contains("slow_consumer_secs = 9"), "file value: {out}");
+    assert!(out.contains("write_sync = \"dsync\""), "file value: {out}");
+    let default = print_config(felix().arg("serve"));
+    assert!(default.contains("write_sync = \"fdatasync\""), "the default: {default}");
+    let bad = felix().args(["serve", "--write-sync", "sometimes", "--print-config"]).output();
+    let bad = bad.unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("dsync or fdatasync"), "names the choices: {err}");
     assert!(out.contains("listen = \"127.0.0.1:7400\""), "default: {out}");
 }
 
@@ -59,6 +71,7 @@ fn every_environment_twin_takes_effect() {
         ("FELIX_DEFAULT_SHARDS", "11", "default_shards = 11"),
         ("FELIX_SEGMENT_BYTES", "4194304", "segment_bytes = 4194304"),
         ("FELIX_READ_CACHE_BYTES", "2097152", "read_cache_bytes = 2097152"),
+        ("FELIX_WRITE_SYNC", "dsync", "write_sync = \"dsync\""),
         ("FELIX_RETENTION_BYTES", "999", "retention_bytes = 999"),
         ("FELIX_RETENTION_MS", "888", "retention_ms = 888"),
         ("FELIX_INFLIGHT_BYTES_PER_CONN", "4096", "inflight_bytes_per_conn = 4096"),

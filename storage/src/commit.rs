@@ -15,6 +15,12 @@
 //! Duplicates (retries of a tagged batch still queued or being written, `retry_waiters`) are
 //! answered with their original: acknowledged when it publishes, failed when it fails.
 //!
+//! Durability, two modes (`StorageConfig::write_sync`): with `WriteSync::Dsync` segments are
+//! opened O_DSYNC, so a completed write is durable with the metadata to read it;
+//! a write that publishes while everything before it is durable raises `durable_pos` to its
+//! end and acknowledges its durable appends (and `flush` callers) at once. With
+//! `WriteSync::Fdatasync` (the default) durable appends wait for group commit:
+//!
 //! Flushes: when a durable append waits that no flush in flight covers, take
 //! `target = written_pos` and fdatasync; when it ends, raise `durable_pos` to `target` and
 //! acknowledge every waiter at or below it. Up to `FLUSHES_IN_FLIGHT_MAX` run at once, so an
@@ -210,7 +216,7 @@ async fn complete_write(inner: Rc<Inner>, w: Write) {
         let poisoned = st.poisoned.clone().map(|reason| StorageError::Poisoned { reason });
         match (result, earlier.or(poisoned)) {
             (Ok(()), None) => {
-                publish(&inner, st, w.batches, w.base_position + w.file_pos, w.len);
+                publish(&inner, st, w.batches, w.base_position + w.file_pos, w.len, &w.file);
                 None
             }
             (result, earlier) => {
@@ -257,9 +263,19 @@ async fn complete_write(inner: Rc<Inner>, w: Write) {
 }
 
 /// A write completed in order: index its batches, wake tail readers, ack `Written`
-/// appends and queue `Durable` ones for the flusher.
-fn publish(inner: &Inner, st: &mut State, batches: Vec<Pending>, start: u64, len: u64) {
+/// appends, and ack `Durable` ones too when the write made everything up to its end durable
+/// (an O_DSYNC file, and everything published before it durable already); else queue them
+/// for the flusher.
+fn publish(
+    inner: &Inner,
+    st: &mut State,
+    batches: Vec<Pending>,
+    start: u64,
+    len: u64,
+    file: &LogFile,
+) {
     let end = start + len;
+    let durable = file.sync_writes() && st.durable_pos >= st.written_pos;
     let mut pos = start;
     let mut any_durable = false;
     for p in batches {
@@ -282,7 +298,7 @@ fn publish(inner: &Inner, st: &mut State, batches: Vec<Pending>, start: u64, len
             _ => Vec::new(),
         };
         for (ack, done) in p.done.map(|d| (p.ack, d)).into_iter().chain(retries) {
-            if ack == AckMode::Durable {
+            if ack == AckMode::Durable && !durable {
                 st.durable_waiters.push_back((end, done));
                 any_durable = true;
             } else {
@@ -296,6 +312,14 @@ fn publish(inner: &Inner, st: &mut State, batches: Vec<Pending>, start: u64, len
     st.written_pos = end;
     st.stats.bytes_written += len;
     st.stats.writes += 1;
+    if durable {
+        st.durable_pos = end;
+        // `StreamLog::flush` callers waiting for what is now durable.
+        while st.durable_waiters.front().is_some_and(|(pos, _)| *pos <= end) {
+            let (_, done) = st.durable_waiters.pop_front().expect("front exists");
+            done.complete(Ok(()));
+        }
+    }
     if any_durable {
         inner.flusher.notify();
     }

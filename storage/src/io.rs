@@ -55,6 +55,8 @@ pub(crate) struct LogFile {
     path: PathBuf,
     /// Unique within the process (the read cache's key; a reopened file gets a new one).
     id: u64,
+    /// Opened with O_DSYNC: a completed write is durable.
+    sync_writes: bool,
 }
 
 /// Ids of opened segment files.
@@ -69,6 +71,15 @@ impl LogFile {
     /// file: on an empty file that read succeeds trivially and the file is wrongly marked
     /// pollable, after which reads fail with EOPNOTSUPP on devices without polling.
     pub(crate) async fn create(path: &Path, first_block: Vec<u8>) -> Result<LogFile> {
+        Self::create_with(path, first_block, false).await
+    }
+
+    /// [`LogFile::create`], the file then opened with O_DSYNC when `sync_writes`.
+    pub(crate) async fn create_with(
+        path: &Path,
+        first_block: Vec<u8>,
+        sync_writes: bool,
+    ) -> Result<LogFile> {
         let err = |context, e| StorageError::io(context, path.to_owned(), to_io(e));
         let file = OpenOptions::new()
             .read(true)
@@ -97,19 +108,28 @@ impl LogFile {
             return Err(e);
         }
         file.close().await.map_err(|e| err("closing", e))?;
-        Self::open(path).await
+        Self::open_with(path, sync_writes).await
     }
 
     /// Open an existing file for reading and writing.
     pub(crate) async fn open(path: &Path) -> Result<LogFile> {
+        Self::open_with(path, false).await
+    }
+
+    /// Open an existing file for reading and writing, with O_DSYNC when `sync_writes` (every
+    /// completed write is then durable: [`LogFile::sync_writes`]).
+    pub(crate) async fn open_with(path: &Path, sync_writes: bool) -> Result<LogFile> {
         probe_device_once(path).await?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
+            .custom_flags(if sync_writes { libc::O_DSYNC } else { 0 })
             .dma_open(path)
             .await
             .map_err(|e| StorageError::io("opening segment", path.to_owned(), to_io(e)))?;
-        Self::checked(file, path)
+        let mut f = Self::checked(file, path)?;
+        f.sync_writes = sync_writes;
+        Ok(f)
     }
 
     fn checked(file: DmaFile, path: &Path) -> Result<LogFile> {
@@ -119,7 +139,12 @@ impl LogFile {
             });
         }
         let id = LOG_FILE_IDS.fetch_add(1, Ordering::Relaxed);
-        Ok(LogFile { file, path: path.to_owned(), id })
+        Ok(LogFile { file, path: path.to_owned(), id, sync_writes: false })
+    }
+
+    /// Whether a completed write is durable (the file was opened with O_DSYNC).
+    pub(crate) fn sync_writes(&self) -> bool {
+        self.sync_writes
     }
 
     pub(crate) fn path(&self) -> &Path {

@@ -10,7 +10,7 @@ use std::rc::Rc;
 
 use felix_proto::{Offset, ShardId};
 
-use crate::config::StorageConfig;
+use crate::config::{StorageConfig, WriteSync};
 use crate::epochs::{EpochIndex, EPOCH_CHANGES_PER_SHARD_MAX};
 use crate::error::{Result, StorageError};
 use crate::format::{align_up, SegmentHeader, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX};
@@ -79,11 +79,15 @@ fn parse_segment_name(name: &str) -> Option<u64> {
 /// A crash in between leaves a file of at most one block that recovery deletes. Nothing is
 /// reserved beyond the header block: the writer reserves blocks in `SEGMENT_GROW_BYTES`
 /// steps as writes arrive (see `commit::grow`), so an idle log holds one block.
-pub(crate) async fn create_segment(dir: &Path, header: &SegmentHeader) -> Result<Segment> {
+pub(crate) async fn create_segment(
+    dir: &Path,
+    header: &SegmentHeader,
+    write_sync: WriteSync,
+) -> Result<Segment> {
     let path = segment_path(dir, header.base_position);
     let mut block = vec![0u8; SEGMENT_HEADER_BYTES as usize];
     header.encode(&mut block);
-    let file = LogFile::create(&path, block).await?;
+    let file = LogFile::create_with(&path, block, write_sync == WriteSync::Dsync).await?;
     io::sync_dir(dir).await?;
     Ok(Segment {
         base_position: header.base_position,
@@ -120,7 +124,15 @@ pub(crate) async fn roll(inner: &Rc<Inner>) -> std::result::Result<(), RollError
         (active.file.clone(), header)
     };
     old.fdatasync().await.map_err(RollError::Sync)?;
-    let seg = create_segment(&inner.dir, &header).await.map_err(RollError::Create)?;
+    {
+        // No write is in flight at a roll: everything published is in the old segment, now
+        // synced.
+        let mut st = inner.state.borrow_mut();
+        st.durable_pos = st.durable_pos.max(st.written_pos);
+    }
+    let seg = create_segment(&inner.dir, &header, inner.config.write_sync)
+        .await
+        .map_err(RollError::Create)?;
     let mut st = inner.state.borrow_mut();
     st.issued_end = SEGMENT_HEADER_BYTES;
     st.reserved_end = SEGMENT_HEADER_BYTES;
@@ -213,7 +225,7 @@ impl Recovery<'_> {
     async fn open_segment(&mut self, base: u64, later: &[u64]) -> Result<Walk> {
         let is_last = later.is_empty();
         let path = segment_path(self.dir, base);
-        let file = LogFile::open(&path).await?;
+        let file = LogFile::open_with(&path, self.config.write_sync == WriteSync::Dsync).await?;
         let size = file.size().await?;
         let Some(header) = self.read_header(&file, &path, base, is_last, size).await? else {
             return Ok(Walk::Stop);
@@ -467,7 +479,7 @@ impl Recovery<'_> {
                     .map(|(id, ix)| (*id, Offset(ix.next_offset())))
                     .collect(),
             };
-            self.segments.push(create_segment(self.dir, &header).await?);
+            self.segments.push(create_segment(self.dir, &header, self.config.write_sync).await?);
             self.flushes += 2;
             segments_created += 1;
         } else {

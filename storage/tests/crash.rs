@@ -4,6 +4,7 @@
 //!
 //! The child is this test binary re-executed with `FELIX_CRASH_CHILD=<dir>`.
 //! `FELIX_CRASH_SEED` fixes the seed, `FELIX_CRASH_TRIALS` the number of kills (default 20).
+//! Each trial opens the log with `WriteSync::Dsync` or `WriteSync::Fdatasync` at random.
 
 mod common;
 
@@ -44,15 +45,13 @@ fn crash_child_process_entry() {
     let seed: u64 = std::env::var("FELIX_CRASH_CHILD_SEED").unwrap().parse().unwrap();
     common::run(move || async move {
         let dir = std::path::PathBuf::from(dir);
-        let (log, _) = StreamLog::open(
-            "crash/test/s",
-            &dir,
-            &shards(),
-            &small_config(&dir),
-            RetentionConfig::default(),
-        )
-        .await
-        .expect("child opens the log");
+        let mut config = small_config(&dir);
+        // Each trial picks the durability mode; the log is reopened in the other one often.
+        config.write_sync = std::env::var("FELIX_CRASH_CHILD_SYNC").unwrap().parse().unwrap();
+        let (log, _) =
+            StreamLog::open("crash/test/s", &dir, &shards(), &config, RetentionConfig::default())
+                .await
+                .expect("child opens the log");
         println!("ready");
         let deadline = std::time::Instant::now() + CHILD_LIFETIME_MAX;
         let tasks: Vec<_> = (0..APPENDERS)
@@ -111,6 +110,7 @@ fn kill_9_never_loses_a_durably_acked_record() {
             .args(["crash_child_process_entry", "--exact", "--nocapture", "--test-threads=1"])
             .env(CHILD_ENV, &log_dir)
             .env("FELIX_CRASH_CHILD_SEED", rng.gen::<u64>().to_string())
+            .env("FELIX_CRASH_CHILD_SYNC", if rng.gen_bool(0.5) { "dsync" } else { "fdatasync" })
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

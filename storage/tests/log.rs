@@ -9,7 +9,7 @@ use std::rc::Rc;
 use bytes::Bytes;
 use common::{records, run, small_config};
 use felix_proto::{AckMode, Offset, Record, ShardId};
-use felix_storage::{RetentionConfig, StorageConfig, StorageError, StreamLog};
+use felix_storage::{RetentionConfig, StorageConfig, StorageError, StreamLog, WriteSync};
 
 const SHARDS: [ShardId; 3] = [ShardId(0), ShardId(1), ShardId(7)];
 
@@ -193,7 +193,8 @@ fn group_commit_covers_concurrent_durable_appends_with_few_flushes() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_owned();
     run(move || async move {
-        let config = StorageConfig::new(&path);
+        let mut config = StorageConfig::new(&path);
+        config.write_sync = WriteSync::Fdatasync;
         let log = open(&path, &config).await;
         let before = log.stats().flushes;
         let tasks: Vec<_> = (0..64u32)
@@ -236,7 +237,8 @@ fn a_durable_append_written_during_a_flush_starts_its_own_flush() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_owned();
     run(move || async move {
-        let config = small_config(&path);
+        let mut config = small_config(&path);
+        config.write_sync = WriteSync::Fdatasync;
         let log = open(&path, &config).await;
         let tasks: Vec<_> = SHARDS
             .iter()
@@ -273,6 +275,66 @@ fn a_durable_append_written_during_a_flush_starts_its_own_flush() {
         let log = open(&path, &config).await;
         for shard in SHARDS {
             check_shard(&log, shard, 2 * PER_SHARD, 700).await;
+        }
+    });
+}
+
+/// With O_DSYNC segments (`WriteSync::Dsync`) a durable append is acknowledged when its write is
+/// published: concurrent durable appenders on three shards across many segment rolls need
+/// no group-commit fdatasync at all (only the one each roll makes), and every acked record
+/// reads back, also after reopening, and after reopening with the other mode in turn.
+#[test]
+fn with_dsync_writes_a_durable_append_is_acked_without_a_flush() {
+    const PER_SHARD: u64 = 800;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let mut config = small_config(&path);
+        assert_eq!(config.write_sync, WriteSync::Fdatasync, "the default");
+        config.write_sync = WriteSync::Dsync;
+        let log = open(&path, &config).await;
+        let tasks: Vec<_> = SHARDS
+            .iter()
+            .map(|&shard| {
+                let log = log.clone();
+                glommio::spawn_local(async move {
+                    for i in 0..PER_SHARD {
+                        let out = log
+                            .append(shard, &records(shard.0, 2 * i, 2, 3000), 1, AckMode::Durable)
+                            .await
+                            .unwrap();
+                        assert_eq!(out.base_offset, Offset(2 * i));
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await;
+        }
+        let stats = log.stats();
+        assert!(stats.segments_created >= 3, "rolled {} times", stats.segments_created);
+        assert_eq!(stats.flush_latency_us.len(), 0, "no group-commit fdatasync ran");
+        assert!(stats.writes > 0);
+        log.flush().await.unwrap();
+        assert_eq!(log.stats().flush_latency_us.len(), 0, "everything written is durable");
+        for shard in SHARDS {
+            check_shard(&log, shard, 2 * PER_SHARD, 3000).await;
+        }
+        drop(log);
+        // Reopened with fdatasync: the same records; appends now wait for flushes.
+        let mut fdatasync = config.clone();
+        fdatasync.write_sync = WriteSync::Fdatasync;
+        let log = open(&path, &fdatasync).await;
+        for shard in SHARDS {
+            check_shard(&log, shard, 2 * PER_SHARD, 3000).await;
+            let next = 2 * PER_SHARD;
+            log.append(shard, &records(shard.0, next, 2, 3000), 1, AckMode::Durable).await.unwrap();
+        }
+        assert!(!log.stats().flush_latency_us.is_empty(), "fdatasync mode flushes");
+        drop(log);
+        let log = open(&path, &config).await;
+        for shard in SHARDS {
+            check_shard(&log, shard, 2 * PER_SHARD + 2, 3000).await;
         }
     });
 }

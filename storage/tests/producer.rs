@@ -9,7 +9,8 @@ use bytes::Bytes;
 use common::{read_all, run, small_config};
 use felix_proto::{AckMode, Offset, ProducerId, ProducerTag, Record, ShardId};
 use felix_storage::{
-    AppendOutcome, RetentionConfig, StorageConfig, StorageError, StreamLog, PRODUCER_SEQ_WINDOW,
+    AppendOutcome, RetentionConfig, StorageConfig, StorageError, StreamLog, WriteSync,
+    PRODUCER_SEQ_WINDOW,
 };
 use futures_lite::future::zip;
 use rand::{Rng, SeedableRng};
@@ -138,7 +139,9 @@ fn a_durable_retry_waits_for_a_flush_that_covers_the_original() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_owned();
     run(move || async move {
-        let log = open(&path, &StorageConfig::new(&path)).await;
+        let mut config = StorageConfig::new(&path);
+        config.write_sync = WriteSync::Fdatasync;
+        let log = open(&path, &config).await;
         // Original written, not durable: the durable retry needs a flush.
         log.append_tagged(S0, &recs(3, 0, 0, 1, 10), 1, AckMode::Written, tag(3, 0)).await.unwrap();
         let flushes = log.stats().flushes;
@@ -163,6 +166,24 @@ fn a_durable_retry_waits_for_a_flush_that_covers_the_original() {
         assert_eq!(b.unwrap(), duplicate(1, 1));
         assert!(log.stats().flushes > flushes);
         assert_eq!(log.next_offset(S0).unwrap(), Offset(2));
+    });
+}
+
+/// With O_DSYNC segments a written original is durable: a durable retry of it is answered
+/// at once, without a flush.
+#[test]
+fn with_dsync_writes_a_durable_retry_of_a_written_original_needs_no_flush() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let mut config = StorageConfig::new(&path);
+        config.write_sync = WriteSync::Dsync;
+        let log = open(&path, &config).await;
+        log.append_tagged(S0, &recs(3, 0, 0, 1, 10), 1, AckMode::Written, tag(3, 0)).await.unwrap();
+        let out =
+            log.append_tagged(S0, &recs(3, 0, 1, 1, 10), 1, AckMode::Durable, tag(3, 0)).await;
+        assert_eq!(out.unwrap(), duplicate(0, 1));
+        assert_eq!(log.stats().flush_latency_us.len(), 0, "no flush");
     });
 }
 

@@ -108,16 +108,22 @@ pub fn addresses(list: &str) -> Vec<&str> {
     list.split(',').map(str::trim).filter(|a| !a.is_empty()).collect()
 }
 
-/// Scrapes every address of the comma-separated `list` (one per broker) and concatenates
-/// their cores in list order; fails if any broker cannot be scraped (a total that misses a
-/// broker would understate what was stored).
-pub fn scrape_all(list: &str) -> anyhow::Result<BrokerSample> {
+/// [`addresses`], refused when empty or longer than [`METRICS_ADDRS_MAX`].
+fn checked_addresses(list: &str) -> anyhow::Result<Vec<&str>> {
     let addrs = addresses(list);
     anyhow::ensure!(!addrs.is_empty(), "no metrics address");
     anyhow::ensure!(
         addrs.len() <= METRICS_ADDRS_MAX,
         "more than {METRICS_ADDRS_MAX} metrics addresses"
     );
+    Ok(addrs)
+}
+
+/// Scrapes every address of the comma-separated `list` (one per broker) and concatenates
+/// their cores in list order; fails if any broker cannot be scraped (a total that misses a
+/// broker would understate what was stored).
+pub fn scrape_all(list: &str) -> anyhow::Result<BrokerSample> {
+    let addrs = checked_addresses(list)?;
     let samples = addrs.iter().map(|a| scrape(a)).collect::<anyhow::Result<Vec<_>>>()?;
     Ok(BrokerSample::concat(samples))
 }
@@ -209,12 +215,7 @@ pub fn difference(end: &Histogram<u64>, start: &Histogram<u64>) -> Histogram<u64
 /// Scrapes `/histograms` of every address of `list` and lays their cores end to end (see
 /// [`scrape_all`]).
 pub fn scrape_histograms_all(list: &str) -> anyhow::Result<HistogramSample> {
-    let addrs = addresses(list);
-    anyhow::ensure!(!addrs.is_empty(), "no metrics address");
-    anyhow::ensure!(
-        addrs.len() <= METRICS_ADDRS_MAX,
-        "more than {METRICS_ADDRS_MAX} metrics addresses"
-    );
+    let addrs = checked_addresses(list)?;
     let mut all = HistogramSample::default();
     for a in addrs {
         let one = parse_histograms(&get(a, "/histograms")?)?;

@@ -127,19 +127,17 @@ impl LogFile {
             .dma_open(path)
             .await
             .map_err(|e| StorageError::io("opening segment", path.to_owned(), to_io(e)))?;
-        let mut f = Self::checked(file, path)?;
-        f.sync_writes = sync_writes;
-        Ok(f)
+        Self::checked(file, path, sync_writes)
     }
 
-    fn checked(file: DmaFile, path: &Path) -> Result<LogFile> {
+    fn checked(file: DmaFile, path: &Path, sync_writes: bool) -> Result<LogFile> {
         if FORMAT_ALIGN_BYTES % file.alignment() != 0 {
             return Err(StorageError::InvalidConfig {
                 reason: "device O_DIRECT alignment does not divide FORMAT_ALIGN_BYTES",
             });
         }
         let id = LOG_FILE_IDS.fetch_add(1, Ordering::Relaxed);
-        Ok(LogFile { file, path: path.to_owned(), id, sync_writes: false })
+        Ok(LogFile { file, path: path.to_owned(), id, sync_writes })
     }
 
     /// Whether a completed write is durable (the file was opened with O_DSYNC).

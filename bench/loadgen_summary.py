@@ -197,6 +197,8 @@ def delivery():
                   "Delivery latency: publish to delivery, per record.", ""]
     catchup = []
     for p in sorted(glob.glob(f"{d}/catchup-run*.json")):
+        if p.endswith(".fio.json"):
+            continue
         try:
             with open(p) as f:
                 r = json.load(f)
@@ -215,22 +217,35 @@ def delivery():
         full = busy[:-1] if len(busy) > 1 else busy
         rec_bytes = r["delivered_bytes"] / max(r["delivered_records"], 1)
         rps = statistics.mean(full) if full else 0
+        # The same run's fio read of the same log files (bench/run.sh), where there is one.
+        disk = None
+        try:
+            with open(p.replace(".json", ".fio.json")) as f:
+                disk = json.load(f)["jobs"][0]["read"]["bw_bytes"] / 1e6
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+        mb_s = rps * rec_bytes / 1e6
         catchup.append({"backlog": backlog, "dropped": dropped, "records": r["delivered_records"],
-                        "seconds": len(busy), "rps": rps, "mb_s": rps * rec_bytes / 1e6,
-                        "busy": (r.get("broker") or {}).get("cpu_pct")})
+                        "seconds": len(busy), "rps": rps, "mb_s": mb_s,
+                        "busy": (r.get("broker") or {}).get("cpu_pct"), "disk": disk,
+                        "ratio": mb_s / disk if disk else None})
     if catchup:
         dropped = sum(c["dropped"] for c in catchup)
         lines += ["Catch-up: a backlog published first (no subscriber), the page cache dropped "
                   f"({dropped} of {len(catchup)} runs could), then one subscriber from the "
                   "earliest offset and no publisher. Rate: the mean of the full seconds with "
-                  "deliveries.", "",
+                  "deliveries. Disk read: fio reading the same log files after the run (O_DIRECT, "
+                  "1 MiB, 4 in flight, page cache dropped); drain / disk: run by run.", "",
                   "| backlog MB | records delivered | seconds with deliveries | drain records/s | "
-                  "drain MB/s | broker CPU % | runs |", "|---|---|---|---|---|---|---|",
+                  "drain MB/s | disk read MB/s | drain / disk | broker CPU % | runs |",
+                  "|---|---|---|---|---|---|---|---|---|",
                   f"| {spread([c['backlog'] / 1e6 for c in catchup if c['backlog']], '{:,.0f}')[0]} | "
                   f"{spread([c['records'] for c in catchup], '{:,.0f}')[0]} | "
                   f"{spread([c['seconds'] for c in catchup], '{:.0f}')[0]} | "
                   f"{spread([c['rps'] for c in catchup], '{:,.0f}')[0]} | "
                   f"{spread([c['mb_s'] for c in catchup], '{:,.0f}')[0]} | "
+                  f"{spread([c['disk'] for c in catchup if c['disk']], '{:,.0f}')[0]} | "
+                  f"{spread([c['ratio'] for c in catchup if c['ratio']], '{:.2f}')[0]} | "
                   f"{spread([c['busy'] for c in catchup], '{:.0f}')[0]} | {len(catchup)} |", ""]
     if lines:
         write(f"{d}/summary.md", "\n".join([f"# Delivery, {DATE}\n", *lines]))

@@ -24,7 +24,9 @@
 #                   publishes at half of mixed2's median published rate with 2 subscribers
 #                   (publish-to-delivery latency at half load); catchup publishes $BACKLOG_S s
 #                   with no subscriber, drops the page cache, then one subscriber reads it all
-#                   from the earliest offset ($CATCHUP_S s window, no publisher)
+#                   from the earliest offset ($CATCHUP_S s window, no publisher); then fio
+#                   reads the same log files (O_DIRECT, 1 MiB, 4 in flight, page cache dropped):
+#                   the disk's sequential read rate beside the drain rate, run by run
 #   nats            the peer row: NATS JetStream (Debian's nats-server, installed with apt-get
 #                   when missing; JetStream on, its default file store under $DATA_ROOT, pinned
 #                   to $BROKER_CPU), 4 KiB messages over 12 subjects from bench's nats_pub
@@ -88,6 +90,9 @@ if [ "${NO_BUILD:-0}" != 1 ]; then
   cargo build --release -p felix-bench --bin net_upload --bin net_udp_sink || HAVE_NET=0
 fi
 mkdir -p "$DATA_ROOT"
+# fio: the limits scenario's disk rates and the catch-up's read rate.
+command -v fio > /dev/null || apt-get install -y fio > /dev/null 2>&1 ||
+  echo "fio not found and not installed: no disk rates"
 
 # Profiling tools: perf (and the right to record), inferno's folder and renderer.
 INFERNO_BIN=${CARGO_HOME:-$HOME/.cargo}/bin
@@ -425,6 +430,15 @@ print(max(100, int(statistics.median(rates) / 2)) if rates else 10000)' "$out")
       --subscribers 1 --subscribe-from earliest --publishers 0 --workers 1 --cpus "$GEN_CPU" \
       --duration-s "$CATCHUP_S"
     stop_broker
+    # The disk's own sequential read rate over the same log files, page cache dropped again:
+    # fio, O_DIRECT, 1 MiB reads, 4 in flight, one file after the other.
+    if command -v fio > /dev/null; then
+      (sync; echo 1 > /proc/sys/vm/drop_caches) 2> /dev/null || true
+      taskset -c "$BROKER_CPU" fio --name=seqread --opendir="$DATA_ROOT/data" --rw=read \
+        --bs=1M --direct=1 --ioengine=io_uring --iodepth=4 --file_service_type=sequential \
+        --output-format=json 2> /dev/null | sed -n '/^{/,$p' > "$out/catchup-run$run.fio.json" ||
+        echo "  fio read failed (run $run)"
+    fi
   done
 }
 

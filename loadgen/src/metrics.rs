@@ -46,6 +46,15 @@ pub struct BrokerSample {
     /// `felix_storage_write_latency_us{quantile="0.99"}` per core (one O_DIRECT write).
     #[serde(default)]
     pub write_p99_us: Vec<u64>,
+    /// `felix_net_quic_packets_sent` per core (QUIC packets its connections sent).
+    #[serde(default)]
+    pub quic_packets_sent: Vec<u64>,
+    /// `felix_net_quic_packets_lost` per core (declared lost by QUIC's loss detection).
+    #[serde(default)]
+    pub quic_packets_lost: Vec<u64>,
+    /// `felix_net_quic_congestion_events` per core.
+    #[serde(default)]
+    pub quic_congestion_events: Vec<u64>,
 }
 
 impl BrokerSample {
@@ -84,6 +93,9 @@ impl BrokerSample {
                 &s.flush_p50_us,
                 &s.flush_p99_us,
                 &s.write_p99_us,
+                &s.quic_packets_sent,
+                &s.quic_packets_lost,
+                &s.quic_congestion_events,
             ];
             let cores = series.iter().map(|v| v.len()).max().unwrap_or(0);
             let put = |dst: &mut Vec<u64>, src: &[u64]| {
@@ -98,6 +110,9 @@ impl BrokerSample {
             put(&mut out.flush_p50_us, &s.flush_p50_us);
             put(&mut out.flush_p99_us, &s.flush_p99_us);
             put(&mut out.write_p99_us, &s.write_p99_us);
+            put(&mut out.quic_packets_sent, &s.quic_packets_sent);
+            put(&mut out.quic_packets_lost, &s.quic_packets_lost);
+            put(&mut out.quic_congestion_events, &s.quic_congestion_events);
         }
         out
     }
@@ -294,6 +309,9 @@ pub fn parse(text: &str) -> BrokerSample {
             ("felix_storage_flushes_total", None) => "flushes",
             ("felix_broker_connections_accepted_total", None) => "connections_accepted",
             ("felix_broker_publish_errors_total", None) => "publish_errors",
+            ("felix_net_quic_packets_sent", None) => "quic_packets_sent",
+            ("felix_net_quic_packets_lost", None) => "quic_packets_lost",
+            ("felix_net_quic_congestion_events", None) => "quic_congestion_events",
             _ => continue,
         };
         let Ok(v) = value.trim().parse::<f64>() else { continue };
@@ -318,6 +336,9 @@ pub fn parse(text: &str) -> BrokerSample {
         flush_p50_us: take("flush_p50_us"),
         flush_p99_us: take("flush_p99_us"),
         write_p99_us: take("write_p99_us"),
+        quic_packets_sent: take("quic_packets_sent"),
+        quic_packets_lost: take("quic_packets_lost"),
+        quic_congestion_events: take("quic_congestion_events"),
     }
 }
 
@@ -349,6 +370,10 @@ felix_storage_flush_latency_us{core=\"0\",quantile=\"0.99\"} 700
 felix_storage_flush_latency_us{core=\"1\",quantile=\"0.99\"} 650
 felix_storage_write_latency_us{core=\"0\",quantile=\"0.99\"} 250
 felix_net_datagrams_in{core=\"0\"} 77
+felix_net_quic_packets_sent{core=\"0\"} 5000
+felix_net_quic_packets_sent{core=\"1\"} 6000
+felix_net_quic_packets_lost{core=\"1\"} 12
+felix_net_quic_congestion_events{core=\"1\"} 2
 ";
 
     #[test]
@@ -356,6 +381,9 @@ felix_net_datagrams_in{core=\"0\"} 77
         let s = parse(PAGE);
         assert_eq!(s.append_bytes, vec![100, 250]);
         assert_eq!(s.flushes, vec![3, 4]);
+        assert_eq!(s.quic_packets_sent, vec![5000, 6000]);
+        assert_eq!(s.quic_packets_lost, vec![0, 12]);
+        assert_eq!(s.quic_congestion_events, vec![0, 2]);
         assert_eq!(s.connections_accepted, vec![2]);
         assert_eq!(s.publish_errors, vec![0, 1], "missing core 0 reads as 0");
         assert_eq!(s.ack_p99_us, vec![900, 1200], "only the 0.99 quantile");

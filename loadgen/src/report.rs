@@ -151,6 +151,17 @@ pub struct BrokerResult {
     pub connections_accepted: u64,
     /// Publishes the broker refused during the window.
     pub publish_errors: u64,
+    /// QUIC packets the broker's connections sent during the window (all connections, the
+    /// generator's and any other; sampled by the broker once a second).
+    #[serde(default)]
+    pub quic_packets_sent: u64,
+    /// Of those, packets its loss detection declared lost: datagrams dropped on the way or by
+    /// the generator's socket.
+    #[serde(default)]
+    pub quic_packets_lost: u64,
+    /// Congestion events on the broker's connections during the window.
+    #[serde(default)]
+    pub quic_congestion_events: u64,
     /// The broker's publish-to-ack p50 and p99 per core: over the window when
     /// `latency_span_ms_per_core` is set (the difference of its published histograms, see
     /// there), else its histogram since it started, read at the window's end.
@@ -374,6 +385,11 @@ impl RunResult {
                 o,
                 "broker flushes {} ({:.0} per GB), connections accepted {}, publish errors {}",
                 b.flushes, b.flushes_per_gb, b.connections_accepted, b.publish_errors
+            );
+            let _ = writeln!(
+                o,
+                "broker QUIC packets sent {}, lost {}, congestion events {}",
+                b.quic_packets_sent, b.quic_packets_lost, b.quic_congestion_events
             );
             let over = if b.latency_span_ms_per_core.is_empty() {
                 "since it started".to_owned()

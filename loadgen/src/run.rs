@@ -406,6 +406,11 @@ impl<'a> Sampler<'a> {
                         &e.delta(s, |s| &s.connections_accepted),
                     ),
                     publish_errors: BrokerSample::total(&e.delta(s, |s| &s.publish_errors)),
+                    quic_packets_sent: BrokerSample::total(&e.delta(s, |s| &s.quic_packets_sent)),
+                    quic_packets_lost: BrokerSample::total(&e.delta(s, |s| &s.quic_packets_lost)),
+                    quic_congestion_events: BrokerSample::total(
+                        &e.delta(s, |s| &s.quic_congestion_events),
+                    ),
                     ack_p50_us_per_core: pick(w.map(|w| &w.ack_p50_us), &e.ack_p50_us),
                     ack_p99_us_per_core: pick(w.map(|w| &w.ack_p99_us), &e.ack_p99_us),
                     flush_p50_us_per_core: pick(w.map(|w| &w.flush_p50_us), &e.flush_p50_us),

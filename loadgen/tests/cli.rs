@@ -180,6 +180,12 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
     let span_ms = span[0].as_u64().expect("span ms");
     assert!((500..=2_600).contains(&span_ms), "between two publications in the window: {span_ms}");
     assert!(r["broker"]["ack_p99_us_per_core"][0].as_u64().unwrap_or(0) > 0, "{}", r["broker"]);
+    // The broker's QUIC counters over the window: it sent (acks), and on loopback lost nothing
+    // it could not account for.
+    let quic_sent = r["broker"]["quic_packets_sent"].as_u64().expect("QUIC packets sent");
+    let quic_lost = r["broker"]["quic_packets_lost"].as_u64().expect("QUIC packets lost");
+    assert!(quic_sent > 0 && quic_lost <= quic_sent, "{}", r["broker"]);
+    assert!(stdout.contains("broker QUIC packets sent"), "the text report has them:\n{stdout}");
     let per_gen = r["stored_mb_per_generator_cpu_s"].as_f64().expect("MB per generator CPU-s");
     assert!(per_gen > 0.0, "stored bytes over generator CPU");
     assert!(r["broker_busy_pct"].as_f64().is_some(), "broker busy over its one core");

@@ -103,6 +103,26 @@ pub(crate) struct CoreState {
     accept_waiters: Vec<Waker>,
     shutting_down: bool,
     outbox: Outbox,
+    /// The path statistics of the connections that ended, summed.
+    ended_paths: PathTotals,
+}
+
+/// QUIC path statistics summed over connections: what `quic_*` in [`CoreStats`] export.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct PathTotals {
+    pub(crate) packets_sent: u64,
+    pub(crate) packets_lost: u64,
+    pub(crate) bytes_lost: u64,
+    pub(crate) congestion_events: u64,
+}
+
+impl PathTotals {
+    fn add(&mut self, path: &quinn_proto::PathStats) {
+        self.packets_sent += path.sent_packets;
+        self.packets_lost += path.lost_packets;
+        self.bytes_lost += path.lost_bytes;
+        self.congestion_events += path.congestion_events;
+    }
 }
 
 impl CoreState {
@@ -130,7 +150,22 @@ impl CoreState {
             accept_waiters: Vec::new(),
             shutting_down: false,
             outbox: Outbox::default(),
+            ended_paths: PathTotals::default(),
         }
+    }
+
+    /// Sets the `quic_*` counters: the path statistics of the live connections plus those of
+    /// the ended ones (called once a second; O(connections)).
+    pub(crate) fn sample_paths(&self) -> PathTotals {
+        let mut totals = self.ended_paths;
+        for cs in self.conns.borrow().conns.values() {
+            totals.add(&cs.conn.stats().path);
+        }
+        CoreStats::set(&self.stats.quic_packets_sent, totals.packets_sent);
+        CoreStats::set(&self.stats.quic_packets_lost, totals.packets_lost);
+        CoreStats::set(&self.stats.quic_bytes_lost, totals.bytes_lost);
+        CoreStats::set(&self.stats.quic_congestion_events, totals.congestion_events);
+        totals
     }
 
     /// This core's counters.
@@ -400,7 +435,9 @@ impl CoreState {
     /// Removes a drained connection and wakes whoever still waits on it.
     fn forget(&mut self, table: &mut ConnTable, ch: ConnectionHandle) {
         if let Some(mut cs) = table.conns.remove(&ch) {
-            let frames = cs.conn.stats().frame_rx;
+            let stats = cs.conn.stats();
+            self.ended_paths.add(&stats.path);
+            let frames = stats.frame_rx;
             CoreStats::add(
                 &self.stats.streams_blocked_rx,
                 frames.streams_blocked_bidi + frames.streams_blocked_uni,

@@ -132,15 +132,21 @@ pub(crate) struct Pair {
     client: Endpoint,
     client_config: ClientConfig,
     /// Datagrams in flight.
-    wire: Wire,
+    pub(crate) wire: Wire,
 }
 
 /// The network: datagrams in flight, in order of arrival (the latency is fixed).
 #[derive(Default)]
-struct Wire {
+pub(crate) struct Wire {
     queue: VecDeque<Packet>,
     /// Datagrams ever sent (a step that sent nothing leaves it unchanged).
     sent: u64,
+    /// When set to `n`, every `n`-th datagram the cores send is lost on the way.
+    pub(crate) lose_every_nth_from_cores: Option<u64>,
+    /// Datagrams the cores sent, counted for `lose_every_nth_from_cores`.
+    from_cores: u64,
+    /// Datagrams lost on the way.
+    pub(crate) lost: u64,
 }
 
 impl Wire {
@@ -400,6 +406,12 @@ impl Pair {
                 continue;
             }
             for d in t.datagrams() {
+                self.wire.from_cores += 1;
+                let n = self.wire.lose_every_nth_from_cores.unwrap_or(0);
+                if n > 0 && self.wire.from_cores.is_multiple_of(n) {
+                    self.wire.lost += 1;
+                    continue;
+                }
                 self.wire.push(now + LATENCY, SERVER_ADDR, t.destination, d.to_vec());
             }
             CoreStats::add(&core.state.stats().datagrams_out, t.datagrams().count() as u64);

@@ -320,12 +320,14 @@ async fn setup_core<Fut: Future<Output = ()> + 'static>(
         if since_sample_ms >= CPU_SAMPLE_MS {
             since_sample_ms = 0;
             CoreStats::set(&s.stats.cpu_time_us, socket::thread_cpu_time_us());
+            core.state().sample_paths();
         }
     }
     driver::shutdown(&core, Duration::from_millis(SHUTDOWN_GRACE_MS)).await;
     app_task.cancel();
     recv.cancel();
     CoreStats::set(&s.stats.cpu_time_us, socket::thread_cpu_time_us());
+    core.state().sample_paths();
     Ok(())
 }
 

@@ -90,6 +90,16 @@ core_stats! {
     steering_mode,
     /// Thread CPU time of the core's executor thread in microseconds, updated every second.
     cpu_time_us,
+    /// QUIC packets this core's connections sent (quinn-proto's path statistics: the live
+    /// connections' summed once a second, plus those of every connection that ended).
+    quic_packets_sent,
+    /// Of those, packets QUIC's loss detection declared lost (sent again as needed): a
+    /// network, or a peer's socket buffer, dropping datagrams.
+    quic_packets_lost,
+    /// Bytes of the packets declared lost.
+    quic_bytes_lost,
+    /// Congestion events (a loss or an ECN mark that made a connection slow down).
+    quic_congestion_events,
 }
 
 impl CoreStats {

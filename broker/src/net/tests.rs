@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use felix_proto::CoreId;
-use quinn_proto::{ConnectionError, Dir, TransportErrorCode, VarInt};
+use quinn_proto::{ConnectionError, ConnectionHandle, Dir, TransportErrorCode, VarInt};
 
 use super::cid::{CID_LEN, CORE_BYTE_INDEX};
-use super::conn::RecvStream;
+use super::conn::{Connection, RecvStream};
 use super::core::Datagram;
 use super::pair::{client_addr, poll_once, Pair, Steer};
 
@@ -353,4 +353,86 @@ fn chunks_larger_than_the_flow_control_window_arrive_whole_and_in_order() {
     }
     assert_eq!(got.len(), want.len());
     assert!(got == want, "the bytes arrive in order, unchanged");
+}
+
+/// Writes `bytes` on a new stream of `conn` and runs the pair until the client has read them
+/// all (or the steps run out); returns how many it read.
+fn send_to_client(p: &mut Pair, ch: ConnectionHandle, conn: &Connection, bytes: usize) -> usize {
+    let Poll::Ready(Ok(mut send)) = poll_once(conn.open_uni()) else {
+        panic!("the core opens a stream");
+    };
+    let mut chunks = [Bytes::from(vec![7u8; bytes])];
+    let mut got = 0;
+    let mut stream = None;
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let mut write = std::pin::pin!(send.write_all_chunks(&mut chunks));
+    let mut written = false;
+    for _ in 0..20_000 {
+        if !written {
+            written = std::future::Future::poll(write.as_mut(), &mut cx).is_ready();
+        }
+        p.run_for(Duration::from_millis(1));
+        let client = p.client(ch);
+        if stream.is_none() {
+            stream = client.streams().accept(Dir::Uni);
+        }
+        if let Some(id) = stream {
+            let mut recv = client.recv_stream(id);
+            let mut chunks_in = recv.read(true).expect("readable");
+            while let Ok(Some(c)) = chunks_in.next(usize::MAX) {
+                got += c.bytes.len();
+            }
+            let _ = chunks_in.finalize();
+        }
+        if written && got == bytes {
+            break;
+        }
+    }
+    got
+}
+
+#[test]
+fn the_quic_counters_count_the_packets_a_core_sent_and_lost() {
+    const BYTES: usize = 300_000;
+    // A clean network: packets sent, none lost.
+    let mut p = Pair::new(1, |_| {});
+    let ch = p.connect_and_wait(client_addr(7900));
+    let conn = p.cores[0].accept().expect("connection");
+    assert_eq!(send_to_client(&mut p, ch, &conn, BYTES), BYTES);
+    let clean = p.cores[0].state.sample_paths();
+    assert!(clean.packets_sent > (BYTES / 1500) as u64, "{clean:?}");
+    assert_eq!((clean.packets_lost, clean.bytes_lost, clean.congestion_events), (0, 0, 0));
+    assert_eq!(p.cores[0].stats().quic_packets_sent, clean.packets_sent);
+
+    // Every 20th datagram from the core lost: the core's loss detection counts them.
+    let mut p = Pair::new(1, |_| {});
+    let ch = p.connect_and_wait(client_addr(7901));
+    let conn = p.cores[0].accept().expect("connection");
+    p.wire.lose_every_nth_from_cores = Some(20);
+    assert_eq!(send_to_client(&mut p, ch, &conn, BYTES), BYTES, "QUIC resends what was lost");
+    let lossy = p.cores[0].state.sample_paths();
+    assert!(p.wire.lost > 0);
+    assert!(
+        lossy.packets_lost > 0 && lossy.packets_lost <= p.wire.lost,
+        "{lossy:?}, {}",
+        p.wire.lost
+    );
+    assert!(lossy.bytes_lost >= lossy.packets_lost * 1000, "{lossy:?}");
+    assert!(lossy.congestion_events > 0, "{lossy:?}");
+    let snap = p.cores[0].stats();
+    assert_eq!(
+        (snap.quic_packets_lost, snap.quic_congestion_events),
+        (lossy.packets_lost, lossy.congestion_events)
+    );
+
+    // The connection ends: what it counted stays in the totals.
+    p.wire.lose_every_nth_from_cores = None;
+    let now = p.now;
+    p.client(ch).close(now, VarInt::from_u32(0), Bytes::new());
+    assert!(p.run_until(EXCHANGE, |p| p.cores[0].state.conn_count() == 0), "the connection ends");
+    let after = p.cores[0].state.sample_paths();
+    assert!(
+        after.packets_sent >= lossy.packets_sent && after.packets_lost == lossy.packets_lost,
+        "{after:?} vs {lossy:?}"
+    );
 }

@@ -37,6 +37,19 @@ pub struct Client {
     pub(crate) shared: Arc<Shared>,
 }
 
+/// QUIC's path statistics of a client's connections, summed ([`Client::quic_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QuicStats {
+    /// Packets sent.
+    pub packets_sent: u64,
+    /// Packets QUIC's loss detection declared lost.
+    pub packets_lost: u64,
+    /// Bytes of the lost packets.
+    pub bytes_lost: u64,
+    /// Congestion events (a loss or an ECN mark that made a connection slow down).
+    pub congestion_events: u64,
+}
+
 /// A stream's settings, as the broker reports them.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct StreamDescription {
@@ -107,6 +120,22 @@ impl Client {
     /// How many connections the pool of the home broker (the first seed that answered) holds.
     pub fn connection_count(&self) -> usize {
         self.shared.home.len()
+    }
+
+    /// QUIC's path statistics of the home broker's connections, summed: packets sent, packets
+    /// declared lost (datagrams the network or the broker's socket dropped; QUIC sends their
+    /// data again and slows down), their bytes, and congestion events. A connection that was
+    /// replaced (reconnect) leaves the sum with it.
+    pub fn quic_stats(&self) -> QuicStats {
+        let mut s = QuicStats::default();
+        for conn in self.shared.home.current_conns() {
+            let path = conn.path_stats();
+            s.packets_sent += path.sent_packets;
+            s.packets_lost += path.lost_packets;
+            s.bytes_lost += path.lost_bytes;
+            s.congestion_events += path.congestion_events;
+        }
+        s
     }
 
     /// The distinct cores of the home broker that the pool's connections are owned by, sorted.

@@ -165,6 +165,11 @@ impl Conn {
         self.connection.close_reason().is_some()
     }
 
+    /// QUIC's statistics of the connection's path (packets sent and lost, congestion events).
+    pub(crate) fn path_stats(&self) -> quinn::PathStats {
+        self.connection.stats().path
+    }
+
     /// The ack and request limit.
     pub(crate) fn ack_timeout(&self) -> Duration {
         self.ack_timeout

@@ -26,7 +26,7 @@ pub mod subscriber;
 pub(crate) mod timer;
 pub mod tls;
 
-pub use client::{Client, StreamDescription, COVER_ATTEMPTS_PER_CONNECTION};
+pub use client::{Client, QuicStats, StreamDescription, COVER_ATTEMPTS_PER_CONNECTION};
 pub use config::{CertFingerprint, ClientConfig, PublishSettings, Trust, ENV_KEYS};
 pub use error::{ClientError, ConfigError};
 pub use felix_proto::{

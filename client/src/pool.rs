@@ -168,6 +168,11 @@ impl Pool {
         Ok(c)
     }
 
+    /// The connections the pool holds now (none for a slot not connected yet).
+    pub(crate) fn current_conns(&self) -> Vec<Arc<Conn>> {
+        self.slots.iter().filter_map(Slot::get_current).collect()
+    }
+
     /// Some open connection of the pool, without reconnecting.
     pub(crate) fn open_conn(&self) -> Option<Arc<Conn>> {
         self.slots.iter().filter_map(Slot::get_current).find(|c| !c.is_closed())

@@ -311,3 +311,23 @@ async fn out_of_range_subscriptions_are_refused_before_sending() {
     let err = client.subscribe(SubscribeOptions::new(STREAM).shards(vec![ShardId(3)])).await;
     assert!(matches!(err, Err(ClientError::Broker { code: ErrorCode::InvalidShard, .. })));
 }
+
+#[tokio::test]
+async fn quic_stats_count_the_packets_the_connections_sent() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream(STREAM, 2);
+    let client = Client::connect(broker.client_config()).await.unwrap();
+    let before = client.quic_stats();
+    assert!(before.packets_sent > 0, "the handshake and Hello were sent: {before:?}");
+    let publisher = client.publisher(STREAM).await.unwrap();
+    for i in 0..200u32 {
+        let ticket = publisher.send(Record::unkeyed(vec![7u8; 4096])).await.unwrap();
+        if i % 50 == 49 {
+            tokio::time::timeout(WAIT, ticket).await.expect("ack").unwrap();
+        }
+    }
+    let after = client.quic_stats();
+    // 200 records of 4 KiB are at least 560 full packets more.
+    assert!(after.packets_sent >= before.packets_sent + 560, "{before:?} -> {after:?}");
+    assert!(after.packets_lost <= after.packets_sent && after.bytes_lost >= after.packets_lost);
+}

@@ -136,6 +136,19 @@ pub struct WorkerResult {
     pub delivery: Latency,
 }
 
+/// The generator's QUIC counters over the window, summed over its workers' clients
+/// (`felix_client::Client::quic_stats`, sampled every 10 ms; a connection replaced in the
+/// window leaves the sum with it).
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct ClientQuic {
+    /// Packets the generator sent.
+    pub packets_sent: u64,
+    /// Of those, packets declared lost: datagrams dropped on the way or by the broker's socket.
+    pub packets_lost: u64,
+    /// Congestion events on the generator's connections.
+    pub congestion_events: u64,
+}
+
 /// What the broker's own counters and /proc say about the window.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct BrokerResult {
@@ -263,6 +276,9 @@ pub struct RunResult {
     pub delivered_records: u64,
     /// Bytes delivered to subscribers in the window.
     pub delivered_bytes: u64,
+    /// The generator's own QUIC counters over the window (its clients' connections).
+    #[serde(default)]
+    pub client_quic: ClientQuic,
     /// Generator CPU seconds in the window.
     pub generator_cpu_s: f64,
     /// Generator CPU, % of one core.
@@ -388,8 +404,14 @@ impl RunResult {
             );
             let _ = writeln!(
                 o,
-                "broker QUIC packets sent {}, lost {}, congestion events {}",
-                b.quic_packets_sent, b.quic_packets_lost, b.quic_congestion_events
+                "broker QUIC packets sent {}, lost {}, congestion events {}; generator's sent {}, \
+                 lost {}, congestion events {}",
+                b.quic_packets_sent,
+                b.quic_packets_lost,
+                b.quic_congestion_events,
+                self.client_quic.packets_sent,
+                self.client_quic.packets_lost,
+                self.client_quic.congestion_events
             );
             let over = if b.latency_span_ms_per_core.is_empty() {
                 "since it started".to_owned()

@@ -14,7 +14,7 @@ use hdrhistogram::Histogram;
 use crate::config::RunConfig;
 use crate::metrics::{self, BrokerSample, HistogramSample};
 use crate::report::{
-    Bound, BrokerResult, Latency, RunResult, Second, WorkerResult, RESULT_VERSION,
+    Bound, BrokerResult, ClientQuic, Latency, RunResult, Second, WorkerResult, RESULT_VERSION,
 };
 use crate::sys;
 use crate::worker::{self, new_histogram, RunFlags, WorkerShared};
@@ -36,6 +36,9 @@ struct Totals {
     resubscribes: u64,
     delivered_records: u64,
     delivered_bytes: u64,
+    quic_sent: u64,
+    quic_lost: u64,
+    quic_congestion: u64,
 }
 
 impl Totals {
@@ -49,6 +52,9 @@ impl Totals {
             resubscribes: l(&w.resubscribes),
             delivered_records: l(&w.delivered_records),
             delivered_bytes: l(&w.delivered_bytes),
+            quic_sent: l(&w.quic_packets_sent),
+            quic_lost: l(&w.quic_packets_lost),
+            quic_congestion: l(&w.quic_congestion_events),
         }
     }
 
@@ -66,6 +72,9 @@ impl Totals {
             resubscribes: f(self.resubscribes, o.resubscribes),
             delivered_records: f(self.delivered_records, o.delivered_records),
             delivered_bytes: f(self.delivered_bytes, o.delivered_bytes),
+            quic_sent: f(self.quic_sent, o.quic_sent),
+            quic_lost: f(self.quic_lost, o.quic_lost),
+            quic_congestion: f(self.quic_congestion, o.quic_congestion),
         }
     }
 }
@@ -478,6 +487,11 @@ impl<'a> Sampler<'a> {
             resubscribes: total.resubscribes,
             delivered_records: total.delivered_records,
             delivered_bytes: total.delivered_bytes,
+            client_quic: ClientQuic {
+                packets_sent: total.quic_sent,
+                packets_lost: total.quic_lost,
+                congestion_events: total.quic_congestion,
+            },
             generator_cpu_s: gen_cpu_s,
             generator_cpu_pct: gen_pct,
             generator_cpus: cpus,

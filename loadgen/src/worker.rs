@@ -60,6 +60,13 @@ pub struct WorkerShared {
     pub key_shards: AtomicU64,
     /// Value plus key bytes delivered to subscribers.
     pub delivered_bytes: AtomicU64,
+    /// The worker's client's QUIC packets sent, lost, and congestion events
+    /// (`Client::quic_stats`), updated every 10 ms (`FLAG_POLL` x 10) while it runs.
+    pub quic_packets_sent: AtomicU64,
+    /// Packets declared lost.
+    pub quic_packets_lost: AtomicU64,
+    /// Congestion events.
+    pub quic_congestion_events: AtomicU64,
     /// The most recent error, for the report.
     pub last_error: Mutex<Option<String>>,
     /// Publish-to-ack latency (us) since the last drain.
@@ -85,6 +92,14 @@ pub fn new_histogram() -> Histogram<u64> {
 }
 
 impl WorkerShared {
+    /// Takes the client's QUIC statistics (what the run reports over its window).
+    fn note_quic(&self, client: &felix_client::Client) {
+        let q = client.quic_stats();
+        self.quic_packets_sent.store(q.packets_sent, Ordering::Relaxed);
+        self.quic_packets_lost.store(q.packets_lost, Ordering::Relaxed);
+        self.quic_congestion_events.store(q.congestion_events, Ordering::Relaxed);
+    }
+
     fn new() -> Self {
         Self {
             connected: AtomicBool::new(false),
@@ -94,6 +109,9 @@ impl WorkerShared {
             acked_records: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             resubscribes: AtomicU64::new(0),
+            quic_packets_sent: AtomicU64::new(0),
+            quic_packets_lost: AtomicU64::new(0),
+            quic_congestion_events: AtomicU64::new(0),
             delivered_records: AtomicU64::new(0),
             key_shards: AtomicU64::new(0),
             delivered_bytes: AtomicU64::new(0),
@@ -197,8 +215,10 @@ async fn run(
         }
     }
     while !flags.stop.load(Ordering::Relaxed) {
+        shared.note_quic(&client);
         tokio::time::sleep(FLAG_POLL * 10).await;
     }
+    shared.note_quic(&client);
     for t in publishers {
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, t).await;
     }

@@ -185,6 +185,9 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
     let quic_sent = r["broker"]["quic_packets_sent"].as_u64().expect("QUIC packets sent");
     let quic_lost = r["broker"]["quic_packets_lost"].as_u64().expect("QUIC packets lost");
     assert!(quic_sent > 0 && quic_lost <= quic_sent, "{}", r["broker"]);
+    let gen_sent = r["client_quic"]["packets_sent"].as_u64().expect("generator's QUIC packets");
+    let sent_bytes = r["sent_bytes"].as_u64().expect("sent bytes");
+    assert!(gen_sent >= sent_bytes / 1452 / 2, "the generator's packets carry what it sent: {r}");
     assert!(stdout.contains("broker QUIC packets sent"), "the text report has them:\n{stdout}");
     let per_gen = r["stored_mb_per_generator_cpu_s"].as_f64().expect("MB per generator CPU-s");
     assert!(per_gen > 0.0, "stored bytes over generator CPU");

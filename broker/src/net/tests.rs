@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use felix_proto::CoreId;
-use quinn_proto::{ConnectionError, ConnectionHandle, Dir, TransportErrorCode, VarInt};
+use quinn_proto::{ConnectionError, ConnectionHandle, Dir, StreamId, TransportErrorCode, VarInt};
 
 use super::cid::{CID_LEN, CORE_BYTE_INDEX};
 use super::conn::{Connection, RecvStream};
@@ -319,18 +319,7 @@ fn chunks_larger_than_the_flow_control_window_arrive_whole_and_in_order() {
             }
             assert!(waits < 10_000, "the write made no progress");
             p.run_for(Duration::from_millis(1));
-            let client = p.client(ch);
-            if stream.is_none() {
-                stream = client.streams().accept(Dir::Uni);
-            }
-            if let Some(id) = stream {
-                let mut recv = client.recv_stream(id);
-                let mut chunks_in = recv.read(true).expect("readable");
-                while let Ok(Some(c)) = chunks_in.next(usize::MAX) {
-                    got.extend_from_slice(&c.bytes);
-                }
-                let _ = chunks_in.finalize();
-            }
+            read_uni(&mut p, ch, &mut stream, &mut got);
         }
     }
     assert!(waits > 0, "the window made the write wait");
@@ -339,14 +328,7 @@ fn chunks_larger_than_the_flow_control_window_arrive_whole_and_in_order() {
     p.run_until(EXCHANGE, |p| p.clients.values().all(|c| c.lost().is_none()));
     for _ in 0..200 {
         p.run_for(Duration::from_millis(1));
-        let client = p.client(ch);
-        let id = *stream.get_or_insert_with(|| client.streams().accept(Dir::Uni).expect("stream"));
-        let mut recv = client.recv_stream(id);
-        let mut chunks_in = recv.read(true).expect("readable");
-        while let Ok(Some(c)) = chunks_in.next(usize::MAX) {
-            got.extend_from_slice(&c.bytes);
-        }
-        let _ = chunks_in.finalize();
+        read_uni(&mut p, ch, &mut stream, &mut got);
         if got.len() == want.len() {
             break;
         }
@@ -362,7 +344,7 @@ fn send_to_client(p: &mut Pair, ch: ConnectionHandle, conn: &Connection, bytes: 
         panic!("the core opens a stream");
     };
     let mut chunks = [Bytes::from(vec![7u8; bytes])];
-    let mut got = 0;
+    let mut got = Vec::new();
     let mut stream = None;
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     let mut write = std::pin::pin!(send.write_all_chunks(&mut chunks));
@@ -372,23 +354,28 @@ fn send_to_client(p: &mut Pair, ch: ConnectionHandle, conn: &Connection, bytes: 
             written = std::future::Future::poll(write.as_mut(), &mut cx).is_ready();
         }
         p.run_for(Duration::from_millis(1));
-        let client = p.client(ch);
-        if stream.is_none() {
-            stream = client.streams().accept(Dir::Uni);
-        }
-        if let Some(id) = stream {
-            let mut recv = client.recv_stream(id);
-            let mut chunks_in = recv.read(true).expect("readable");
-            while let Ok(Some(c)) = chunks_in.next(usize::MAX) {
-                got += c.bytes.len();
-            }
-            let _ = chunks_in.finalize();
-        }
-        if written && got == bytes {
+        read_uni(p, ch, &mut stream, &mut got);
+        if written && got.len() == bytes {
             break;
         }
     }
-    got
+    got.len()
+}
+
+/// Appends to `out` what the client's unidirectional stream `stream` holds now, accepting the
+/// stream first when it has not been yet.
+fn read_uni(p: &mut Pair, ch: ConnectionHandle, stream: &mut Option<StreamId>, out: &mut Vec<u8>) {
+    let client = p.client(ch);
+    if stream.is_none() {
+        *stream = client.streams().accept(Dir::Uni);
+    }
+    let Some(id) = *stream else { return };
+    let mut recv = client.recv_stream(id);
+    let mut chunks_in = recv.read(true).expect("readable");
+    while let Ok(Some(c)) = chunks_in.next(usize::MAX) {
+        out.extend_from_slice(&c.bytes);
+    }
+    let _ = chunks_in.finalize();
 }
 
 #[test]

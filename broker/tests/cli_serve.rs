@@ -27,7 +27,7 @@ fn flags_beat_environment_beats_file_beats_default() {
     writeln!(
         f,
         "cores = 3\ndefault_shards = 7\nsegment_bytes = 1048576\nslow_consumer_secs = 9\n\
-         write_sync = \"dsync\""
+         write_sync = \"dsync\"\npreallocate = \"zero\""
     )
     .unwrap();
     let out = print_config(
@@ -44,6 +44,8 @@ fn flags_beat_environment_beats_file_beats_default() {
     assert!(out.contains("write_sync = \"dsync\""), "file value: {out}");
     let default = print_config(felix().arg("serve"));
     assert!(default.contains("write_sync = \"fdatasync\""), "the default: {default}");
+    assert!(out.contains("preallocate = \"zero\""), "file value: {out}");
+    assert!(default.contains("preallocate = \"reserve\""), "the default: {default}");
     let bad = felix().args(["serve", "--write-sync", "sometimes", "--print-config"]).output();
     let bad = bad.unwrap();
     assert!(!bad.status.success());
@@ -72,6 +74,7 @@ fn every_environment_twin_takes_effect() {
         ("FELIX_SEGMENT_BYTES", "4194304", "segment_bytes = 4194304"),
         ("FELIX_READ_CACHE_BYTES", "2097152", "read_cache_bytes = 2097152"),
         ("FELIX_WRITE_SYNC", "dsync", "write_sync = \"dsync\""),
+        ("FELIX_PREALLOCATE", "zero", "preallocate = \"zero\""),
         ("FELIX_RETENTION_BYTES", "999", "retention_bytes = 999"),
         ("FELIX_RETENTION_MS", "888", "retention_ms = 888"),
         ("FELIX_INFLIGHT_BYTES_PER_CONN", "4096", "inflight_bytes_per_conn = 4096"),

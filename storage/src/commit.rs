@@ -1,10 +1,15 @@
 //! The write path of a stream log: the writer (queued batches -> aligned writes, several in
 //! flight, published strictly in log order) and the flusher (group commit).
 //!
-//! Space: before a write that would pass the active segment's reservation, the writer
-//! reserves blocks (fallocate, keeping the file size) for that write and a step beyond it
-//! (as large as the segment's data, 64 KiB to `SEGMENT_GROW_BYTES`), so disk use follows the
-//! data in bounded steps.
+//! Space (`StorageConfig::preallocate`): with `Preallocate::Zero` (the default) a zero fill
+//! task writes zeros ahead of the writes, starting when less than a step (as large as the
+//! segment's data, 64 KiB to `SEGMENT_GROW_BYTES`) lies between the end of the largest next
+//! write and the zeroed end, and reaching two steps beyond it. One fill runs at a time; while
+//! it runs, writes end before the range it zeroes (they never overlap it). Writes then
+//! overwrite written blocks inside the file, so their fdatasync needs no journal commit. With
+//! `Preallocate::Reserve`, before a write that would pass the reservation the writer
+//! reserves blocks (fallocate, keeping the file size) for that write and a step beyond it.
+//! Either way disk use follows the data in bounded steps.
 //!
 //! Writes: the writer takes queued batches in order, up to `WRITE_BYTES_TARGET` per write
 //! (a single larger batch goes alone, up to `WRITE_BYTES_MAX`), encodes them into one
@@ -40,15 +45,17 @@ use std::rc::{Rc, Weak};
 use felix_proto::{AckMode, Offset};
 
 use crate::config::{
-    FLUSHES_IN_FLIGHT_MAX, SEGMENT_GROW_BYTES, SEGMENT_GROW_MIN_BYTES, WRITE_BYTES_MAX,
-    WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX,
+    Preallocate, FLUSHES_IN_FLIGHT_MAX, SEGMENT_GROW_BYTES, SEGMENT_GROW_MIN_BYTES,
+    WRITE_BYTES_MAX, WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX,
 };
 use crate::error::StorageError;
-use crate::format::{align_up, batch_slot, encode_batch, BATCH_ALIGN_BYTES, SEGMENT_HEADER_BYTES};
+use crate::format::{
+    align_up, batch_slot, encode_batch, BATCH_ALIGN_BYTES, FORMAT_ALIGN_BYTES, SEGMENT_HEADER_BYTES,
+};
 use crate::index::IndexEntry;
 use crate::io::{self, LogFile, Stopwatch, WriteBuf};
 use crate::recovery::RollError;
-use crate::state::{Inner, Pending, State};
+use crate::state::{Fill, Inner, Pending, State};
 use crate::sync::{completion, Completer, Completion, Signal};
 
 pub(crate) async fn writer_loop(weak: Weak<Inner>, signal: Signal) {
@@ -64,17 +71,18 @@ pub(crate) async fn writer_loop(weak: Weak<Inner>, signal: Signal) {
 
 /// Issue one write if there is work and room. Returns false when the writer should wait
 /// for a signal (nothing queued, no room in flight, a roll or a failure waiting for the
-/// writes in flight).
+/// writes in flight, a write waiting for the zero fill ahead of it).
 async fn issue_write(inner: &Rc<Inner>) -> bool {
-    let (needs_roll, grow_to) = {
+    let seg_max = inner.config.segment_bytes_max;
+    let zero = inner.config.preallocate == Preallocate::Zero;
+    let (needs_roll, reserve, fill) = {
         let st = inner.state.borrow();
         if st.write_failed.is_some() || st.poisoned.is_some() {
             return false;
         }
         let Some(first) = st.queue.front() else { return false };
         let slot = align_up(batch_slot(first.len as u64));
-        let needs_roll = st.issued_end > SEGMENT_HEADER_BYTES
-            && st.issued_end + slot > inner.config.segment_bytes_max;
+        let needs_roll = st.issued_end > SEGMENT_HEADER_BYTES && st.issued_end + slot > seg_max;
         if st.inflight > 0
             && (needs_roll || st.inflight_bytes + slot > WRITE_IN_FLIGHT_BYTES_MAX as u64)
         {
@@ -86,7 +94,16 @@ async fn issue_write(inner: &Rc<Inner>) -> bool {
         if needs_roll && st.truncations.busy {
             return false;
         }
-        (needs_roll, reservation_target(&st, inner.config.segment_bytes_max))
+        let (reserve, fill) = match zero {
+            false => (reservation_target(&st, seg_max), None),
+            true if st.fill.is_some() => (None, None),
+            true => (None, fill_range(&st, seg_max)),
+        };
+        // A write must not reach the zero fill in flight; the fill's end wakes the writer.
+        if !needs_roll && fill.is_none() && st.issued_end + slot > st.write_limit(seg_max) {
+            return false;
+        }
+        (needs_roll, reserve, fill)
     };
     if needs_roll {
         match crate::recovery::roll(inner).await {
@@ -96,31 +113,112 @@ async fn issue_write(inner: &Rc<Inner>) -> bool {
         }
         return true;
     }
-    if let Some(target) = grow_to {
+    if let Some(range) = fill {
+        start_fill(inner, range);
+    } else if let Some(target) = reserve {
         grow(inner, target).await;
-        return true;
+    } else {
+        let write = take_write(inner);
+        io::spawn(complete_write(inner.clone(), write));
     }
-    let write = take_write(inner);
-    io::spawn(complete_write(inner.clone(), write));
     true
 }
 
-/// Where the active segment's reservation must reach before the next write is issued, if
-/// further than it does: the end of the largest write the queue can make now, plus a step as
-/// large as the segment's data so far (within `SEGMENT_GROW_MIN_BYTES..=SEGMENT_GROW_BYTES`),
-/// and at most `segment_bytes_max`. The steps double while the segment is small, so a small
-/// log holds little more than its data and a large one is reserved 4 MiB at a time.
-fn reservation_target(st: &State, segment_bytes_max: u64) -> Option<u64> {
+/// The largest write the queue can make now (padded), bounded by `WRITE_BYTES_MAX`.
+fn next_write_max(st: &State) -> u64 {
     // A batch's slot pads it by less than BATCH_ALIGN_BYTES; the write is padded to the
     // alignment; `take_write` never makes a write larger than WRITE_BYTES_MAX.
     let queued = st.queued_bytes as u64 + BATCH_ALIGN_BYTES * st.queue.len() as u64;
-    let write_max = align_up(queued.min(WRITE_BYTES_MAX as u64));
-    let need = (st.issued_end + write_max).min(segment_bytes_max);
+    align_up(queued.min(WRITE_BYTES_MAX as u64))
+}
+
+/// The step by which space is prepared ahead: as large as the segment's data so far, within
+/// `SEGMENT_GROW_MIN_BYTES..=SEGMENT_GROW_BYTES`.
+fn grow_step(st: &State) -> u64 {
+    step_at(st.issued_end)
+}
+
+fn step_at(issued_end: u64) -> u64 {
+    align_up(issued_end).clamp(SEGMENT_GROW_MIN_BYTES, SEGMENT_GROW_BYTES)
+}
+
+/// Where the active segment's reservation must reach before the next write is issued, if
+/// further than it does: the end of the largest write the queue can make now, plus a step
+/// and at most `segment_bytes_max`. The steps double while the segment is small, so a small
+/// log holds little more than its data and a large one is reserved 4 MiB at a time.
+fn reservation_target(st: &State, segment_bytes_max: u64) -> Option<u64> {
+    let need = (st.issued_end + next_write_max(st)).min(segment_bytes_max);
     if need <= st.reserved_end {
         return None;
     }
-    let step = align_up(st.issued_end).clamp(SEGMENT_GROW_MIN_BYTES, SEGMENT_GROW_BYTES);
-    Some((need + step).min(segment_bytes_max))
+    Some((need + grow_step(st)).min(segment_bytes_max))
+}
+
+/// The range a zero fill should cover, if one should start: when less than a step of zeroed
+/// space lies beyond the end of the largest next write, zero from there (or from where the
+/// zeros end, if further) up to two steps beyond it, in whole blocks and at most
+/// `segment_bytes_max`. The next write itself never waits for zeros: where none are ahead
+/// of it (a new segment, after a restart) it extends the file as an unprepared write does.
+fn fill_range(st: &State, segment_bytes_max: u64) -> Option<(u64, u64)> {
+    fill_range_at(st.issued_end, st.reserved_end, next_write_max(st), segment_bytes_max)
+}
+
+/// [`fill_range`] from its parts.
+fn fill_range_at(
+    issued_end: u64,
+    reserved_end: u64,
+    write_max: u64,
+    segment_bytes_max: u64,
+) -> Option<(u64, u64)> {
+    let step = step_at(issued_end);
+    let need = issued_end + write_max;
+    let limit = segment_bytes_max - segment_bytes_max % FORMAT_ALIGN_BYTES;
+    let from = reserved_end.max(need);
+    if reserved_end >= need + step || from >= limit {
+        return None;
+    }
+    Some((from, (need + 2 * step).min(limit)))
+}
+
+/// Start zeroing `[from, to)` of the active segment. Writes issued from now on end at or
+/// before `from` until the fill is done (`State::write_limit`).
+fn start_fill(inner: &Rc<Inner>, (from, to): (u64, u64)) {
+    let (file, gen) = {
+        let mut st = inner.state.borrow_mut();
+        let gen = st.fill_gen;
+        st.fill = Some(Fill { gen, from });
+        st.reserved_end = to;
+        (st.segments.last().expect("a log always has an active segment").file.clone(), gen)
+    };
+    io::spawn(zero_fill(Rc::downgrade(inner), file, from, to, gen));
+}
+
+/// Bytes of zeros per write of a fill.
+const FILL_WRITE_BYTES: u64 = 1 << 20;
+
+/// Write zeros over `[from, to)` of `file`. Best effort, like a reservation: after a failure
+/// (a full disk) the fill stops and the writes extend the file themselves (where a full disk
+/// shows as ENOSPC on the write); the range is not tried again.
+async fn zero_fill(weak: Weak<Inner>, file: Rc<LogFile>, from: u64, to: u64, gen: u64) {
+    let mut pos = from;
+    while pos < to {
+        let len = (to - pos).min(FILL_WRITE_BYTES);
+        let mut buf = file.alloc(len as usize);
+        buf.as_mut().fill(0);
+        if let Err(e) = file.write_at(buf, pos).await {
+            tracing::debug!(path = %file.path().display(), pos, error = %e, "zero fill failed");
+            break;
+        }
+        pos += len;
+    }
+    let Some(inner) = weak.upgrade() else { return };
+    {
+        let mut st = inner.state.borrow_mut();
+        debug_assert_eq!(st.fill.map(|f| f.gen), Some(gen));
+        st.fill = None;
+        st.stats.zero_fill_bytes += pos - from;
+    }
+    inner.writer.notify();
 }
 
 /// Reserve the active segment's blocks up to file position `target` (fallocate, keeping the
@@ -158,8 +256,9 @@ fn take_write(inner: &Rc<Inner>) -> Write {
     let (file, base_position) = (active.file.clone(), active.base_position);
     let file_pos = st.issued_end;
     let in_flight_room = WRITE_IN_FLIGHT_BYTES_MAX as u64 - st.inflight_bytes;
-    let room =
-        (inner.config.segment_bytes_max - file_pos).min(WRITE_BYTES_MAX as u64).min(in_flight_room);
+    let room = (st.write_limit(inner.config.segment_bytes_max) - file_pos)
+        .min(WRITE_BYTES_MAX as u64)
+        .min(in_flight_room);
     let mut batches = Vec::new();
     let mut total = 0u64;
     let mut queued = 0usize;
@@ -253,8 +352,10 @@ async fn complete_write(inner: Rc<Inner>, w: Write) {
             }
             let mut st = inner.state.borrow_mut();
             st.issued_end = pos;
-            // Truncating also released the blocks reserved past `pos`.
+            // Truncating also released the blocks reserved (or zeroed) past `pos`; a fill
+            // in flight may extend the file again, with zeros (read as padding).
             st.reserved_end = st.reserved_end.min(pos);
+            st.fill_gen += 1;
             st.write_failed = None;
         }
     }
@@ -432,4 +533,80 @@ async fn flush(inner: Rc<Inner>, target: u64, file: Rc<LogFile>) {
         }
     }
     inner.flusher.notify();
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::state::write_limit;
+
+    proptest! {
+        /// The writer's space rules, driven through random queue sizes and fill completion
+        /// times (the way `issue_write` and `take_write` apply them): a write never overlaps
+        /// the zero fill in flight, the zeros never run more than a write and two steps past
+        /// the data, and a write waits only while a fill runs right ahead of it.
+        #[test]
+        fn writes_never_overlap_the_zero_fill_in_flight(
+            events in proptest::collection::vec((1u64..6 << 20, any::<bool>()), 1..400),
+            segment_bytes_max in (8u64 << 20)..(64 << 20),
+        ) {
+            let mut issued_end = SEGMENT_HEADER_BYTES;
+            let mut reserved_end = issued_end;
+            let mut fill: Option<(Fill, u64)> = None;
+            let fill_gen = 0;
+            for (queued, fill_done) in events {
+                if fill_done {
+                    fill = None;
+                }
+                // A write as large as the queue allows, one batch at least.
+                let first = align_up(queued.min(WRITE_BYTES_MAX as u64));
+                let write_max = first;
+                if issued_end + first > segment_bytes_max {
+                    // A roll: a new segment, the fill in flight is the old one's.
+                    issued_end = SEGMENT_HEADER_BYTES;
+                    reserved_end = issued_end;
+                    fill = None;
+                    continue;
+                }
+                if fill.is_none() {
+                    if let Some((from, to)) =
+                        fill_range_at(issued_end, reserved_end, write_max, segment_bytes_max)
+                    {
+                        prop_assert!(from >= issued_end + write_max && from < to);
+                        prop_assert_eq!(from % FORMAT_ALIGN_BYTES, 0);
+                        prop_assert_eq!(to % FORMAT_ALIGN_BYTES, 0);
+                        prop_assert!(to <= segment_bytes_max);
+                        fill = Some((Fill { gen: fill_gen, from }, to));
+                        reserved_end = to;
+                    }
+                }
+                let limit = write_limit(fill.map(|f| f.0), fill_gen, segment_bytes_max);
+                if issued_end + first > limit {
+                    prop_assert!(fill.is_some(), "a write waits only for a fill");
+                    continue;
+                }
+                let len = first.min(limit - issued_end);
+                if let Some((f, to)) = fill {
+                    let overlaps = issued_end < to && f.from < issued_end + len;
+                    prop_assert!(!overlaps, "write {issued_end}+{len} over fill {}..{to}", f.from);
+                }
+                issued_end += len;
+                prop_assert!(
+                    reserved_end <= issued_end + WRITE_BYTES_MAX as u64 + 2 * SEGMENT_GROW_BYTES,
+                    "zeros at {reserved_end}, data at {issued_end}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_fill_in_flight_bounds_the_writes_only_in_its_own_segment() {
+        let fill = Some(Fill { gen: 3, from: 1 << 20 });
+        assert_eq!(write_limit(fill, 3, 64 << 20), 1 << 20);
+        // After a roll or a failed write's truncation the fill concerns another file end.
+        assert_eq!(write_limit(fill, 4, 64 << 20), 64 << 20);
+        assert_eq!(write_limit(None, 3, 64 << 20), 64 << 20);
+    }
 }

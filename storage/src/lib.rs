@@ -43,7 +43,7 @@ mod truncate;
 
 pub use cache::{ReadCacheStats, READ_CACHE_BATCH_BYTES_MAX, READ_CACHE_BLOCK_BYTES};
 pub use config::{
-    stream_dir_name, RetentionConfig, StorageConfig, WriteSync, BATCH_BYTES_LIMIT,
+    stream_dir_name, Preallocate, RetentionConfig, StorageConfig, WriteSync, BATCH_BYTES_LIMIT,
     READ_CACHE_BYTES_DEFAULT, SEGMENT_GROW_BYTES, SEGMENT_GROW_MIN_BYTES, STREAM_NAME_BYTES_MAX,
     WRITE_BYTES_MAX, WRITE_BYTES_TARGET, WRITE_IN_FLIGHT_BYTES_MAX,
 };

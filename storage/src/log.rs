@@ -151,6 +151,8 @@ impl StreamLog {
             issued_end,
             // Whatever was reserved before a restart is unknown: the next write reserves.
             reserved_end: issued_end,
+            fill: None,
+            fill_gen: 0,
             inflight: 0,
             inflight_bytes: 0,
             last_write: None,
@@ -564,13 +566,13 @@ impl StreamLog {
         self.inner.state.borrow().segments.len()
     }
 
-    /// Wait for queued writes, flush, and stop the background tasks. Other handles get
-    /// `Closed` afterwards.
+    /// Wait for queued writes (and a zero fill in flight), flush, and stop the background
+    /// tasks. Other handles get `Closed` afterwards.
     pub async fn close(self) -> Result<()> {
         loop {
             let idle = {
                 let st = self.inner.state.borrow();
-                st.queue.is_empty() && st.inflight == 0
+                st.queue.is_empty() && st.inflight == 0 && st.fill.is_none()
             };
             if idle {
                 break;

@@ -136,6 +136,8 @@ pub(crate) async fn roll(inner: &Rc<Inner>) -> std::result::Result<(), RollError
     let mut st = inner.state.borrow_mut();
     st.issued_end = SEGMENT_HEADER_BYTES;
     st.reserved_end = SEGMENT_HEADER_BYTES;
+    // A zero fill still running is the old segment's.
+    st.fill_gen += 1;
     st.stats.flushes += 3;
     st.stats.segments_created += 1;
     st.stats.bytes_written += SEGMENT_HEADER_BYTES;

@@ -120,6 +120,30 @@ pub(crate) struct Pending {
 /// are answered as the batch is (its write publishes or fails), each by its own ack mode.
 pub(crate) type RetryWaiters = BTreeMap<(ShardId, u64), Vec<(AckMode, Completer<Result<()>>)>>;
 
+/// A zero fill of `[from, reserved_end)` of the active segment in flight: while it runs (and
+/// `gen` is the log's `fill_gen`), writes must end at or before `from`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Fill {
+    pub(crate) gen: u64,
+    pub(crate) from: u64,
+}
+
+impl State {
+    /// Where the next write must end: before the zero fill in flight in the active segment,
+    /// if one is.
+    pub(crate) fn write_limit(&self, segment_bytes_max: u64) -> u64 {
+        write_limit(self.fill, self.fill_gen, segment_bytes_max)
+    }
+}
+
+/// [`State::write_limit`] from its parts.
+pub(crate) fn write_limit(fill: Option<Fill>, fill_gen: u64, segment_bytes_max: u64) -> u64 {
+    match fill {
+        Some(f) if f.gen == fill_gen => f.from.min(segment_bytes_max),
+        _ => segment_bytes_max,
+    }
+}
+
 /// The mutable state of one stream log, borrowed briefly and never across an await.
 pub(crate) struct State {
     pub(crate) shards: BTreeMap<ShardId, ShardState>,
@@ -129,9 +153,15 @@ pub(crate) struct State {
     pub(crate) queued_bytes: usize,
     /// File position in the active segment after the last issued write.
     pub(crate) issued_end: u64,
-    /// File position in the active segment up to which blocks were reserved (or the
-    /// reservation tried): the writer grows it in `SEGMENT_GROW_BYTES` steps ahead of writes.
+    /// File position in the active segment up to which space was prepared (reserved or
+    /// zeroed, or that tried): the writer grows it in `SEGMENT_GROW_BYTES` steps ahead of
+    /// writes (`Preallocate`).
     pub(crate) reserved_end: u64,
+    /// The zero fill in flight, if any (`Preallocate::Zero`; one at a time).
+    pub(crate) fill: Option<Fill>,
+    /// Raised when the fill in flight no longer concerns the active segment's end: a roll
+    /// (another file) or a failed write's truncation (the file was cut under it).
+    pub(crate) fill_gen: u64,
     /// Writes issued and not yet published, and their bytes.
     pub(crate) inflight: usize,
     pub(crate) inflight_bytes: u64,

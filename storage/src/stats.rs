@@ -18,6 +18,9 @@ pub struct StorageStats {
     pub bytes_written: u64,
     /// Write operations issued.
     pub writes: u64,
+    /// Zeros written ahead of the writes (`Preallocate::Zero`), bytes; not in
+    /// `bytes_written`.
+    pub zero_fill_bytes: u64,
     /// fdatasync calls issued (group commits, segment rolls, segment creation).
     pub flushes: u64,
     /// Group-commit fdatasyncs issued while another of the same log was in flight
@@ -67,6 +70,7 @@ impl StorageStats {
             batch_bytes: 0,
             bytes_written: 0,
             writes: 0,
+            zero_fill_bytes: 0,
             flushes: 0,
             flushes_overlapped: 0,
             append_errors: 0,

@@ -4,7 +4,9 @@
 //!
 //! The child is this test binary re-executed with `FELIX_CRASH_CHILD=<dir>`.
 //! `FELIX_CRASH_SEED` fixes the seed, `FELIX_CRASH_TRIALS` the number of kills (default 20).
-//! Each trial opens the log with `WriteSync::Dsync` or `WriteSync::Fdatasync` at random.
+//! Each trial opens the log with `WriteSync::Dsync` or `WriteSync::Fdatasync` at random, and
+//! with `Preallocate::Reserve` or `Preallocate::Zero` at random (zeros written ahead of the
+//! data must never hide or cost an acknowledged record).
 
 mod common;
 
@@ -48,6 +50,7 @@ fn crash_child_process_entry() {
         let mut config = small_config(&dir);
         // Each trial picks the durability mode; the log is reopened in the other one often.
         config.write_sync = std::env::var("FELIX_CRASH_CHILD_SYNC").unwrap().parse().unwrap();
+        config.preallocate = std::env::var("FELIX_CRASH_CHILD_SPACE").unwrap().parse().unwrap();
         let (log, _) =
             StreamLog::open("crash/test/s", &dir, &shards(), &config, RetentionConfig::default())
                 .await
@@ -111,6 +114,7 @@ fn kill_9_never_loses_a_durably_acked_record() {
             .env(CHILD_ENV, &log_dir)
             .env("FELIX_CRASH_CHILD_SEED", rng.gen::<u64>().to_string())
             .env("FELIX_CRASH_CHILD_SYNC", if rng.gen_bool(0.5) { "dsync" } else { "fdatasync" })
+            .env("FELIX_CRASH_CHILD_SPACE", if rng.gen_bool(0.5) { "zero" } else { "reserve" })
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()

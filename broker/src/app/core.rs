@@ -737,6 +737,7 @@ impl CoreApp {
         let mut flushes = 0;
         let mut overlapped = 0;
         let mut written = 0;
+        let mut zeroed = 0;
         let mut flush_h = stats::new_histogram();
         let mut write_h = stats::new_histogram();
         let mut fan_in = stats::new_histogram();
@@ -746,6 +747,7 @@ impl CoreApp {
                 flushes += s.flushes;
                 overlapped += s.flushes_overlapped;
                 written += s.bytes_written;
+                zeroed += s.zero_fill_bytes;
                 let _ = flush_h.add(&s.flush_latency_us);
                 let _ = write_h.add(&s.write_latency_us);
                 let _ = fan_in.add(&s.fan_in);
@@ -754,6 +756,7 @@ impl CoreApp {
         stats::set(&c.storage_flushes, flushes);
         stats::set(&c.storage_flushes_overlapped, overlapped);
         stats::set(&c.storage_bytes_written, written);
+        stats::set(&c.storage_zero_fill_bytes, zeroed);
         let cache = self.store.read_cache_stats();
         stats::set(&c.storage_read_cache_hits, cache.hits);
         stats::set(&c.storage_read_cache_misses, cache.misses);

@@ -305,6 +305,7 @@ fn storage_config(args: &ServeArgs, settings: &Settings) -> Result<StorageConfig
     storage.segment_bytes_max = args.segment_bytes;
     storage.read_cache_bytes = args.read_cache_bytes;
     storage.write_sync = args.write_sync;
+    storage.preallocate = args.preallocate;
     storage.batch_bytes_max = BATCH_BYTES_LIMIT;
     storage.batch_records_max = settings.limits.max_batch_records as usize;
     storage.repair = args.repair;

@@ -69,6 +69,7 @@ counters! {
     storage_flushes: "fdatasyncs issued by storage.",
     storage_flushes_overlapped: "Group-commit fdatasyncs issued while another of the same log ran.",
     storage_bytes_written: "Bytes written to log files (encoded, padded).",
+    storage_zero_fill_bytes: "Zeros written ahead of the log writes (--preallocate zero).",
     storage_torn_bytes_dropped: "Bytes of torn tails dropped at recovery.",
     storage_read_cache_hits: "Log reads served from the core's read cache.",
     storage_read_cache_misses: "Log blocks the read cache read from disk.",

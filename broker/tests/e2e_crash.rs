@@ -1,5 +1,6 @@
 //! kill -9 of the `felix` process during acked durable publishing: after a restart every acked
-//! record is there exactly once, in order per key, with dense offsets per shard.
+//! record is there exactly once, in order per key, with dense offsets per shard. The odd
+//! trials run with `--preallocate zero` (zeros written ahead of the log writes).
 
 mod e2e_support;
 
@@ -42,7 +43,9 @@ async fn kill_9_during_durable_publishing_loses_no_acked_record() {
         let kill_after = Duration::from_millis(150 + (rng >> 33) % 600);
         let dir = tempfile::tempdir().unwrap();
         let addr = free_addr();
-        let child = spawn_felix(dir.path(), &addr, &[]);
+        let space: &[&str] =
+            if trial % 2 == 1 { &["--preallocate", "zero"] } else { &["--preallocate", "reserve"] };
+        let child = spawn_felix(dir.path(), &addr, space);
         let client = connect_when_up(&addr, dir.path(), client_config).await;
         client.create_stream("acme/app/crash", 4, Default::default()).await.unwrap();
         let publisher = client.publisher("acme/app/crash").await.unwrap();
@@ -78,7 +81,7 @@ async fn kill_9_during_durable_publishing_loses_no_acked_record() {
             "trial {trial}: nothing was acked before the kill ({kill_after:?})"
         );
 
-        let broker = TestBroker::start(dir.path(), 2, &[]);
+        let broker = TestBroker::start(dir.path(), 2, space);
         let reader = broker.client().await;
         let mut sub = reader
             .subscribe(SubscribeOptions::new("acme/app/crash").start(StartAt::Earliest))
@@ -95,7 +98,8 @@ async fn kill_9_during_durable_publishing_loses_no_acked_record() {
         }
         back.assert_ordered_and_dense(&what);
         println!(
-            "trial {trial}: killed after {kill_after:?}, {} acked, {} stored",
+            "trial {trial} ({}): killed after {kill_after:?}, {} acked, {} stored",
+            space[1],
             acked.len(),
             back.all.len()
         );

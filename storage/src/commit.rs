@@ -201,7 +201,8 @@ const FILL_WRITE_BYTES: u64 = 1 << 20;
 /// shows as ENOSPC on the write); the range is not tried again.
 async fn zero_fill(weak: Weak<Inner>, file: Rc<LogFile>, from: u64, to: u64, gen: u64) {
     let mut pos = from;
-    while pos < to {
+    // Stops early when the log is gone (dropped without `close`): nothing waits for it then.
+    while pos < to && weak.strong_count() > 0 {
         let len = (to - pos).min(FILL_WRITE_BYTES);
         let mut buf = file.alloc(len as usize);
         buf.as_mut().fill(0);
@@ -352,10 +353,10 @@ async fn complete_write(inner: Rc<Inner>, w: Write) {
             }
             let mut st = inner.state.borrow_mut();
             st.issued_end = pos;
-            // Truncating also released the blocks reserved (or zeroed) past `pos`; a fill
-            // in flight may extend the file again, with zeros (read as padding).
+            // Truncating also released the blocks reserved (or zeroed) past `pos`. A fill
+            // still in flight extends the file again with zeros (read as padding) past a
+            // hole; until it ends, the writes still stop at its start (same file).
             st.reserved_end = st.reserved_end.min(pos);
-            st.fill_gen += 1;
             st.write_failed = None;
         }
     }
@@ -605,7 +606,7 @@ mod tests {
     fn a_fill_in_flight_bounds_the_writes_only_in_its_own_segment() {
         let fill = Some(Fill { gen: 3, from: 1 << 20 });
         assert_eq!(write_limit(fill, 3, 64 << 20), 1 << 20);
-        // After a roll or a failed write's truncation the fill concerns another file end.
+        // After a roll the fill zeroes the old segment: it no longer bounds the writes.
         assert_eq!(write_limit(fill, 4, 64 << 20), 64 << 20);
         assert_eq!(write_limit(None, 3, 64 << 20), 64 << 20);
     }

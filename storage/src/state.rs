@@ -159,8 +159,8 @@ pub(crate) struct State {
     pub(crate) reserved_end: u64,
     /// The zero fill in flight, if any (`Preallocate::Zero`; one at a time).
     pub(crate) fill: Option<Fill>,
-    /// Raised when the fill in flight no longer concerns the active segment's end: a roll
-    /// (another file) or a failed write's truncation (the file was cut under it).
+    /// Raised at a roll: a fill still in flight then zeroes the old segment's tail and no
+    /// longer bounds the writes (they go to another file).
     pub(crate) fill_gen: u64,
     /// Writes issued and not yet published, and their bytes.
     pub(crate) inflight: usize,

@@ -286,15 +286,27 @@ fn background_retention_runs_in_a_low_share_queue() {
 
 #[test]
 fn enospc_is_a_typed_error_and_nothing_acked_is_lost() {
+    enospc_loses_nothing_acked(Preallocate::Reserve);
+}
+
+/// The same with zeros written ahead of the writes: fills fail too, failed writes truncate
+/// under a fill that may still be running, and nothing acknowledged is zeroed.
+#[test]
+fn enospc_is_a_typed_error_and_nothing_acked_is_lost_with_zeros_ahead() {
+    enospc_loses_nothing_acked(Preallocate::Zero);
+}
+
+fn enospc_loses_nothing_acked(space: Preallocate) {
     let work = tempfile::tempdir().unwrap();
     let Some((guard, kind)) = small_fs(work.path()) else {
         println!("SKIPPED: cannot make a small file system here (needs root, mkfs.ext4 + loop, or tmpfs)");
         return;
     };
-    println!("ENOSPC test on {kind}");
+    println!("ENOSPC test on {kind}, {space}");
     let mnt = guard.0.clone();
     run(move || async move {
-        let config = small_config(&mnt);
+        let mut config = small_config(&mnt);
+        config.preallocate = space;
         let retention = RetentionConfig { bytes_max: Some(9 << 20), age_ms_max: None };
         let log_dir = mnt.join("log");
         let open_r = || StreamLog::open("t/ns/s", &log_dir, &SHARDS, &config, retention);

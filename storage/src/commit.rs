@@ -1,15 +1,15 @@
 //! The write path of a stream log: the writer (queued batches -> aligned writes, several in
 //! flight, published strictly in log order) and the flusher (group commit).
 //!
-//! Space (`StorageConfig::preallocate`): with `Preallocate::Zero` (the default) a zero fill
-//! task writes zeros ahead of the writes, starting when less than a step (as large as the
-//! segment's data, 64 KiB to `SEGMENT_GROW_BYTES`) lies between the end of the largest next
-//! write and the zeroed end, and reaching two steps beyond it. One fill runs at a time; while
-//! it runs, writes end before the range it zeroes (they never overlap it). Writes then
-//! overwrite written blocks inside the file, so their fdatasync needs no journal commit. With
-//! `Preallocate::Reserve`, before a write that would pass the reservation the writer
-//! reserves blocks (fallocate, keeping the file size) for that write and a step beyond it.
-//! Either way disk use follows the data in bounded steps.
+//! Space (`StorageConfig::preallocate`): with `Preallocate::Reserve` (the default), before a
+//! write that would pass the reservation the writer reserves blocks (fallocate, keeping the
+//! file size) for that write and a step beyond it (as large as the segment's data, 64 KiB to
+//! `SEGMENT_GROW_BYTES`). With `Preallocate::Zero` a zero fill task writes zeros ahead of the
+//! writes, starting when less than a step lies between the end of the largest next write and
+//! the zeroed end, and reaching two steps beyond it. One fill runs at a time; while it runs,
+//! writes end before the range it zeroes (they never overlap it). Writes then overwrite
+//! written blocks inside the file, so their fdatasync needs no journal commit. Either way
+//! disk use follows the data in bounded steps.
 //!
 //! Writes: the writer takes queued batches in order, up to `WRITE_BYTES_TARGET` per write
 //! (a single larger batch goes alone, up to `WRITE_BYTES_MAX`), encodes them into one
@@ -132,12 +132,8 @@ fn next_write_max(st: &State) -> u64 {
     align_up(queued.min(WRITE_BYTES_MAX as u64))
 }
 
-/// The step by which space is prepared ahead: as large as the segment's data so far, within
-/// `SEGMENT_GROW_MIN_BYTES..=SEGMENT_GROW_BYTES`.
-fn grow_step(st: &State) -> u64 {
-    step_at(st.issued_end)
-}
-
+/// The step by which space is prepared ahead of a segment whose writes end at `issued_end`:
+/// as large as its data so far, within `SEGMENT_GROW_MIN_BYTES..=SEGMENT_GROW_BYTES`.
 fn step_at(issued_end: u64) -> u64 {
     align_up(issued_end).clamp(SEGMENT_GROW_MIN_BYTES, SEGMENT_GROW_BYTES)
 }
@@ -151,7 +147,7 @@ fn reservation_target(st: &State, segment_bytes_max: u64) -> Option<u64> {
     if need <= st.reserved_end {
         return None;
     }
-    Some((need + grow_step(st)).min(segment_bytes_max))
+    Some((need + step_at(st.issued_end)).min(segment_bytes_max))
 }
 
 /// The range a zero fill should cover, if one should start: when less than a step of zeroed

@@ -53,6 +53,38 @@ pub struct RetentionConfig {
     pub age_ms_max: Option<u64>,
 }
 
+/// `name` (the spelling in flags and configuration files), `Display` and `FromStr` of a
+/// configuration enum, from its variants' names; `FromStr` names the choices when it refuses.
+macro_rules! config_names {
+    ($ty:ident, $what:literal, { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $ty {
+            /// The name used in flags and configuration files.
+            pub fn name(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name,)+
+                }
+            }
+        }
+
+        impl std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.name())
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = String;
+            fn from_str(s: &str) -> std::result::Result<Self, String> {
+                $(if s == $name {
+                    return Ok($ty::$variant);
+                })+
+                let choices = [$($name),+].join(" or ");
+                Err(format!("{} must be {choices}, not {s:?}", $what))
+            }
+        }
+    };
+}
+
 /// Default of [`StorageConfig::read_cache_bytes`].
 pub const READ_CACHE_BYTES_DEFAULT: u64 = 32 << 20;
 
@@ -109,33 +141,6 @@ pub enum Preallocate {
     Zero,
 }
 
-impl Preallocate {
-    /// The name used in flags and configuration files.
-    pub fn name(self) -> &'static str {
-        match self {
-            Preallocate::Reserve => "reserve",
-            Preallocate::Zero => "zero",
-        }
-    }
-}
-
-impl std::fmt::Display for Preallocate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Preallocate {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "reserve" => Ok(Preallocate::Reserve),
-            "zero" => Ok(Preallocate::Zero),
-            other => Err(format!("preallocate must be reserve or zero, not {other:?}")),
-        }
-    }
-}
-
 /// How the data of durable appends reaches stable storage.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WriteSync {
@@ -151,32 +156,8 @@ pub enum WriteSync {
     Fdatasync,
 }
 
-impl WriteSync {
-    /// The name used in flags and configuration files.
-    pub fn name(self) -> &'static str {
-        match self {
-            WriteSync::Dsync => "dsync",
-            WriteSync::Fdatasync => "fdatasync",
-        }
-    }
-}
-
-impl std::fmt::Display for WriteSync {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for WriteSync {
-    type Err = String;
-    fn from_str(s: &str) -> std::result::Result<Self, String> {
-        match s {
-            "dsync" => Ok(WriteSync::Dsync),
-            "fdatasync" => Ok(WriteSync::Fdatasync),
-            other => Err(format!("write sync must be dsync or fdatasync, not {other:?}")),
-        }
-    }
-}
+config_names!(WriteSync, "write sync", { Dsync => "dsync", Fdatasync => "fdatasync" });
+config_names!(Preallocate, "preallocate", { Reserve => "reserve", Zero => "zero" });
 
 impl StorageConfig {
     /// Defaults for `dir`: 256 MiB segments, 1 MiB batches, 10 000 records, 64 MiB queue,
@@ -305,6 +286,25 @@ mod tests {
                 "{bad:?} accepted"
             );
         }
+    }
+
+    #[test]
+    fn mode_names_parse_back_and_refusals_name_the_choices() {
+        for w in [WriteSync::Dsync, WriteSync::Fdatasync] {
+            assert_eq!(w.name().parse::<WriteSync>(), Ok(w));
+            assert_eq!(w.to_string(), w.name());
+        }
+        for p in [Preallocate::Reserve, Preallocate::Zero] {
+            assert_eq!(p.name().parse::<Preallocate>(), Ok(p));
+        }
+        assert_eq!(
+            "ahead".parse::<Preallocate>(),
+            Err("preallocate must be reserve or zero, not \"ahead\"".to_owned())
+        );
+        assert_eq!(
+            "sometimes".parse::<WriteSync>(),
+            Err("write sync must be dsync or fdatasync, not \"sometimes\"".to_owned())
+        );
     }
 
     #[test]

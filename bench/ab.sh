@@ -7,7 +7,8 @@
 #
 # Usage: bench/ab.sh <label-a> <felix-a> <label-b> <felix-b> <felix-loadgen> <out dir>
 #        (RUNS=5 DURATION=4 RATE=10000 by default; PROFILE=1 adds one `perf record` per side;
-#        LOADGEN_A / LOADGEN_B give a side its own felix-loadgen)
+#        LOADGEN_A / LOADGEN_B give a side its own felix-loadgen; UDP_A / UDP_B a side's path MTU
+#        ceiling, broker and generator both, 1452 by default: a 1500-byte path)
 # Writes <out dir>: one loadgen JSON and report per run, summary.md (median, min-max, ratios).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,7 @@ mkdir -p "$WORK" "$OUT"
 declare -A BIN=([$A]=$A_BIN [$B]=$B_BIN)
 # Each side may bring its own generator (bench/alloc-ab.sh switches both binaries together).
 declare -A GEN=([$A]=${LOADGEN_A:-$LOADGEN} [$B]=${LOADGEN_B:-$LOADGEN})
+declare -A UDP=([$A]=${UDP_A:-1452} [$B]=${UDP_B:-1452})
 
 # one_run <variant> <label> [loadgen args...]
 one_run() {
@@ -42,7 +44,7 @@ one_run() {
   mkdir -p "$data"
   $PRIO taskset -c "$BROKER_CPU" "${BIN[$variant]}" serve --listen 127.0.0.1:$PORT \
     --cores 1 --cpus "$BROKER_CPU" --data-dir "$data" --metrics 127.0.0.1:$MPORT \
-    --max-udp-payload 1452 --min-free-bytes 0 >"$OUT/$label.broker.log" 2>&1 &
+    --max-udp-payload "${UDP[$variant]}" --min-free-bytes 0 >"$OUT/$label.broker.log" 2>&1 &
   local bp=$!
   for _ in $(seq 1 200); do
     [ -f "$data/dev-cert.pem" ] && curl -sf 127.0.0.1:$MPORT/health >/dev/null && break
@@ -59,7 +61,7 @@ one_run() {
     --label "$label" --warmup-s "$WARMUP" --json "$OUT/$label.json" --quiet \
     --workload publish --stream bench/publish/s12 --shards 12 --keys 12 --payload-bytes 4096 \
     --batch-records 64 --ack durable --duration-s "$DURATION" --workers 1 --cpus "$GEN_CPU" \
-    "$@" >"$OUT/$label.txt" 2>&1 || echo "loadgen failed: $label (see $OUT/$label.txt)"
+    --max-udp-payload "${UDP[$variant]}" "$@" >"$OUT/$label.txt" 2>&1 || echo "loadgen failed: $label (see $OUT/$label.txt)"
   [ -n "$perf_pid" ] && wait "$perf_pid" 2>/dev/null || true
   kill "$bp"
   wait "$bp" 2>/dev/null || true

@@ -287,7 +287,7 @@ def main():
 
     pub = {}
     for name in ["publish-1shard", "publish-12shards", "publish-12shards-fixedrate",
-                 "publish-12shards-halfrate", PEER]:
+                 "publish-12shards-halfrate", "publish-12shards-jumbo", PEER]:
         runs = load(f"{RES}/{DATE}-{name}/run*.json")
         if runs:
             pub[name] = publish_table(runs)
@@ -331,6 +331,9 @@ def main():
                  "The fixedrate row publishes 10,000 records/s (41 MB/s) instead of as fast as "
                  "possible, so its latency is not queueing; the halfrate row publishes at half of "
                  "publish-12shards' median acked records/s (the latency at half load). "
+                 "The jumbo row is publish-12shards on a 9000-byte path (broker and generator "
+                 "`--max-udp-payload 8952`; the generator's own datagrams stop at 6550 bytes, "
+                 "quinn's GSO limit), every other row a 1500-byte one (1452). "
                  "Client latency is send-to-ack including the generator's closed-loop queue; broker "
                  "latency is the broker's own publish-to-ack histogram over the window (its /histograms "
                  "read at the first publication inside the window and at its end, differenced; "

@@ -16,6 +16,9 @@
 #                   batches in flight: with the generator's default 1024 the closed loop waits
 #                   on fdatasync'd acks and neither side is saturated)
 #   publish-12shards  the same on a 12-shard stream
+#   publish-12shards-jumbo  the same on a 9000-byte-MTU path ($JUMBO_UDP_PAYLOAD, broker and
+#                   generator): what jumbo frames change (the client's own datagrams stop at
+#                   6550 bytes, quinn's GSO limit)
 #   publish-12shards-fixedrate  the same at 10,000 records/s (latency without queueing)
 #   publish-12shards-halfrate  the same at half of publish-12shards' median acked records/s
 #                   (run after it, same date): latency at half load (issue 13, target 3)
@@ -72,9 +75,11 @@ PROFILE=${PROFILE:-1}
 # release build keeps no frame pointers: a few MB of perf data, deleted after rendering.
 PERF_FREQ=${PERF_FREQ:-499}
 PERF_CALLGRAPH=${PERF_CALLGRAPH:-dwarf}
-# A 1500-byte path (IPv4 + UDP headers off), not loopback's 64 KiB MTU. The client uses quinn's
-# defaults (1200 initial, discovery up to 1452): the client crate has no hook for it.
+# A 1500-byte path (IPv4 + UDP headers off), not loopback's 64 KiB MTU: the path MTU discovery
+# ceiling of the broker and the generator.
 MAX_UDP_PAYLOAD=${MAX_UDP_PAYLOAD:-1452}
+# The jumbo row's: a 9000-byte path.
+JUMBO_UDP_PAYLOAD=${JUMBO_UDP_PAYLOAD:-8952}
 DATE=$(date -u +%F)
 T=target/release
 RES=${RES:-bench/results}
@@ -194,7 +199,8 @@ loadgen() {
   shift 3
   taskset -c "$cpus" $T/felix-loadgen run --addr 127.0.0.1:"$PORT" --metrics 127.0.0.1:"$MPORT" \
     --ca-file "$DATA_ROOT/data/dev-cert.pem" --broker-pid "$broker_pid" --label "$label" \
-    --warmup-s "$WARMUP" --json "$json" --quiet "$@" > "${json%.json}.txt" 2>&1 &
+    --warmup-s "$WARMUP" --json "$json" --max-udp-payload "$MAX_UDP_PAYLOAD" --quiet "$@" \
+    > "${json%.json}.txt" 2>&1 &
   local gen_pid=$!
   profile_window "$gen_pid"
   wait "$gen_pid" || { echo "loadgen failed ($label):"; tail -20 "${json%.json}.txt"; }
@@ -255,14 +261,17 @@ PY
 
 scenario_publish() {
   # name shards extra-args: saturated 1 and 12 shards, then 12 shards at a fixed 10,000
-  # records/s (41 MB/s), whose latency is not the closed loop's queueing.
+  # records/s (41 MB/s), whose latency is not the closed loop's queueing, then the saturated
+  # 12 shards on a 9000-byte path.
   local spec
+  local MAX_UDP_PAYLOAD=$MAX_UDP_PAYLOAD
   for spec in "publish-1shard 1 $SATURATE" "publish-12shards 12 $SATURATE" \
-    "publish-12shards-fixedrate 12 --rate 10000"; do
+    "publish-12shards-fixedrate 12 --rate 10000" "publish-12shards-jumbo 12 $SATURATE"; do
     # shellcheck disable=SC2086
     set -- $spec
     local name=$1 shards=$2
     shift 2
+    [ "$name" = publish-12shards-jumbo ] && MAX_UDP_PAYLOAD=$JUMBO_UDP_PAYLOAD
     local out=$RES/$DATE-$name
     mkdir -p "$out"
     for run in $(seq 1 "$RUNS"); do

@@ -233,3 +233,63 @@ async fn tiny_inflight_budgets_push_back_without_losing_or_deadlocking() {
     assert_eq!(broker.counter("storage_append_bytes"), 300 * (4096 + 2));
     assert_eq!(broker.counter("inflight_bytes"), 0);
 }
+
+/// On a path with a 9000-byte MTU (`--max-udp-payload 8952` on both ends; loopback carries it)
+/// the client's datagrams grow past a 1500-byte path's and stay there: quinn sends up to 10
+/// datagrams in one GSO send, so larger ones made every full send fail with `EMSGSIZE`, and
+/// path MTU discovery took the losses for a black hole and fell back to 1200 bytes. The broker's
+/// datagrams to a subscriber grow too (the client tells it what it takes). Everything published
+/// is read back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jumbo_path_carries_large_datagrams_both_ways_without_losses() {
+    const RECORDS: usize = 4000;
+    const VALUE: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 1, &["--max-udp-payload", "8952"]);
+    let config = felix_client::ClientConfig { max_udp_payload: 8952, ..broker.client_config() };
+    let client = tokio::time::timeout(WAIT, felix_client::Client::connect(config))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+    client.create_stream("acme/app/jumbo", 1, Default::default()).await.unwrap();
+    let p = client.publisher("acme/app/jumbo").await.unwrap();
+    let mut tickets = Vec::new();
+    for i in 0..RECORDS {
+        let mut value = vec![(i % 251) as u8; VALUE];
+        value[..8].copy_from_slice(&(i as u64).to_le_bytes());
+        tickets.push(p.send(Record::unkeyed(value)).await.unwrap());
+    }
+    p.flush().await.unwrap();
+    for t in tickets {
+        tokio::time::timeout(WAIT, t).await.expect("ack timed out").unwrap();
+    }
+    let q = client.quic_stats();
+    assert_eq!(q.black_holes, 0, "path MTU discovery saw a black hole: {q:?}");
+    assert_eq!(q.packets_lost, 0, "loopback loses nothing: {q:?}");
+    assert_eq!(q.mtu_min, felix_client::tls::SEND_UDP_PAYLOAD_MAX, "{q:?}");
+    let sent_datagrams = q.packets_sent;
+    let published = (RECORDS * VALUE) as u64;
+    assert!(
+        published / sent_datagrams > 1452,
+        "{sent_datagrams} packets for {published} bytes: no larger than a 1500-byte path's"
+    );
+
+    let before = broker.net_counter("datagrams_out");
+    let mut sub = client
+        .subscribe(SubscribeOptions::new("acme/app/jumbo").start(StartAt::Earliest))
+        .await
+        .unwrap();
+    let got = read_n(&mut sub, RECORDS).await;
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.offset.0, i as u64);
+        assert_eq!(r.value.len(), VALUE);
+        assert_eq!(r.value[..8], (i as u64).to_le_bytes(), "record {i}");
+    }
+    let delivered_datagrams = broker.net_counter("datagrams_out") - before;
+    assert!(
+        published / delivered_datagrams > 1472,
+        "{delivered_datagrams} datagrams delivered {published} bytes: the client's default \
+         1472-byte limit still holds"
+    );
+    assert_eq!(client.quic_stats().black_holes, 0);
+}

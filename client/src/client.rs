@@ -48,6 +48,10 @@ pub struct QuicStats {
     pub bytes_lost: u64,
     /// Congestion events (a loss or an ECN mark that made a connection slow down).
     pub congestion_events: u64,
+    /// Times path MTU discovery took losses for a black hole and fell back to 1200 bytes.
+    pub black_holes: u64,
+    /// The smallest current path MTU (UDP payload bytes) of the connections; 0 with none.
+    pub mtu_min: u16,
 }
 
 /// A stream's settings, as the broker reports them.
@@ -87,6 +91,7 @@ impl Client {
             token: config.token.clone().map(Bytes::from),
             connect_timeout: config.connect_timeout(),
             ack_timeout: config.ack_timeout(),
+            max_udp_payload: config.max_udp_payload,
         };
         let closed = Arc::new(AtomicBool::new(false));
         let (name, params, first) = connect_seed(&template, &config.seeds()).await?;
@@ -134,6 +139,11 @@ impl Client {
             s.packets_lost += path.lost_packets;
             s.bytes_lost += path.lost_bytes;
             s.congestion_events += path.congestion_events;
+            s.black_holes += path.black_holes_detected;
+            s.mtu_min = match s.mtu_min {
+                0 => path.current_mtu,
+                m => m.min(path.current_mtu),
+            };
         }
         s
     }

@@ -56,15 +56,21 @@ pub(crate) struct Conn {
 pub const SOCKET_RECV_BUFFER_BYTES: usize = 8 << 20;
 
 /// A client endpoint bound to `bind`, its socket's receive buffer raised to
-/// [`SOCKET_RECV_BUFFER_BYTES`] (best effort: a smaller buffer is not an error).
-fn client_endpoint(bind: SocketAddr) -> std::io::Result<quinn::Endpoint> {
+/// [`SOCKET_RECV_BUFFER_BYTES`] (best effort: a smaller buffer is not an error). It tells the
+/// broker it takes datagrams of up to `max_udp_payload` bytes (QUIC's `max_udp_payload_size`),
+/// so that the broker's path MTU discovery may grow what it sends to that.
+fn client_endpoint(bind: SocketAddr, max_udp_payload: u16) -> std::io::Result<quinn::Endpoint> {
     let socket = std::net::UdpSocket::bind(bind)?;
     let state = quinn::udp::UdpSocketState::new((&socket).into())?;
     if let Err(e) = state.set_recv_buffer_size((&socket).into(), SOCKET_RECV_BUFFER_BYTES) {
         tracing::debug!(error = %e, "cannot raise the UDP receive buffer");
     }
     let runtime: Arc<dyn quinn::Runtime> = Arc::new(quinn::TokioRuntime);
-    quinn::Endpoint::new(quinn::EndpointConfig::default(), None, socket, runtime)
+    let mut config = quinn::EndpointConfig::default();
+    config
+        .max_udp_payload_size(max_udp_payload)
+        .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
+    quinn::Endpoint::new(config, None, socket, runtime)
 }
 
 /// Connection parameters that do not change across reconnects.
@@ -77,6 +83,8 @@ pub(crate) struct ConnParams {
     pub token: Option<Bytes>,
     pub connect_timeout: Duration,
     pub ack_timeout: Duration,
+    /// The largest UDP payload this client takes (and, up to quinn's GSO limit, sends).
+    pub max_udp_payload: u16,
 }
 
 impl Conn {
@@ -104,7 +112,8 @@ impl Conn {
         } else {
             (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
         };
-        let endpoint = client_endpoint(bind).map_err(|e| ClientError::Connect(e.to_string()))?;
+        let endpoint = client_endpoint(bind, p.max_udp_payload)
+            .map_err(|e| ClientError::Connect(e.to_string()))?;
         let connecting = endpoint
             .connect_with(p.quic.clone(), p.addr, &p.server_name)
             .map_err(|e| ClientError::Connect(e.to_string()))?;

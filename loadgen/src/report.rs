@@ -147,6 +147,13 @@ pub struct ClientQuic {
     pub packets_lost: u64,
     /// Congestion events on the generator's connections.
     pub congestion_events: u64,
+    /// Times path MTU discovery took losses for a black hole (and fell back to 1200 bytes).
+    #[serde(default)]
+    pub black_holes: u64,
+    /// The smallest current path MTU (UDP payload bytes) of the generator's connections at the
+    /// end of the run; 0 when unknown.
+    #[serde(default)]
+    pub mtu_min: u64,
 }
 
 /// What the broker's own counters and /proc say about the window.
@@ -405,13 +412,15 @@ impl RunResult {
             let _ = writeln!(
                 o,
                 "broker QUIC packets sent {}, lost {}, congestion events {}; generator's sent {}, \
-                 lost {}, congestion events {}",
+                 lost {}, congestion events {}, MTU black holes {}, path MTU {}",
                 b.quic_packets_sent,
                 b.quic_packets_lost,
                 b.quic_congestion_events,
                 self.client_quic.packets_sent,
                 self.client_quic.packets_lost,
-                self.client_quic.congestion_events
+                self.client_quic.congestion_events,
+                self.client_quic.black_holes,
+                self.client_quic.mtu_min
             );
             let over = if b.latency_span_ms_per_core.is_empty() {
                 "since it started".to_owned()

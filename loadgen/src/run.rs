@@ -39,6 +39,7 @@ struct Totals {
     quic_sent: u64,
     quic_lost: u64,
     quic_congestion: u64,
+    quic_black_holes: u64,
 }
 
 impl Totals {
@@ -55,6 +56,7 @@ impl Totals {
             quic_sent: l(&w.quic_packets_sent),
             quic_lost: l(&w.quic_packets_lost),
             quic_congestion: l(&w.quic_congestion_events),
+            quic_black_holes: l(&w.quic_black_holes),
         }
     }
 
@@ -75,6 +77,7 @@ impl Totals {
             quic_sent: f(self.quic_sent, o.quic_sent),
             quic_lost: f(self.quic_lost, o.quic_lost),
             quic_congestion: f(self.quic_congestion, o.quic_congestion),
+            quic_black_holes: f(self.quic_black_holes, o.quic_black_holes),
         }
     }
 }
@@ -491,6 +494,14 @@ impl<'a> Sampler<'a> {
                 packets_sent: total.quic_sent,
                 packets_lost: total.quic_lost,
                 congestion_events: total.quic_congestion,
+                black_holes: total.quic_black_holes,
+                mtu_min: self
+                    .workers
+                    .iter()
+                    .map(|w| w.quic_mtu_min.load(Ordering::Relaxed))
+                    .filter(|m| *m > 0)
+                    .min()
+                    .unwrap_or(0),
             },
             generator_cpu_s: gen_cpu_s,
             generator_cpu_pct: gen_pct,

@@ -67,6 +67,10 @@ pub struct WorkerShared {
     pub quic_packets_lost: AtomicU64,
     /// Congestion events.
     pub quic_congestion_events: AtomicU64,
+    /// Black holes path MTU discovery detected (each one a fall back to 1200-byte datagrams).
+    pub quic_black_holes: AtomicU64,
+    /// The smallest current path MTU of the client's connections (a gauge; 0 before any).
+    pub quic_mtu_min: AtomicU64,
     /// The most recent error, for the report.
     pub last_error: Mutex<Option<String>>,
     /// Publish-to-ack latency (us) since the last drain.
@@ -98,6 +102,8 @@ impl WorkerShared {
         self.quic_packets_sent.store(q.packets_sent, Ordering::Relaxed);
         self.quic_packets_lost.store(q.packets_lost, Ordering::Relaxed);
         self.quic_congestion_events.store(q.congestion_events, Ordering::Relaxed);
+        self.quic_black_holes.store(q.black_holes, Ordering::Relaxed);
+        self.quic_mtu_min.store(q.mtu_min.into(), Ordering::Relaxed);
     }
 
     fn new() -> Self {
@@ -112,6 +118,8 @@ impl WorkerShared {
             quic_packets_sent: AtomicU64::new(0),
             quic_packets_lost: AtomicU64::new(0),
             quic_congestion_events: AtomicU64::new(0),
+            quic_black_holes: AtomicU64::new(0),
+            quic_mtu_min: AtomicU64::new(0),
             delivered_records: AtomicU64::new(0),
             key_shards: AtomicU64::new(0),
             delivered_bytes: AtomicU64::new(0),

@@ -25,6 +25,8 @@ DATA=${DATA:-/tmp/felix-dlv}
 NICE=${NICE:--19}
 PORT=${PORT:-7951}
 MPORT=${MPORT:-9951}
+# Path MTU ceiling of broker and generator (1452: a 1500-byte path; 8952: a 9000-byte one).
+UDP=${UDP:-1452}
 mkdir -p "$OUT" "$DATA"
 bpid=""
 stop() { if [ -n "$bpid" ]; then kill "$bpid" 2>/dev/null || true; wait "$bpid" 2>/dev/null || true; bpid=""; fi; }
@@ -34,7 +36,7 @@ start() {
   # The previous broker's socket may linger a moment after it exits.
   for _ in $(seq 1 100); do ss -uln | grep -q "127.0.0.1:$PORT " || break; sleep 0.1; done
   nice -n "$NICE" taskset -c 0 "$BIN/felix" serve --listen 127.0.0.1:$PORT --cores 1 --cpus 0 \
-    --data-dir "$DATA/data" --metrics 127.0.0.1:$MPORT --max-udp-payload 1452 > "$DATA/broker.log" 2>&1 &
+    --data-dir "$DATA/data" --metrics 127.0.0.1:$MPORT --max-udp-payload "$UDP" > "$DATA/broker.log" 2>&1 &
   bpid=$!
   for _ in $(seq 1 200); do
     if [ -f "$DATA/data/dev-cert.pem" ] && curl -sf 127.0.0.1:$MPORT/health > /dev/null; then return 0; fi
@@ -48,7 +50,7 @@ lg() {
   nice -n "$NICE" taskset -c 1 "$BIN/felix-loadgen" run --addr 127.0.0.1:$PORT --metrics 127.0.0.1:$MPORT \
     --ca-file "$DATA/data/dev-cert.pem" --broker-pid "$bpid" --warmup-s "${WARM:-1}" --json "$json" \
     --stream bench/dlv/s --shards 12 --keys 12 --payload-bytes 4096 --batch-records "${BATCH_RECORDS:-64}" \
-    --ack durable --workers 1 --cpus 1 "$@" >> "${json%.json}.txt" 2>&1 || true
+    --ack durable --workers 1 --cpus 1 --max-udp-payload "$UDP" "$@" >> "${json%.json}.txt" 2>&1 || true
   echo "load $(cut -d' ' -f1-3 /proc/loadavg)" >> "${json%.json}.txt"
 }
 for s in $SCEN; do

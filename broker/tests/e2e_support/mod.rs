@@ -80,6 +80,14 @@ impl TestBroker {
             .sum()
     }
 
+    /// The sum over cores of a network counter (`felix_net_*`), read now.
+    pub fn net_counter(&self, name: &str) -> u64 {
+        let b = self.broker.as_ref().expect("running");
+        b.refresh();
+        let net = b.net.lock().expect("network counters");
+        net.iter().flat_map(|core| core.iter()).filter(|f| f.0 == name).map(|f| f.1).sum()
+    }
+
     /// Stops the broker gracefully.
     pub fn stop(&mut self) {
         if let Some(b) = self.broker.take() {

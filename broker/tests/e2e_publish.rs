@@ -294,4 +294,15 @@ async fn a_jumbo_path_carries_large_datagrams_both_ways_without_losses() {
          1472-byte limit still holds"
     );
     assert_eq!(client.quic_stats().black_holes, 0);
+    // The broker's view (sampled once a second): its datagrams to the client reached 8952.
+    let deadline = std::time::Instant::now() + WAIT;
+    while broker.net_counter("quic_mtu_min") != 8952 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the broker's path MTU: {}",
+            broker.net_counter("quic_mtu_min")
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(broker.net_counter("quic_black_holes"), 0);
 }

@@ -114,6 +114,7 @@ pub(crate) struct PathTotals {
     pub(crate) packets_lost: u64,
     pub(crate) bytes_lost: u64,
     pub(crate) congestion_events: u64,
+    pub(crate) black_holes: u64,
 }
 
 impl PathTotals {
@@ -122,6 +123,7 @@ impl PathTotals {
         self.packets_lost += path.lost_packets;
         self.bytes_lost += path.lost_bytes;
         self.congestion_events += path.congestion_events;
+        self.black_holes += path.black_holes_detected;
     }
 }
 
@@ -155,12 +157,18 @@ impl CoreState {
     }
 
     /// Sets the `quic_*` counters: the path statistics of the live connections plus those of
-    /// the ended ones (called once a second; O(connections)).
+    /// the ended ones, and the smallest path MTU of the live ones (called once a second;
+    /// O(connections)).
     pub(crate) fn sample_paths(&self) -> PathTotals {
         let mut totals = self.ended_paths;
+        let mut mtu_min: Option<u16> = None;
         for cs in self.conns.borrow().conns.values() {
-            totals.add(&cs.conn.stats().path);
+            let path = cs.conn.stats().path;
+            totals.add(&path);
+            mtu_min = Some(mtu_min.map_or(path.current_mtu, |m| m.min(path.current_mtu)));
         }
+        CoreStats::set(&self.stats.quic_black_holes, totals.black_holes);
+        CoreStats::set(&self.stats.quic_mtu_min, mtu_min.map_or(0, u64::from));
         CoreStats::set(&self.stats.quic_packets_sent, totals.packets_sent);
         CoreStats::set(&self.stats.quic_packets_lost, totals.packets_lost);
         CoreStats::set(&self.stats.quic_bytes_lost, totals.bytes_lost);

@@ -100,6 +100,12 @@ core_stats! {
     quic_bytes_lost,
     /// Congestion events (a loss or an ECN mark that made a connection slow down).
     quic_congestion_events,
+    /// Times path MTU discovery took losses for a black hole and fell back to 1200 bytes.
+    quic_black_holes,
+    /// The smallest current path MTU (UDP payload bytes the core sends) of its live
+    /// connections, a gauge; 0 with none. Below `max_udp_payload` on a path that carries it,
+    /// something on the way drops large datagrams.
+    quic_mtu_min,
 }
 
 impl CoreStats {

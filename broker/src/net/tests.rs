@@ -390,6 +390,9 @@ fn the_quic_counters_count_the_packets_a_core_sent_and_lost() {
     assert!(clean.packets_sent > (BYTES / 1500) as u64, "{clean:?}");
     assert_eq!((clean.packets_lost, clean.bytes_lost, clean.congestion_events), (0, 0, 0));
     assert_eq!(p.cores[0].stats().quic_packets_sent, clean.packets_sent);
+    assert_eq!(clean.black_holes, 0, "{clean:?}");
+    let mtu = p.cores[0].stats().quic_mtu_min;
+    assert!(mtu >= 1200, "the live connection's path MTU: {mtu}");
 
     // Every 20th datagram from the core lost: the core's loss detection counts them.
     let mut p = Pair::new(1, |_| {});
@@ -418,6 +421,7 @@ fn the_quic_counters_count_the_packets_a_core_sent_and_lost() {
     p.client(ch).close(now, VarInt::from_u32(0), Bytes::new());
     assert!(p.run_until(EXCHANGE, |p| p.cores[0].state.conn_count() == 0), "the connection ends");
     let after = p.cores[0].state.sample_paths();
+    assert_eq!(p.cores[0].stats().quic_mtu_min, 0, "no live connection, no path MTU");
     assert!(
         after.packets_sent >= lossy.packets_sent && after.packets_lost == lossy.packets_lost,
         "{after:?} vs {lossy:?}"

@@ -17,8 +17,7 @@
 #                   on fdatasync'd acks and neither side is saturated)
 #   publish-12shards  the same on a 12-shard stream
 #   publish-12shards-jumbo  the same on a 9000-byte-MTU path ($JUMBO_UDP_PAYLOAD, broker and
-#                   generator): what jumbo frames change (the client's own datagrams stop at
-#                   6550 bytes, quinn's GSO limit)
+#                   generator): what jumbo frames change
 #   publish-12shards-fixedrate  the same at 10,000 records/s (latency without queueing)
 #   publish-12shards-halfrate  the same at half of publish-12shards' median acked records/s
 #                   (run after it, same date): latency at half load (issue 13, target 3)

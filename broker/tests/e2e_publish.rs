@@ -235,10 +235,11 @@ async fn tiny_inflight_budgets_push_back_without_losing_or_deadlocking() {
 }
 
 /// On a path with a 9000-byte MTU (`--max-udp-payload 8952` on both ends; loopback carries it)
-/// the client's datagrams grow past a 1500-byte path's and stay there: quinn sends up to 10
-/// datagrams in one GSO send, so larger ones made every full send fail with `EMSGSIZE`, and
-/// path MTU discovery took the losses for a black hole and fell back to 1200 bytes. The broker's
-/// datagrams to a subscriber grow too (the client tells it what it takes). Everything published
+/// the client's datagrams grow to 8952 bytes and stay there: quinn sent up to 10 datagrams in
+/// one GSO send, so past 6550 bytes every full send failed with `EMSGSIZE`, and path MTU
+/// discovery took the losses for a black hole and fell back to 1200 bytes (the client's socket
+/// now caps a send at 7 such datagrams). The broker's datagrams to a subscriber grow too (the
+/// client tells it what it takes). Everything published
 /// is read back. (No assertion on losses: a busy machine's socket buffers may drop a few, which
 /// is not what this checks.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,7 +268,7 @@ async fn a_jumbo_path_carries_large_datagrams_both_ways_without_losses() {
     }
     let q = client.quic_stats();
     assert_eq!(q.black_holes, 0, "path MTU discovery saw a black hole: {q:?}");
-    assert_eq!(q.mtu_min, felix_client::tls::SEND_UDP_PAYLOAD_MAX, "{q:?}");
+    assert_eq!(q.mtu_min, 8952, "{q:?}");
     let sent_datagrams = q.packets_sent;
     let published = (RECORDS * VALUE) as u64;
     assert!(

@@ -21,6 +21,7 @@ use felix_proto::{
 use tokio::sync::oneshot;
 
 use crate::error::ClientError;
+use crate::socket::GsoCapped;
 use crate::tls::RejectionNote;
 
 /// The capabilities this client implements and offers in Hello (`CLUSTER` included: a broker in
@@ -58,7 +59,8 @@ pub const SOCKET_RECV_BUFFER_BYTES: usize = 8 << 20;
 /// A client endpoint bound to `bind`, its socket's receive buffer raised to
 /// [`SOCKET_RECV_BUFFER_BYTES`] (best effort: a smaller buffer is not an error). It tells the
 /// broker it takes datagrams of up to `max_udp_payload` bytes (QUIC's `max_udp_payload_size`),
-/// so that the broker's path MTU discovery may grow what it sends to that.
+/// so that the broker's path MTU discovery may grow what it sends to that, and its GSO sends stay
+/// within the kernel's limit for datagrams that large ([`GsoCapped`]).
 fn client_endpoint(bind: SocketAddr, max_udp_payload: u16) -> std::io::Result<quinn::Endpoint> {
     let socket = std::net::UdpSocket::bind(bind)?;
     let state = quinn::udp::UdpSocketState::new((&socket).into())?;
@@ -70,7 +72,8 @@ fn client_endpoint(bind: SocketAddr, max_udp_payload: u16) -> std::io::Result<qu
     config
         .max_udp_payload_size(max_udp_payload)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
-    quinn::Endpoint::new(config, None, socket, runtime)
+    let socket = GsoCapped::new(runtime.wrap_udp_socket(socket)?, max_udp_payload);
+    quinn::Endpoint::new_with_abstract_socket(config, None, Arc::new(socket), runtime)
 }
 
 /// Connection parameters that do not change across reconnects.

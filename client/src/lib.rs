@@ -22,6 +22,7 @@ mod pool;
 mod producer;
 pub mod publisher;
 mod resend;
+mod socket;
 pub mod subscriber;
 pub(crate) mod timer;
 pub mod tls;

@@ -30,7 +30,7 @@ pub(crate) struct TlsSetup {
 /// Builds the QUIC client configuration for `trust`. A connection whose peer is silent for
 /// `idle_timeout` is closed (the broker's own idle timeout applies too: the smaller wins);
 /// keep-alives every third of it keep a quiet but healthy connection open. Path MTU discovery
-/// grows datagrams up to `max_udp_payload`, at most [`SEND_UDP_PAYLOAD_MAX`].
+/// grows datagrams up to `max_udp_payload`.
 pub(crate) fn client_config(
     trust: &Trust,
     idle_timeout: std::time::Duration,
@@ -75,7 +75,7 @@ pub(crate) fn client_config(
     transport.max_idle_timeout(Some(idle));
     transport.keep_alive_interval(Some(idle_timeout / 3));
     let mut mtud = quinn::MtuDiscoveryConfig::default();
-    mtud.upper_bound(send_udp_payload_ceiling(max_udp_payload));
+    mtud.upper_bound(max_udp_payload);
     transport.mtu_discovery_config(Some(mtud));
     let mut acks = quinn::AckFrequencyConfig::default();
     acks.ack_eliciting_threshold(crate::config::ACK_ELICITING_THRESHOLD_PACKETS.into())
@@ -85,18 +85,6 @@ pub(crate) fn client_config(
     transport.ack_frequency_config(Some(acks));
     quic.transport_config(Arc::new(transport));
     Ok(TlsSetup { quic, rejection })
-}
-
-/// Largest datagram the client sends: quinn hands the kernel up to 10 datagrams in one GSO send
-/// (its `MAX_TRANSMIT_SEGMENTS`), and the kernel refuses a send over 65,507 bytes with
-/// `EMSGSIZE`, which quinn-udp drops after logging it. With larger datagrams every full send
-/// would be lost, and path MTU discovery would take the losses for a black hole and fall back to
-/// 1200 bytes. A larger `max_udp_payload` still lets the broker send up to it (subscriptions).
-pub const SEND_UDP_PAYLOAD_MAX: u16 = (65_507 / 10) as u16;
-
-/// The ceiling of the client's own path MTU discovery for a configured `max_udp_payload`.
-pub(crate) fn send_udp_payload_ceiling(max_udp_payload: u16) -> u16 {
-    max_udp_payload.min(SEND_UDP_PAYLOAD_MAX)
 }
 
 /// Reads certificates from `path`: PEM (any number of `CERTIFICATE` blocks) or one DER.

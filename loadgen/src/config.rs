@@ -447,14 +447,6 @@ impl RunConfig {
             ("json", opt(self.json.as_ref().map(|p| p.display().to_string()))),
             ("plots", opt(self.plots.as_ref().map(|p| p.display().to_string()))),
             ("progress", self.progress.to_string()),
-            // What the client's own datagrams may grow to (quinn's GSO sends cap it).
-            (
-                "client_send_udp_payload",
-                format!(
-                    "1200 initial, MTU discovery <= {}",
-                    self.max_udp_payload.min(felix_client::tls::SEND_UDP_PAYLOAD_MAX)
-                ),
-            ),
         ];
         let mut out = String::from("felix-loadgen effective configuration:\n");
         for (k, v) in lines {

@@ -86,7 +86,7 @@ pub(crate) struct ConnParams {
     pub token: Option<Bytes>,
     pub connect_timeout: Duration,
     pub ack_timeout: Duration,
-    /// The largest UDP payload this client takes (and, up to quinn's GSO limit, sends).
+    /// The largest UDP payload this client takes and sends (its path MTU discovery's ceiling).
     pub max_udp_payload: u16,
 }
 

@@ -82,7 +82,12 @@ impl Client {
     pub async fn connect(config: ClientConfig) -> Result<Self, ClientError> {
         config.validate()?;
         let trust = config.trust.as_ref().ok_or(crate::error::ConfigError::NoTrust)?;
-        let tls = tls::client_config(trust, config.idle_timeout(), config.max_udp_payload)?;
+        let tls = tls::client_config(
+            trust,
+            config.idle_timeout(),
+            config.max_udp_payload,
+            config.send_in_write_order,
+        )?;
         let template = ConnParams {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             server_name: config.server_name.clone(),

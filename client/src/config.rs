@@ -44,6 +44,10 @@ pub const ACK_ELICITING_THRESHOLD_PACKETS: u32 = 9;
 /// (quinn clamps it to at least the broker's `min_ack_delay`, 1 ms, and at most the larger of
 /// the RTT and 25 ms). Only QUIC's loss recovery waits on it: publish acks are stream data.
 pub const REQUESTED_MAX_ACK_DELAY_US: u64 = 2_000;
+/// quinn's send priority of the control stream (the publish lanes have the default, 0): a
+/// request or a subscription's setup written behind megabytes of queued batches goes first
+/// (with [`ClientConfig::send_in_write_order`] it would otherwise wait for all of them).
+pub const CONTROL_STREAM_PRIORITY: i32 = 1;
 
 /// Default ceiling of path MTU discovery: a 1500-byte path less IPv6 and UDP headers.
 pub const MAX_UDP_PAYLOAD_DEFAULT: u16 = 1452;
@@ -53,7 +57,7 @@ pub const MAX_UDP_PAYLOAD_MIN: u16 = 1200;
 pub const MAX_UDP_PAYLOAD_MAX: u16 = 65_527;
 
 /// Every environment variable [`ClientConfig::from_env_map`] reads.
-pub const ENV_KEYS: [&str; 23] = [
+pub const ENV_KEYS: [&str; 24] = [
     "FELIX_ADDR",
     "FELIX_SERVER_NAME",
     "FELIX_CA_FILE",
@@ -67,6 +71,7 @@ pub const ENV_KEYS: [&str; 23] = [
     "FELIX_ACK_TIMEOUT_MS",
     "FELIX_CLIENT_IDLE_TIMEOUT_MS",
     "FELIX_CLIENT_MAX_UDP_PAYLOAD",
+    "FELIX_CLIENT_SEND_IN_WRITE_ORDER",
     "FELIX_RECONNECT_BACKOFF_MIN_MS",
     "FELIX_RECONNECT_BACKOFF_MAX_MS",
     "FELIX_RECONNECT_ATTEMPTS_MAX",
@@ -218,6 +223,15 @@ pub struct ClientConfig {
     /// The largest UDP payload path MTU discovery may grow to (1200..=65527); 1452 models a
     /// 1500-byte Ethernet path even on loopback.
     pub max_udp_payload: u16,
+    /// How the connection's streams share the sending (quinn's `send_fairness`, inverted).
+    /// `false` (the default): round-robin, every stream with data gets a turn, so a small batch
+    /// is not held behind large ones. `true`: each stream's written data goes out before the
+    /// next one's, in the order it was written. A throughput-bound publisher of large batches
+    /// then has each batch arrive in one piece, complete sooner and still in the broker's
+    /// cache when it is copied to the log. Measured on a 2-CPU machine: 0.97-1.11x stored per
+    /// broker CPU-second saturated, fixed-rate latency worse in two series of three
+    /// (bench/results/2026-12-02-send-order/), so it is off by default.
+    pub send_in_write_order: bool,
     /// The first delay between reconnect attempts, in milliseconds; doubled after each failure.
     pub reconnect_backoff_min_ms: u64,
     /// The largest delay between reconnect attempts, in milliseconds.
@@ -242,6 +256,7 @@ impl Default for ClientConfig {
             ack_timeout_ms: 30_000,
             idle_timeout_ms: 10_000,
             max_udp_payload: MAX_UDP_PAYLOAD_DEFAULT,
+            send_in_write_order: false,
             reconnect_backoff_min_ms: 50,
             reconnect_backoff_max_ms: 5_000,
             reconnect_attempts_max: 8,
@@ -341,6 +356,9 @@ impl ClientConfig {
         }
         if let Some((key, v)) = get("FELIX_CLIENT_MAX_UDP_PAYLOAD") {
             c.max_udp_payload = parse_num(key, &v)?;
+        }
+        if let Some((key, v)) = get("FELIX_CLIENT_SEND_IN_WRITE_ORDER") {
+            c.send_in_write_order = parse_bool(key, &v)?;
         }
         if let Some((key, v)) = get("FELIX_RECONNECT_BACKOFF_MIN_MS") {
             c.reconnect_backoff_min_ms = parse_num(key, &v)?;
@@ -483,6 +501,7 @@ impl fmt::Display for ClientConfig {
         writeln!(f, "ack_timeout_ms={}", self.ack_timeout_ms)?;
         writeln!(f, "idle_timeout_ms={}", self.idle_timeout_ms)?;
         writeln!(f, "max_udp_payload={}", self.max_udp_payload)?;
+        writeln!(f, "send_in_write_order={}", self.send_in_write_order)?;
         writeln!(
             f,
             "reconnect_backoff_ms={}..{} attempts_max={}",

@@ -125,6 +125,7 @@ impl Conn {
             Err(e) => return Err(handshake_error(e, &p.rejection)),
         };
         let (mut send, mut recv) = connection.open_bi().await.map_err(lost)?;
+        send.set_priority(crate::config::CONTROL_STREAM_PRIORITY).map_err(lost)?;
         let hello = Frame::Hello(Hello {
             version: PROTOCOL_VERSION,
             capabilities: CLIENT_CAPABILITIES,

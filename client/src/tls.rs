@@ -30,11 +30,13 @@ pub(crate) struct TlsSetup {
 /// Builds the QUIC client configuration for `trust`. A connection whose peer is silent for
 /// `idle_timeout` is closed (the broker's own idle timeout applies too: the smaller wins);
 /// keep-alives every third of it keep a quiet but healthy connection open. Path MTU discovery
-/// grows datagrams up to `max_udp_payload`.
+/// grows datagrams up to `max_udp_payload`. With `send_in_write_order` quinn sends each stream's
+/// data before the next stream's instead of round-robin (`ClientConfig::send_in_write_order`).
 pub(crate) fn client_config(
     trust: &Trust,
     idle_timeout: std::time::Duration,
     max_udp_payload: u16,
+    send_in_write_order: bool,
 ) -> Result<TlsSetup, ConfigError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let rejection: RejectionNote = Arc::default();
@@ -83,6 +85,7 @@ pub(crate) fn client_config(
             crate::config::REQUESTED_MAX_ACK_DELAY_US,
         )));
     transport.ack_frequency_config(Some(acks));
+    transport.send_fairness(!send_in_write_order);
     quic.transport_config(Arc::new(transport));
     Ok(TlsSetup { quic, rejection })
 }
@@ -194,8 +197,27 @@ mod tests {
         std::fs::write(&der, cert.cert.der()).unwrap();
         assert_eq!(read_ca_file(&pem).unwrap(), vec![cert.cert.der().clone()]);
         assert_eq!(read_ca_file(&der).unwrap(), vec![cert.cert.der().clone()]);
-        assert!(
-            client_config(&Trust::CaFile(pem), std::time::Duration::from_secs(10), 1452).is_ok()
-        );
+        assert!(client_config(
+            &Trust::CaFile(pem),
+            std::time::Duration::from_secs(10),
+            1452,
+            false
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn send_in_write_order_turns_quinn_send_fairness_off() {
+        let cert = rcgen::generate_simple_self_signed(vec!["localhost".into()]).unwrap();
+        let trust = Trust::CaCertificates(vec![cert.cert.der().clone()]);
+        let idle = std::time::Duration::from_secs(10);
+        // quinn's TransportConfig has no getters; its Debug output lists every setting.
+        for (in_write_order, shown) in
+            [(false, "send_fairness: true"), (true, "send_fairness: false")]
+        {
+            let setup = client_config(&trust, idle, 1452, in_write_order).unwrap();
+            let debug = format!("{:?}", setup.quic);
+            assert!(debug.contains(shown), "{in_write_order}: {debug}");
+        }
     }
 }

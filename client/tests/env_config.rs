@@ -35,6 +35,7 @@ fn table() -> Vec<(&'static str, &'static str, Check)> {
         ("FELIX_ACK_TIMEOUT_MS", "4321", |c| c.ack_timeout_ms == 4321),
         ("FELIX_CLIENT_IDLE_TIMEOUT_MS", "2500", |c| c.idle_timeout_ms == 2500),
         ("FELIX_CLIENT_MAX_UDP_PAYLOAD", "1350", |c| c.max_udp_payload == 1350),
+        ("FELIX_CLIENT_SEND_IN_WRITE_ORDER", "true", |c| c.send_in_write_order),
         ("FELIX_RECONNECT_BACKOFF_MIN_MS", "7", |c| c.reconnect_backoff_min_ms == 7),
         ("FELIX_RECONNECT_BACKOFF_MAX_MS", "77777", |c| c.reconnect_backoff_max_ms == 77777),
         ("FELIX_RECONNECT_ATTEMPTS_MAX", "3", |c| c.reconnect_attempts_max == 3),

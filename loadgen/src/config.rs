@@ -135,6 +135,10 @@ pub struct RunArgs {
     /// 1500-byte path instead of loopback's 64 KiB MTU.
     #[arg(long, env = "FELIX_LOADGEN_MAX_UDP_PAYLOAD", default_value_t = 1452)]
     pub max_udp_payload: u16,
+    /// Send each QUIC stream's data before the next one's instead of round-robin (the
+    /// client's `send_in_write_order`, off by default).
+    #[arg(long, env = "FELIX_LOADGEN_SEND_IN_WRITE_ORDER")]
+    pub send_in_write_order: bool,
     /// Batches in flight per connection.
     #[arg(long, env = "FELIX_LOADGEN_IN_FLIGHT_BATCHES", default_value_t = 64)]
     pub in_flight_batches: usize,
@@ -256,6 +260,10 @@ pub struct RunConfig {
     pub linger_us: u64,
     /// Client path MTU discovery ceiling.
     pub max_udp_payload: u16,
+    /// Streams sent in write order, not round-robin (results written before the flag existed
+    /// read as `false`, the behaviour then).
+    #[serde(default)]
+    pub send_in_write_order: bool,
     /// In-flight batches per connection.
     pub in_flight_batches: usize,
     /// Idempotent batches (results written before the flag existed read as `false`: the
@@ -364,6 +372,7 @@ impl RunArgs {
             rate: self.rate,
             linger_us: self.linger_us,
             max_udp_payload: self.max_udp_payload,
+            send_in_write_order: self.send_in_write_order,
             in_flight_batches: self.in_flight_batches,
             idempotent: self.idempotent,
             outstanding: self.outstanding,
@@ -393,6 +402,7 @@ impl RunConfig {
         c.server_name = self.server_name.clone();
         c.connections = self.connections;
         c.max_udp_payload = self.max_udp_payload;
+        c.send_in_write_order = self.send_in_write_order;
         c.publish = PublishSettings {
             ack_mode: self.ack_mode(),
             linger_us: self.linger_us,
@@ -436,6 +446,7 @@ impl RunConfig {
             ("rate", opt(self.rate.map(|r| format!("{r} records/s")))),
             ("linger_us", self.linger_us.to_string()),
             ("max_udp_payload", self.max_udp_payload.to_string()),
+            ("send_in_write_order", self.send_in_write_order.to_string()),
             ("in_flight_batches", self.in_flight_batches.to_string()),
             ("batch_bytes_max", c.publish.batch_bytes_max.to_string()),
             ("idempotent", c.publish.idempotent.to_string()),

@@ -307,3 +307,61 @@ async fn a_jumbo_path_carries_large_datagrams_both_ways_without_losses() {
     }
     assert_eq!(broker.net_counter("quic_black_holes"), 0);
 }
+
+/// With `send_in_write_order` the client's streams are sent one after another instead of
+/// round-robin (quinn's `send_fairness` off): every batch of several keys on several lanes is
+/// acked and read back in each key's order, and a request on the control stream made while
+/// megabytes of batches are queued is answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_sent_in_write_order_are_all_stored_in_key_order() {
+    const KEYS: usize = 4;
+    const PER_KEY: usize = 600;
+    const VALUE: usize = 4096;
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 1, &[]);
+    let config = felix_client::ClientConfig { send_in_write_order: true, ..broker.client_config() };
+    let client = tokio::time::timeout(WAIT, felix_client::Client::connect(config))
+        .await
+        .expect("connect timed out")
+        .expect("connect");
+    client.create_stream("acme/app/ordered", 1, Default::default()).await.unwrap();
+    let p = client.publisher("acme/app/ordered").await.unwrap();
+    let mut tickets = Vec::new();
+    for i in 0..PER_KEY {
+        for k in 0..KEYS {
+            let mut value = vec![k as u8; VALUE];
+            value[..8].copy_from_slice(&(i as u64).to_le_bytes());
+            tickets.push(p.send(Record::keyed(format!("k{k}"), value)).await.unwrap());
+        }
+        if i == PER_KEY / 2 {
+            // Behind the batches queued so far: the control stream goes first.
+            let other = tokio::time::timeout(
+                WAIT,
+                client.create_stream("acme/app/other", 1, Default::default()),
+            )
+            .await
+            .expect("a request behind queued batches timed out");
+            other.unwrap();
+        }
+    }
+    p.flush().await.unwrap();
+    for t in tickets {
+        tokio::time::timeout(WAIT, t).await.expect("ack timed out").unwrap();
+    }
+    let mut sub = client
+        .subscribe(SubscribeOptions::new("acme/app/ordered").start(StartAt::Earliest))
+        .await
+        .unwrap();
+    let got = read_n(&mut sub, KEYS * PER_KEY).await;
+    let mut next: HashMap<Vec<u8>, u64> = HashMap::new();
+    for r in &got {
+        let key = r.key.as_deref().expect("keyed").to_vec();
+        let seq = u64::from_le_bytes(r.value[..8].try_into().unwrap());
+        let want = next.entry(key.clone()).or_insert(0);
+        assert_eq!(seq, *want, "key {:?}: out of order", String::from_utf8_lossy(&key));
+        *want += 1;
+        assert_eq!(r.value.len(), VALUE);
+    }
+    assert_eq!(next.len(), KEYS);
+    assert!(next.values().all(|&n| n == PER_KEY as u64), "{next:?}");
+}

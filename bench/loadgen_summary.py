@@ -287,7 +287,8 @@ def main():
 
     pub = {}
     for name in ["publish-1shard", "publish-12shards", "publish-12shards-fixedrate",
-                 "publish-12shards-halfrate", "publish-12shards-jumbo", PEER]:
+                 "publish-12shards-halfrate", "publish-12shards-write-order",
+                 "publish-12shards-jumbo", PEER]:
         runs = load(f"{RES}/{DATE}-{name}/run*.json")
         if runs:
             pub[name] = publish_table(runs)
@@ -331,6 +332,8 @@ def main():
                  "The fixedrate row publishes 10,000 records/s (41 MB/s) instead of as fast as "
                  "possible, so its latency is not queueing; the halfrate row publishes at half of "
                  "publish-12shards' median acked records/s (the latency at half load). "
+                 "The write-order row is publish-12shards with the generator's QUIC streams "
+                 "sent one after another instead of round-robin (`--send-in-write-order`). "
                  "The jumbo row is publish-12shards on a 9000-byte path (broker and generator "
                  "`--max-udp-payload 8952`), every other row a 1500-byte one (1452). "
                  "Client latency is send-to-ack including the generator's closed-loop queue; broker "

@@ -16,6 +16,8 @@
 #                   batches in flight: with the generator's default 1024 the closed loop waits
 #                   on fdatasync'd acks and neither side is saturated)
 #   publish-12shards  the same on a 12-shard stream
+#   publish-12shards-write-order  publish-12shards with the generator's QUIC streams sent one
+#                   after another (`--send-in-write-order`) instead of round-robin
 #   publish-12shards-jumbo  the same on a 9000-byte-MTU path ($JUMBO_UDP_PAYLOAD, broker and
 #                   generator): what jumbo frames change
 #   publish-12shards-fixedrate  the same at 10,000 records/s (latency without queueing)
@@ -37,6 +39,7 @@
 #   scaling         the saturated 12-shard publish on 1..N broker cores (N = CPUs found)
 #   soak            a mixed publish+subscribe run at a fixed rate for soak_s seconds
 # Profiles: after the measured runs of each saturated scenario (publish-1shard, publish-12shards,
+# publish-12shards-write-order, publish-12shards-jumbo,
 # nats) one more run, not counted in the figures, under `perf record -F $PERF_FREQ
 # --call-graph $PERF_CALLGRAPH` on the broker's and the generator's pids for the measured
 # window: flame-broker.svg and flame-generator.svg (folded and drawn with the inferno crate's
@@ -261,11 +264,13 @@ PY
 scenario_publish() {
   # name shards extra-args: saturated 1 and 12 shards, then 12 shards at a fixed 10,000
   # records/s (41 MB/s), whose latency is not the closed loop's queueing, then the saturated
-  # 12 shards on a 9000-byte path.
+  # 12 shards with the generator's streams sent in write order, and on a 9000-byte path.
   local spec
   local MAX_UDP_PAYLOAD=$MAX_UDP_PAYLOAD
   for spec in "publish-1shard 1 $SATURATE" "publish-12shards 12 $SATURATE" \
-    "publish-12shards-fixedrate 12 --rate 10000" "publish-12shards-jumbo 12 $SATURATE"; do
+    "publish-12shards-fixedrate 12 --rate 10000" \
+    "publish-12shards-write-order 12 $SATURATE --send-in-write-order" \
+    "publish-12shards-jumbo 12 $SATURATE"; do
     # shellcheck disable=SC2086
     set -- $spec
     local name=$1 shards=$2

@@ -228,8 +228,8 @@ pub struct ClientConfig {
     /// is not held behind large ones. `true`: each stream's written data goes out before the
     /// next one's, in the order it was written. A throughput-bound publisher of large batches
     /// then has each batch arrive in one piece, complete sooner and still in the broker's
-    /// cache when it is copied to the log. Measured on a 2-CPU machine: 0.97-1.11x stored per
-    /// broker CPU-second saturated (median 1.04x of five series), fixed-rate latency worse in
+    /// cache when it is copied to the log. Measured on a 2-CPU machine: 0.95-1.11x stored per
+    /// broker CPU-second saturated (six comparisons), fixed-rate latency worse in
     /// two series of five (bench/results/2026-12-02-send-order/), so it is off by default.
     pub send_in_write_order: bool,
     /// The first delay between reconnect attempts, in milliseconds; doubled after each failure.

@@ -248,11 +248,9 @@ async fn a_jumbo_path_carries_large_datagrams_both_ways_without_losses() {
     const VALUE: usize = 4096;
     let dir = tempfile::tempdir().unwrap();
     let broker = TestBroker::start(dir.path(), 1, &["--max-udp-payload", "8952"]);
-    let config = felix_client::ClientConfig { max_udp_payload: 8952, ..broker.client_config() };
-    let client = tokio::time::timeout(WAIT, felix_client::Client::connect(config))
-        .await
-        .expect("connect timed out")
-        .expect("connect");
+    let client = broker
+        .client_with(felix_client::ClientConfig { max_udp_payload: 8952, ..broker.client_config() })
+        .await;
     client.create_stream("acme/app/jumbo", 1, Default::default()).await.unwrap();
     let p = client.publisher("acme/app/jumbo").await.unwrap();
     let mut tickets = Vec::new();
@@ -319,11 +317,12 @@ async fn batches_sent_in_write_order_are_all_stored_in_key_order() {
     const VALUE: usize = 4096;
     let dir = tempfile::tempdir().unwrap();
     let broker = TestBroker::start(dir.path(), 1, &[]);
-    let config = felix_client::ClientConfig { send_in_write_order: true, ..broker.client_config() };
-    let client = tokio::time::timeout(WAIT, felix_client::Client::connect(config))
-        .await
-        .expect("connect timed out")
-        .expect("connect");
+    let client = broker
+        .client_with(felix_client::ClientConfig {
+            send_in_write_order: true,
+            ..broker.client_config()
+        })
+        .await;
     client.create_stream("acme/app/ordered", 1, Default::default()).await.unwrap();
     let p = client.publisher("acme/app/ordered").await.unwrap();
     let mut tickets = Vec::new();

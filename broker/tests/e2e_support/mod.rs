@@ -65,7 +65,12 @@ impl TestBroker {
 
     /// A connected client.
     pub async fn client(&self) -> Client {
-        tokio::time::timeout(WAIT, Client::connect(self.client_config()))
+        self.client_with(self.client_config()).await
+    }
+
+    /// A client connected with `config` (built from [`TestBroker::client_config`]).
+    pub async fn client_with(&self, config: ClientConfig) -> Client {
+        tokio::time::timeout(WAIT, Client::connect(config))
             .await
             .expect("connect timed out")
             .expect("connect")

@@ -364,3 +364,66 @@ async fn batches_sent_in_write_order_are_all_stored_in_key_order() {
     assert_eq!(next.len(), KEYS);
     assert!(next.values().all(|&n| n == PER_KEY as u64), "{next:?}");
 }
+
+/// `felix_publish_receive_span_us` counts Publish frames only, from the first read of a
+/// frame's bytes to the last: a frame whose second half arrives 300 ms after its first half
+/// records about 300 ms, a frame sent whole records almost nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn receive_span_is_the_time_a_publish_frame_took_to_arrive() {
+    use e2e_support::{raw_connection, read_frames};
+    use felix_proto::{AckRequest, Capabilities, Frame, Hello, Publish, RequestId};
+
+    const PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 2, &[]);
+    let conn = raw_connection(broker.addr, dir.path()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let hello = Hello {
+        version: felix_proto::PROTOCOL_VERSION,
+        capabilities: Capabilities::ALL,
+        token: None,
+    };
+    send.write_all(&Frame::Hello(hello).to_bytes()).await.unwrap();
+    assert!(matches!(read_frames(&mut recv, 1).await[0], Frame::HelloOk(_)));
+    let publish = |id: u64| {
+        Frame::Publish(Publish {
+            ack: Some(AckRequest {
+                request_id: RequestId(id),
+                mode: felix_proto::AckMode::Written,
+            }),
+            key: None,
+            producer: None,
+            stream: "acme/app/span".into(),
+            records: vec![Bytes::from(vec![7u8; 3000]).into(); 4],
+        })
+        .to_bytes()
+    };
+    // One frame in two halves, PAUSE apart; then one sent whole; a Ping is not a Publish.
+    let split = publish(1);
+    send.write_all(&split[..split.len() / 2]).await.unwrap();
+    tokio::time::sleep(PAUSE).await;
+    send.write_all(&split[split.len() / 2..]).await.unwrap();
+    send.write_all(&publish(2)).await.unwrap();
+    send.write_all(&Frame::Ping(3).to_bytes()).await.unwrap();
+    let answers = read_frames(&mut recv, 3).await;
+    assert!(matches!(answers[0], Frame::PublishAck(ref a) if a.request_id == RequestId(1)));
+    assert!(matches!(answers[1], Frame::PublishAck(ref a) if a.request_id == RequestId(2)));
+    assert_eq!(answers[2], Frame::Pong(3));
+
+    // The cores publish their histograms once a second.
+    let deadline = std::time::Instant::now() + WAIT;
+    let spans = loop {
+        let mut all = felix_broker::app::stats::new_histogram();
+        for core in broker.broker.as_ref().unwrap().stats.iter() {
+            all.add(&*core.receive_span_us.lock().unwrap()).unwrap();
+        }
+        if all.len() >= 2 || std::time::Instant::now() > deadline {
+            break all;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(spans.len(), 2, "two Publish frames, nothing else");
+    let pause_us = PAUSE.as_micros() as u64;
+    assert!(spans.max() >= pause_us * 97 / 100, "split frame: max {} us", spans.max());
+    assert!(spans.min() < pause_us / 2, "whole frame: min {} us", spans.min());
+}

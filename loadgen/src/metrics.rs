@@ -37,6 +37,13 @@ pub struct BrokerSample {
     pub ack_p50_us: Vec<u64>,
     /// `felix_publish_ack_latency_us{quantile="0.99"}` per core (the broker's histogram).
     pub ack_p99_us: Vec<u64>,
+    /// `felix_publish_receive_span_us{quantile="0.5"}` per core: how long a Publish frame
+    /// took to arrive (empty from a broker without it).
+    #[serde(default)]
+    pub receive_p50_us: Vec<u64>,
+    /// `felix_publish_receive_span_us{quantile="0.99"}` per core.
+    #[serde(default)]
+    pub receive_p99_us: Vec<u64>,
     /// `felix_storage_flush_latency_us{quantile="0.5"}` per core (fdatasync, its histogram).
     #[serde(default)]
     pub flush_p50_us: Vec<u64>,
@@ -90,6 +97,8 @@ impl BrokerSample {
                 &s.publish_errors,
                 &s.ack_p50_us,
                 &s.ack_p99_us,
+                &s.receive_p50_us,
+                &s.receive_p99_us,
                 &s.flush_p50_us,
                 &s.flush_p99_us,
                 &s.write_p99_us,
@@ -107,6 +116,8 @@ impl BrokerSample {
             put(&mut out.publish_errors, &s.publish_errors);
             put(&mut out.ack_p50_us, &s.ack_p50_us);
             put(&mut out.ack_p99_us, &s.ack_p99_us);
+            put(&mut out.receive_p50_us, &s.receive_p50_us);
+            put(&mut out.receive_p99_us, &s.receive_p99_us);
             put(&mut out.flush_p50_us, &s.flush_p50_us);
             put(&mut out.flush_p99_us, &s.flush_p99_us);
             put(&mut out.write_p99_us, &s.write_p99_us);
@@ -156,6 +167,8 @@ pub struct HistogramSample {
     pub published_unix_ms: Vec<u64>,
     /// Publish-to-ack, microseconds.
     pub ack_us: Vec<Histogram<u64>>,
+    /// Publish receive span, microseconds (empty histograms from a broker without it).
+    pub receive_us: Vec<Histogram<u64>>,
     /// Flush (fdatasync), microseconds.
     pub flush_us: Vec<Histogram<u64>>,
     /// One O_DIRECT write, microseconds.
@@ -171,6 +184,10 @@ pub struct WindowLatency {
     pub ack_p50_us: Vec<u64>,
     /// Publish-to-ack p99 per core.
     pub ack_p99_us: Vec<u64>,
+    /// Publish receive span p50 per core.
+    pub receive_p50_us: Vec<u64>,
+    /// Publish receive span p99 per core.
+    pub receive_p99_us: Vec<u64>,
     /// Flush p50 per core.
     pub flush_p50_us: Vec<u64>,
     /// Flush p99 per core.
@@ -201,10 +218,13 @@ impl HistogramSample {
             }
             w.span_ms.push(b - a);
             let ack = difference(self.ack_us.get(c)?, before.ack_us.get(c)?);
+            let receive = difference(self.receive_us.get(c)?, before.receive_us.get(c)?);
             let flush = difference(self.flush_us.get(c)?, before.flush_us.get(c)?);
             let write = difference(self.write_us.get(c)?, before.write_us.get(c)?);
             w.ack_p50_us.push(ack.value_at_quantile(0.5));
             w.ack_p99_us.push(ack.value_at_quantile(0.99));
+            w.receive_p50_us.push(receive.value_at_quantile(0.5));
+            w.receive_p99_us.push(receive.value_at_quantile(0.99));
             w.flush_p50_us.push(flush.value_at_quantile(0.5));
             w.flush_p99_us.push(flush.value_at_quantile(0.99));
             w.write_p99_us.push(write.value_at_quantile(0.99));
@@ -236,6 +256,7 @@ pub fn scrape_histograms_all(list: &str) -> anyhow::Result<HistogramSample> {
         let one = parse_histograms(&get(a, "/histograms")?)?;
         all.published_unix_ms.extend(one.published_unix_ms);
         all.ack_us.extend(one.ack_us);
+        all.receive_us.extend(one.receive_us);
         all.flush_us.extend(one.flush_us);
         all.write_us.extend(one.write_us);
     }
@@ -259,6 +280,11 @@ pub fn parse_histograms(body: &str) -> anyhow::Result<HistogramSample> {
         let published = core.get("published_unix_ms").and_then(|t| t.as_u64()).unwrap_or(0);
         out.published_unix_ms.push(published);
         out.ack_us.push(decode(core, "ack_latency_us")?);
+        // Older brokers have no receive span: an empty histogram keeps the cores aligned.
+        out.receive_us.push(match core.get("receive_span_us") {
+            Some(_) => decode(core, "receive_span_us")?,
+            None => Histogram::new_from(out.ack_us.last().context("just pushed")?),
+        });
         out.flush_us.push(decode(core, "flush_latency_us")?);
         out.write_us.push(decode(core, "write_latency_us")?);
     }
@@ -302,6 +328,8 @@ pub fn parse(text: &str) -> BrokerSample {
         let key = match (name, label(labels, "quantile")) {
             ("felix_publish_ack_latency_us", Some("0.99")) => "ack_p99_us",
             ("felix_publish_ack_latency_us", Some("0.5")) => "ack_p50_us",
+            ("felix_publish_receive_span_us", Some("0.5")) => "receive_p50_us",
+            ("felix_publish_receive_span_us", Some("0.99")) => "receive_p99_us",
             ("felix_storage_flush_latency_us", Some("0.99")) => "flush_p99_us",
             ("felix_storage_flush_latency_us", Some("0.5")) => "flush_p50_us",
             ("felix_storage_write_latency_us", Some("0.99")) => "write_p99_us",
@@ -333,6 +361,8 @@ pub fn parse(text: &str) -> BrokerSample {
         publish_errors: take("publish_errors"),
         ack_p99_us: take("ack_p99_us"),
         ack_p50_us: take("ack_p50_us"),
+        receive_p50_us: take("receive_p50_us"),
+        receive_p99_us: take("receive_p99_us"),
         flush_p50_us: take("flush_p50_us"),
         flush_p99_us: take("flush_p99_us"),
         write_p99_us: take("write_p99_us"),
@@ -365,6 +395,8 @@ felix_publish_ack_latency_us{core=\"0\",quantile=\"0.5\"} 80
 felix_publish_ack_latency_us{core=\"0\",quantile=\"0.99\"} 900
 felix_publish_ack_latency_us{core=\"1\",quantile=\"0.99\"} 1200
 felix_publish_ack_latency_us_count{core=\"0\"} 5
+felix_publish_receive_span_us{core=\"1\",quantile=\"0.5\"} 40
+felix_publish_receive_span_us{core=\"1\",quantile=\"0.99\"} 410
 felix_storage_flush_latency_us{core=\"0\",quantile=\"0.5\"} 300
 felix_storage_flush_latency_us{core=\"0\",quantile=\"0.99\"} 700
 felix_storage_flush_latency_us{core=\"1\",quantile=\"0.99\"} 650
@@ -391,6 +423,7 @@ felix_net_quic_congestion_events{core=\"1\"} 2
         assert_eq!(s.flush_p50_us, vec![300]);
         assert_eq!(s.flush_p99_us, vec![700, 650]);
         assert_eq!(s.write_p99_us, vec![250]);
+        assert_eq!((&s.receive_p50_us, &s.receive_p99_us), (&vec![0, 40], &vec![0, 410]));
         let before = parse(&PAGE.replace("} 250", "} 50"));
         assert_eq!(s.delta(&before, |s| &s.append_bytes), vec![0, 200]);
         assert_eq!(BrokerSample::total(&s.append_bytes), 350);
@@ -450,8 +483,36 @@ felix_net_quic_congestion_events{core=\"1\"} 2
         // A bucket that went down (a deleted log's histogram left the sum) counts as empty.
         let d = difference(&histogram(&[(700, 5)]), &histogram(&[(700, 9), (800, 1)]));
         assert_eq!(d.len(), 0);
+        // A broker without the receive span: empty histograms, quantiles 0.
+        assert_eq!(w.receive_p99_us, vec![0]);
         assert!(parse_histograms("{}").is_err());
         assert!(parse_histograms("{\"cores\":[{\"ack_latency_us\":\"!!\"}]}").is_err());
+    }
+
+    #[test]
+    fn the_receive_span_is_read_over_the_window_too() {
+        use base64::Engine;
+        use hdrhistogram::serialization::{Serializer, V2DeflateSerializer};
+        let enc = |h: &Histogram<u64>| {
+            let mut buf = Vec::new();
+            V2DeflateSerializer::new().serialize(h, &mut buf).unwrap();
+            base64::engine::general_purpose::STANDARD.encode(&buf)
+        };
+        let with_span = |t: u64, span: &Histogram<u64>| {
+            let empty = histogram(&[]);
+            let mut v: serde_json::Value =
+                serde_json::from_str(&page(&[(t, &empty, &empty)])).unwrap();
+            v["cores"][0]["receive_span_us"] = enc(span).into();
+            v.to_string()
+        };
+        // Before the window: 100 spans of 90 ms; in it: 1000 of 200 us and 20 of 3 ms.
+        let before = histogram(&[(90_000, 100)]);
+        let after = histogram(&[(90_000, 100), (200, 1_000), (3_000, 20)]);
+        let a = parse_histograms(&with_span(1_000, &before)).unwrap();
+        let b = parse_histograms(&with_span(2_000, &after)).unwrap();
+        let w = b.since(&a).expect("two publications");
+        assert_eq!(w.receive_p50_us, vec![200]);
+        assert!((2_990..=3_010).contains(&w.receive_p99_us[0]), "{w:?}");
     }
 
     #[test]

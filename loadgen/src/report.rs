@@ -188,6 +188,14 @@ pub struct BrokerResult {
     pub ack_p50_us_per_core: Vec<u64>,
     /// p99 per core.
     pub ack_p99_us_per_core: Vec<u64>,
+    /// The broker's publish receive span p50 per core (over the same span as the ack
+    /// quantiles): how long a Publish frame took to arrive, from the first read of its bytes
+    /// to the last, before the publish-to-ack clock starts. Empty from a broker without it.
+    #[serde(default)]
+    pub receive_p50_us_per_core: Vec<u64>,
+    /// Receive span p99 per core.
+    #[serde(default)]
+    pub receive_p99_us_per_core: Vec<u64>,
     /// The broker's flush (fdatasync) p50 per core (over the same span as the ack
     /// quantiles), the floor under its publish-to-ack latency.
     #[serde(default)]
@@ -431,6 +439,12 @@ impl RunResult {
                 o,
                 "broker publish-to-ack per core (its histogram, {over}): p50 {:?} us, p99 {:?} us",
                 b.ack_p50_us_per_core, b.ack_p99_us_per_core
+            );
+            let _ = writeln!(
+                o,
+                "broker publish receive span per core (first to last read of a batch's bytes, \
+                 {over}): p50 {:?} us, p99 {:?} us",
+                b.receive_p50_us_per_core, b.receive_p99_us_per_core
             );
             let _ = writeln!(
                 o,

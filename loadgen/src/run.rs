@@ -425,6 +425,8 @@ impl<'a> Sampler<'a> {
                     ),
                     ack_p50_us_per_core: pick(w.map(|w| &w.ack_p50_us), &e.ack_p50_us),
                     ack_p99_us_per_core: pick(w.map(|w| &w.ack_p99_us), &e.ack_p99_us),
+                    receive_p50_us_per_core: pick(w.map(|w| &w.receive_p50_us), &e.receive_p50_us),
+                    receive_p99_us_per_core: pick(w.map(|w| &w.receive_p99_us), &e.receive_p99_us),
                     flush_p50_us_per_core: pick(w.map(|w| &w.flush_p50_us), &e.flush_p50_us),
                     flush_p99_us_per_core: pick(w.map(|w| &w.flush_p99_us), &e.flush_p99_us),
                     write_p99_us_per_core: pick(w.map(|w| &w.write_p99_us), &e.write_p99_us),

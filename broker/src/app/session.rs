@@ -111,6 +111,8 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
     // A broker of a cluster accepts the flags CLUSTER allows (CreateStream's REPLICAS).
     let accepted = broker_capabilities(&session.app);
     let mut decoder = FrameDecoder::new(session.app.settings.limits, accepted);
+    // When the first read of the frame now being decoded happened (`None` between frames).
+    let mut frame_began: Option<Instant> = None;
     'read: loop {
         let chunk = match recv.read_chunk(decoder.wanted_bytes().clamp(1, READ_CHUNK_BYTES)).await {
             Ok(Some(chunk)) => chunk,
@@ -122,8 +124,15 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
             }
             Err(_) => break,
         };
+        let read_at = Instant::now();
+        let mut began = *frame_began.get_or_insert(read_at);
         decoder.handle_chunk(chunk);
         while let Some(result) = decoder.poll_frame() {
+            if matches!(result, Ok(Frame::Publish(_))) {
+                record_receive_span(&session.app, read_at.duration_since(began));
+            }
+            // Bytes left after this frame belong to the next one, which began in this read.
+            began = read_at;
             let answer = match result {
                 Ok(Frame::Replicate(r)) if session.peer.get() => {
                     if let Some(host) = session.app.replication.get() {
@@ -153,9 +162,17 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
                 break 'read;
             }
         }
+        frame_began = (decoder.buffered_bytes() > 0).then_some(began);
     }
     drop(tx);
     responder.await;
+}
+
+/// Records how long a Publish frame's bytes took to arrive, from the first read of them to
+/// the last (`felix_publish_receive_span_us`).
+fn record_receive_span(app: &CoreApp, span: std::time::Duration) {
+    let us = u64::try_from(span.as_micros()).unwrap_or(u64::MAX);
+    let _ = app.receive_span_us.borrow_mut().record(us.max(1));
 }
 
 fn reject(session: &Session, e: &FrameError) -> Answer {

@@ -77,6 +77,9 @@ def run_row(r):
     p50 = b.get("ack_p50_us_per_core") or [None]
     p99 = b.get("ack_p99_us_per_core") or [None]
     flush_p99 = b.get("flush_p99_us_per_core") or [None]
+    # The broker's receive span (first to last read of a batch's bytes), in results since
+    # felix_publish_receive_span_us exists.
+    recv_p99 = b.get("receive_p99_us_per_core") or [None]
     # MB per generator CPU-s, the broker's busy % and the bound come in the JSON since
     # felix-loadgen reports them (nats_pub always has); older results get them computed here
     # from the CPU seconds and busy figures they do have.
@@ -101,6 +104,7 @@ def run_row(r):
         "broker_p50": max(p50) / 1000 if p50[0] is not None else None,
         "broker_p99": max(p99) / 1000 if p99[0] is not None else None,
         "flush_p99": max(flush_p99) / 1000 if flush_p99[0] is not None else None,
+        "recv_p99": max(recv_p99) / 1000 if recv_p99[0] is not None else None,
         "flushes_per_gb": b.get("flushes_per_gb"),
         "stored_share": (b.get("stored_bytes", 0) / r["sent_bytes"] * 100) if r.get("sent_bytes") else None,
         "errors": r.get("errors", 0),
@@ -117,6 +121,7 @@ def publish_table(runs):
         ("gen_per_cpu_s", "{:.0f}"), ("broker_cpu", "{:.0f}"), ("broker_busy", "{:.0f}"),
         ("gen_busy", "{:.0f}"), ("p50", "{:.2f}"), ("p99", "{:.2f}"),
         ("broker_p50", "{:.2f}"), ("broker_p99", "{:.2f}"), ("flush_p99", "{:.2f}"),
+        ("recv_p99", "{:.2f}"),
         ("flushes_per_gb", "{:.0f}"),
         ("stored_share", "{:.1f}")]}
     loads = [x for row in rows for x in row["load"] if x is not None]
@@ -296,15 +301,16 @@ def main():
     if pub:
         head = ("| scenario | stored MB/s | MB per broker CPU-s | MB per generator CPU-s | "
                 "broker CPU % | generator busy % | bound by | client p50 ms | client p99 ms | "
-                "broker p50 ms | broker p99 ms | flush p99 ms | flushes/GB | stored/sent % | runs | "
-                "load avg |")
-        t = [head, "|" + "---|" * 16]
+                "broker p50 ms | broker p99 ms | flush p99 ms | receive span p99 ms | flushes/GB | "
+                "stored/sent % | runs | load avg |")
+        t = [head, "|" + "---|" * 17]
         for name, s in pub.items():
             label = PEER_LABEL if name == PEER else name
             t.append(f"| {label} | {s['stored_mb_s'][0]} | {s['per_cpu_s'][0]} | "
                      f"{s['gen_per_cpu_s'][0]} | {s['broker_cpu'][0]} | {s['gen_busy'][0]} | "
                      f"{s['bound_by']} | {s['p50'][0]} | {s['p99'][0]} | {s['broker_p50'][0]} | "
-                     f"{s['broker_p99'][0]} | {s['flush_p99'][0]} | {s['flushes_per_gb'][0]} | {s['stored_share'][0]} | "
+                     f"{s['broker_p99'][0]} | {s['flush_p99'][0]} | {s['recv_p99'][0]} | "
+                     f"{s['flushes_per_gb'][0]} | {s['stored_share'][0]} | "
                      f"{s['runs']} | {s['load']} |")
         ratios = ["", "Ratios to the limits measured in the same session (medians):", ""]
         for name, s in pub.items():
@@ -339,7 +345,8 @@ def main():
                  "Client latency is send-to-ack including the generator's closed-loop queue; broker "
                  "latency is the broker's own publish-to-ack histogram over the window (its /histograms "
                  "read at the first publication inside the window and at its end, differenced; "
-                 "the flush p99 over the same span). "
+                 "the flush p99 over the same span; the receive span is how long a batch's bytes "
+                 "took to arrive, first to last read by the broker, before its ack clock starts). "
                  "MB per generator CPU-s: stored MB over the generator's CPU seconds. Bound by: "
                  f"the side at least {BOUND_BUSY_PCT:.0f}% busy (of the CPUs it may use) and busier "
                  "than the other, per run (felix-loadgen's bound_by); neither = both waited on "

@@ -28,6 +28,8 @@ one() {
   kill "$bp"; wait "$bp" 2>/dev/null || true
   rm -rf "$data"
 }
+# SUMMARY_ONLY=1: only the table, from the JSONs already in <out dir>.
+[ "${SUMMARY_ONLY:-0}" = 1 ] && RUNS=0
 for run in $(seq 1 "$RUNS"); do
   one "rate10000-$run" --rate 10000
   one "rate28400-$run" --rate 28400
@@ -44,10 +46,12 @@ for p in sorted(glob.glob(f"{out}/*.json")):
     kind = re.sub(r"-\d+$", "", os.path.basename(p)[:-5])
     r = json.load(open(p)); b = r.get("broker") or {}
     rows.setdefault(kind, []).append(r)
+def med0(xs):
+    return f"{statistics.median(xs):.0f} ({min(xs):.0f}-{max(xs):.0f})"
 def med(xs):
     xs = [x for x in xs if x is not None]
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}-{max(xs):.2f})" if xs else "-"
-print("| case | client p50 / p99 ms | broker ack p50 / p99 ms | receive span p50 / p99 ms | write p99 / flush p99 ms | broker CPU % |")
+print("| case | client p50 / p99 ms | broker ack p50 / p99 ms | receive span p50 / p99 us | write p99 / flush p99 ms | broker CPU % |")
 print("|---|---|---|---|---|---|")
 for kind, rs in rows.items():
     g = lambda f: [f(r) for r in rs]
@@ -55,7 +59,7 @@ for kind, rs in rows.items():
     c = lambda q: g(lambda r: r["ack"][q] / 1000)
     print(f"| {kind} | {med(c('p50_us'))} / {med(c('p99_us'))} "
           f"| {med(g(lambda r: b(r)['ack_p50_us_per_core'][0] / 1000))} / {med(g(lambda r: b(r)['ack_p99_us_per_core'][0] / 1000))} "
-          f"| {med(g(lambda r: b(r)['receive_p50_us_per_core'][0] / 1000))} / {med(g(lambda r: b(r)['receive_p99_us_per_core'][0] / 1000))} "
+          f"| {med0(g(lambda r: b(r)['receive_p50_us_per_core'][0]))} / {med0(g(lambda r: b(r)['receive_p99_us_per_core'][0]))} "
           f"| {med(g(lambda r: b(r)['write_p99_us_per_core'][0] / 1000))} / {med(g(lambda r: b(r)['flush_p99_us_per_core'][0] / 1000))} "
           f"| {med(g(lambda r: b(r)['cpu_pct']))} |")
 PY

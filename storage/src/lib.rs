@@ -50,7 +50,8 @@ pub use config::{
 pub use epochs::EPOCH_CHANGES_PER_SHARD_MAX;
 pub use error::{is_no_space, Result, StorageError};
 pub use log::{
-    AppendOutcome, BatchMeta, RetentionOutcome, StoredBatch, StreamLog, READ_GAP_BYTES_MAX,
+    AppendOutcome, Appending, BatchMeta, RetentionOutcome, StoredBatch, StreamLog,
+    READ_GAP_BYTES_MAX,
 };
 pub use producers::{PRODUCERS_PER_SHARD_MAX, PRODUCER_SEQ_WINDOW};
 pub use read::{BatchView, RecordSlices};

@@ -253,6 +253,21 @@ impl StreamLog {
         ack: AckMode,
         meta: BatchMeta,
     ) -> Result<AppendOutcome> {
+        self.submit(shard, records, timestamp_ms, ack, meta)?.done().await
+    }
+
+    /// Queues an append without waiting: [`StreamLog::append_with`] up to the point where
+    /// the batch has its offsets. Batches submitted one after another are stored in that
+    /// order, whenever their [`Appending`]s are awaited (or if they are dropped: a queued
+    /// batch is written either way). A refused batch is an error here and takes no offset.
+    pub fn submit(
+        &self,
+        shard: ShardId,
+        records: &[Record],
+        timestamp_ms: u64,
+        ack: AckMode,
+        meta: BatchMeta,
+    ) -> Result<Appending> {
         let (outcome, wait) = {
             let mut st = self.inner.state.borrow_mut();
             match self.enqueue(&mut st, shard, records, timestamp_ms, ack, meta) {
@@ -266,15 +281,7 @@ impl StreamLog {
         if !outcome.duplicate {
             self.inner.writer.notify();
         }
-        match wait {
-            AckWait::Now => Ok(outcome),
-            AckWait::Flush => self.flush().await.map(|()| outcome),
-            AckWait::Done(done) => match done.await {
-                Some(Ok(())) => Ok(outcome),
-                Some(Err(e)) => Err(e),
-                None => Err(StorageError::Closed),
-            },
-        }
+        Ok(Appending { log: self.clone(), outcome, wait })
     }
 
     fn enqueue(
@@ -587,6 +594,37 @@ impl StreamLog {
 }
 
 /// What an append waits for before it answers.
+/// A batch queued by [`StreamLog::submit`]: its offsets are fixed; [`Appending::done`] waits
+/// until its ack mode is satisfied.
+#[must_use = "the append's result is known only when it is awaited"]
+pub struct Appending {
+    log: StreamLog,
+    outcome: AppendOutcome,
+    wait: AckWait,
+}
+
+impl Appending {
+    /// The offsets the batch got, or its original's for a duplicate (provisional until
+    /// `done` succeeds, as for [`StreamLog::append`]).
+    pub fn outcome(&self) -> AppendOutcome {
+        self.outcome
+    }
+
+    /// Waits until the batch is written, or durable, as its ack mode asks.
+    pub async fn done(self) -> Result<AppendOutcome> {
+        let Appending { log, outcome, wait } = self;
+        match wait {
+            AckWait::Now => Ok(outcome),
+            AckWait::Flush => log.flush().await.map(|()| outcome),
+            AckWait::Done(done) => match done.await {
+                Some(Ok(())) => Ok(outcome),
+                Some(Err(e)) => Err(e),
+                None => Err(StorageError::Closed),
+            },
+        }
+    }
+}
+
 enum AckWait {
     /// Nothing: answer now.
     Now,

@@ -628,3 +628,47 @@ fn empty_files_left_by_a_crash_do_not_break_the_next_open() {
         assert_eq!(probes, [".io-probe.1.0"], "the gone process's probe file is removed");
     }
 }
+
+/// `submit` fixes a batch's offsets when it returns: batches submitted one after another are
+/// stored in that order, read back whole across segment rolls and a reopen, whether their
+/// `Appending`s are awaited newest first or dropped; a refused batch takes no offset.
+#[test]
+fn submitted_batches_are_stored_in_submit_order_however_they_are_awaited() {
+    const BATCHES: u64 = 300;
+    const PER_BATCH: usize = 8;
+    const VALUE: usize = 4000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = small_config(&path);
+        let log = open(&path, &config).await;
+        let shard = SHARDS[1];
+        let mut pending = Vec::new();
+        for i in 0..BATCHES {
+            let base = i * PER_BATCH as u64;
+            let batch = records(shard.0, base, PER_BATCH, VALUE);
+            let mode = if i % 3 == 0 { AckMode::Durable } else { AckMode::Written };
+            let appending = log.submit(shard, &batch, 1, mode, Default::default()).unwrap();
+            assert_eq!(appending.outcome().base_offset, Offset(base), "offset fixed at submit");
+            // Every fifth one is dropped unawaited: it is written all the same.
+            if i % 5 != 4 {
+                pending.push((base, appending));
+            }
+            if i == 100 {
+                let refused = log.submit(shard, &[], 1, AckMode::Written, Default::default());
+                assert!(matches!(refused, Err(StorageError::EmptyBatch)), "empty batch refused");
+            }
+        }
+        while let Some((base, appending)) = pending.pop() {
+            let out = appending.done().await.expect("append completes");
+            assert_eq!((out.base_offset, out.record_count), (Offset(base), PER_BATCH as u32));
+        }
+        log.flush().await.unwrap();
+        let end = BATCHES * PER_BATCH as u64;
+        check_shard(&log, shard, end, VALUE).await;
+        assert!(log.segment_count() >= 3, "small segments rolled: {}", log.segment_count());
+        log.close().await.unwrap();
+        let log = open(&path, &config).await;
+        check_shard(&log, shard, end, VALUE).await;
+    });
+}

@@ -16,7 +16,9 @@ use felix_proto::{
     AckMode, CoreId, ErrorCode, Offset, ProducerTag, Record, Retention, ShardId, StartAt,
     StreamName,
 };
-use felix_storage::{AppendOutcome, CoreStore, RetentionConfig, StorageError, StreamLog};
+use felix_storage::{
+    AppendOutcome, BatchMeta, CoreStore, RetentionConfig, StorageError, StreamLog,
+};
 use glommio::sync::Semaphore;
 
 use super::disk::DiskFloor;
@@ -99,6 +101,11 @@ pub struct StreamEntry {
     pub tails: super::tail::StreamTails,
     unkeyed_next: Cell<u32>,
 }
+
+/// A local append queued in storage (its offsets fixed), waiting for its ack mode
+/// ([`CoreApp::submit_local`]).
+pub type LocalAppend =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<AppendOutcome, WireError>>>>;
 
 /// One core's broker state.
 pub struct CoreApp {
@@ -390,7 +397,7 @@ impl CoreApp {
         match req {
             CoreRequest::Append { stream, shard, records, timestamp_ms, ack, producer } => {
                 CoreResponse::Appended(
-                    self.append_local(&stream, shard, &records, timestamp_ms, ack, producer).await,
+                    self.append_local(&stream, shard, records, timestamp_ms, ack, producer).await,
                 )
             }
             CoreRequest::Read { stream, shard, from, max_bytes, wait_ms } => CoreResponse::Batches(
@@ -432,26 +439,41 @@ impl CoreApp {
         })
     }
 
-    /// Appends to an owned shard. The batch is queued (its offsets fixed) at the first poll.
-    /// A batch tagged by `producer` that the shard already stored is not stored again: the
-    /// outcome names the original offsets (`duplicate`).
+    /// Appends to an owned shard, opening the stream on this core first if another core
+    /// created it: [`CoreApp::submit_local`], awaited.
     pub async fn append_local(
-        &self,
+        self: &Rc<Self>,
         stream: &str,
         shard: ShardId,
-        records: &[Record],
+        records: Vec<Record>,
         timestamp_ms: u64,
         ack: AckMode,
         producer: Option<ProducerTag>,
     ) -> Result<AppendOutcome, WireError> {
+        if !self.streams.borrow().contains_key(stream) {
+            self.stream(stream, false).await?;
+        }
+        self.submit_local(stream, shard, records, timestamp_ms, ack, producer)?.await
+    }
+
+    /// Queues an append to an owned shard of a stream open on this core, without waiting:
+    /// when it returns, the batch has its offsets, so batches submitted one after another are
+    /// stored in that order (per-key ordering rests on this). The future waits for `ack`. A
+    /// batch tagged by `producer` that the shard already stored is not stored again: the
+    /// outcome names the original offsets (`duplicate`).
+    pub fn submit_local(
+        self: &Rc<Self>,
+        stream: &str,
+        shard: ShardId,
+        records: Vec<Record>,
+        timestamp_ms: u64,
+        ack: AckMode,
+        producer: Option<ProducerTag>,
+    ) -> Result<LocalAppend, WireError> {
         debug_assert_eq!(self.owner(shard), self.core, "a shard is appended to by its owner");
-        let cached = self.streams.borrow().get(stream).cloned();
-        let entry = match cached {
-            Some(e) => e,
-            // Another core created the stream: load its definition (an await, so callers that
-            // need ordering open the stream before they queue appends).
-            None => self.stream(stream, false).await?,
-        };
+        let entry = self.streams.borrow().get(stream).cloned().ok_or_else(|| {
+            WireError::new(ErrorCode::StreamNotFound, format!("{stream} is not open on this core"))
+        })?;
         let Some(log) = entry.log.clone() else {
             return Err(WireError::new(
                 ErrorCode::Internal,
@@ -464,35 +486,46 @@ impl CoreApp {
             .iter()
             .map(|r| (r.value.len() + r.key.as_ref().map_or(0, Bytes::len)) as u64)
             .sum();
+        let app = self.clone();
         if let Some(host) = self.replication.get().filter(|h| h.is_replicated(stream)) {
-            let base = host.append(stream, shard, records, timestamp_ms, ack, producer).await?;
-            stats::add(&self.stats.counters.storage_append_bytes, bytes);
-            stats::add(&self.stats.counters.storage_appends, 1);
-            let record_count = records.len() as u32;
-            return Ok(AppendOutcome { base_offset: base, record_count, duplicate: false });
+            let replicated = host.submit(stream, shard, &records, timestamp_ms, ack, producer)?;
+            return Ok(Box::pin(async move {
+                let base = replicated.await?;
+                stats::add(&app.stats.counters.storage_append_bytes, bytes);
+                stats::add(&app.stats.counters.storage_appends, 1);
+                let record_count = records.len() as u32;
+                Ok(AppendOutcome { base_offset: base, record_count, duplicate: false })
+            }));
         }
         // Every append waits at least for its write, so the tail only ever holds written data.
         let mode = if ack == AckMode::None { AckMode::Written } else { ack };
-        let out = log
-            .append_tagged(shard, records, timestamp_ms, mode, producer)
-            .await
-            .map_err(|e| storage_error(&e))?;
-        debug_assert_eq!(out.record_count as usize, records.len(), "every record gets an offset");
-        if out.duplicate {
-            // Stored before: nothing new for the tail or the byte counters.
-            stats::add(&self.stats.counters.publish_duplicates, 1);
-            return Ok(out);
-        }
-        debug_assert!(
-            log.next_offset(shard).is_ok_and(|n| n.0 >= out.base_offset.0 + records.len() as u64),
-            "the shard's next offset advances past an appended batch"
-        );
-        stats::add(&self.stats.counters.storage_append_bytes, bytes);
-        stats::add(&self.stats.counters.storage_appends, 1);
-        entry.tails.with(shard, |t| {
-            t.handle_append(Instant::now(), shard, out.base_offset, timestamp_ms, records.to_vec())
-        });
-        Ok(out)
+        let meta = BatchMeta { producer, ..BatchMeta::default() };
+        let appending =
+            log.submit(shard, &records, timestamp_ms, mode, meta).map_err(|e| storage_error(&e))?;
+        Ok(Box::pin(async move {
+            let out = appending.done().await.map_err(|e| storage_error(&e))?;
+            debug_assert_eq!(
+                out.record_count as usize,
+                records.len(),
+                "every record gets an offset"
+            );
+            if out.duplicate {
+                // Stored before: nothing new for the tail or the byte counters.
+                stats::add(&app.stats.counters.publish_duplicates, 1);
+                return Ok(out);
+            }
+            debug_assert!(
+                log.next_offset(shard)
+                    .is_ok_and(|n| n.0 >= out.base_offset.0 + records.len() as u64),
+                "the shard's next offset advances past an appended batch"
+            );
+            stats::add(&app.stats.counters.storage_append_bytes, bytes);
+            stats::add(&app.stats.counters.storage_appends, 1);
+            entry.tails.with(shard, |t| {
+                t.handle_append(Instant::now(), shard, out.base_offset, timestamp_ms, records)
+            });
+            Ok(out)
+        }))
     }
 
     async fn read_local(

@@ -30,6 +30,8 @@ pub mod stats;
 pub mod subscribe;
 pub mod tail;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -37,7 +39,6 @@ use std::time::{Duration, Instant};
 
 use felix_proto::{Limits, Retention};
 use felix_storage::{CoreStore, RetentionConfig, StorageConfig, BATCH_BYTES_LIMIT};
-use futures_lite::future::poll_once;
 use glommio::sync::Semaphore;
 
 use self::core::{CoreApp, Settings};
@@ -417,23 +418,45 @@ async fn open_core(
         glommio::spawn_local(async move {
             while let Some(msg) = rx.recv().await {
                 let MeshMsg::Request { id, from, req } = msg else { continue };
-                if let mesh::CoreRequest::Append { stream, .. } = &req {
-                    stats::add(&app.stats.counters.forwarded_in, 1);
-                    // Open the stream here, in arrival order, so the append below is queued at
-                    // its first poll.
-                    let _ = app.stream(stream, false).await;
-                }
                 let Ok(permit) = limit.acquire_static_permit(1).await else { return };
-                let worker = app.clone();
-                let mut fut = Box::pin(async move { worker.handle_request(req).await });
-                // The first poll queues an append in storage, in arrival order.
-                let first = poll_once(&mut fut).await;
+                let work: Pin<Box<dyn Future<Output = mesh::CoreResponse>>> = match req {
+                    mesh::CoreRequest::Append {
+                        stream,
+                        shard,
+                        records,
+                        timestamp_ms,
+                        ack,
+                        producer,
+                    } => {
+                        stats::add(&app.stats.counters.forwarded_in, 1);
+                        // Open the stream and queue the append here, in arrival order: a
+                        // sender's appends are stored in the order it sent them.
+                        let queued = match app.stream(&stream, false).await {
+                            Ok(_) => app.submit_local(
+                                &stream,
+                                shard,
+                                records,
+                                timestamp_ms,
+                                ack,
+                                producer,
+                            ),
+                            Err(e) => Err(e),
+                        };
+                        Box::pin(async move {
+                            mesh::CoreResponse::Appended(match queued {
+                                Ok(appending) => appending.await,
+                                Err(e) => Err(e),
+                            })
+                        })
+                    }
+                    other => {
+                        let worker = app.clone();
+                        Box::pin(async move { worker.handle_request(other).await })
+                    }
+                };
                 let app = app.clone();
                 glommio::spawn_local(async move {
-                    let resp = match first {
-                        Some(r) => r,
-                        None => fut.await,
-                    };
+                    let resp = work.await;
                     drop(permit);
                     app.mesh.reply(from, id, resp).await;
                 })

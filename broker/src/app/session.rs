@@ -18,7 +18,6 @@ use felix_proto::{
     AckMode, Capabilities, ErrorCode, Frame, FrameDecoder, FrameError, FrameType, HelloOk, Publish,
     PublishAck, Record, RequestId, ShardId, StreamInfo, StreamList, PROTOCOL_VERSION,
 };
-use futures_lite::future::poll_once;
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::sync::Semaphore;
 
@@ -548,15 +547,11 @@ impl Session {
         let owner = app.owner(shard);
         let stored: Pin<Box<dyn Future<Output = Result<felix_storage::AppendOutcome, WireError>>>> =
             if owner == app.core {
-                let app = app.clone();
-                let stream = p.stream;
-                let mut fut: Pin<Box<dyn Future<Output = _>>> = Box::pin(async move {
-                    app.append_local(&stream, shard, &records, timestamp_ms, mode, producer).await
-                });
-                // The first poll queues the batch in storage: its offsets are fixed now.
-                match poll_once(&mut fut).await {
-                    Some(r) => Box::pin(async move { r }),
-                    None => fut,
+                // Queued now, its offsets fixed, before the stream's next frame is read (the
+                // stream was opened on this core above).
+                match app.submit_local(&p.stream, shard, records, timestamp_ms, mode, producer) {
+                    Ok(appending) => appending,
+                    Err(e) => Box::pin(async move { Err(e) }),
                 }
             } else {
                 stats::add(&c.forwarded_out, 1);

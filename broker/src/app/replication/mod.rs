@@ -137,10 +137,10 @@ impl Host {
         self.link.view().replication.get(stream).is_some_and(|n| *n > 1)
     }
 
-    /// Appends a client's batch to a replicated shard this broker leads; resolves to its base
-    /// offset once `ack` is met. `None` acks wait for the leader's write, as unreplicated
-    /// appends do.
-    pub async fn append(
+    /// Queues a client's batch on a replicated shard this broker leads (batches submitted one
+    /// after another are replicated in that order); the future resolves to its base offset
+    /// once `ack` is met. `None` acks wait for the leader's write, as unreplicated appends do.
+    pub fn submit(
         self: &Rc<Self>,
         stream: &str,
         shard: ShardId,
@@ -148,7 +148,8 @@ impl Host {
         timestamp_ms: u64,
         ack: felix_proto::AckMode,
         producer: Option<ProducerTag>,
-    ) -> Result<Offset, WireError> {
+    ) -> Result<impl std::future::Future<Output = Result<Offset, WireError>> + 'static, WireError>
+    {
         let Some(replica) = self.replica(stream, shard) else {
             return Err(WireError::new(
                 ErrorCode::ShardUnavailable,
@@ -160,11 +161,14 @@ impl Host {
             _ => AckMode::Written,
         };
         let rx = replica.append(self, records, timestamp_ms, mode, producer);
-        match rx.await {
-            Ok(Ok(base)) => Ok(base),
-            Ok(Err(e)) => Err(self.append_error(stream, shard, &replica, e)),
-            Err(_) => Err(WireError::new(ErrorCode::ShardUnavailable, "the replica stopped")),
-        }
+        let (host, stream) = (self.clone(), stream.to_owned());
+        Ok(async move {
+            match rx.await {
+                Ok(Ok(base)) => Ok(base),
+                Ok(Err(e)) => Err(host.append_error(&stream, shard, &replica, e)),
+                Err(_) => Err(WireError::new(ErrorCode::ShardUnavailable, "the replica stopped")),
+            }
+        })
     }
 
     fn append_error(

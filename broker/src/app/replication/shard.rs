@@ -323,12 +323,8 @@ impl ShardReplica {
                 DiskOp::Write { id, batches } => {
                     let n = batches.len();
                     for (i, b) in batches.into_iter().enumerate() {
-                        let mut fut = self.write(b);
-                        // The first poll queues the batch in storage, in order.
-                        match poll_once(&mut fut).await {
-                            Some(r) => inflight.push_back((None, Box::pin(async move { r }))),
-                            None => inflight.push_back((None, fut)),
-                        }
+                        // Queued in storage now, in order; awaited later.
+                        inflight.push_back((None, self.write(b)));
                         if i + 1 == n {
                             if let Some(last) = inflight.back_mut() {
                                 last.0 = Some(id);
@@ -357,29 +353,31 @@ impl ShardReplica {
         }
     }
 
-    /// The storage append of one replicated batch, at its offset, stamped with its epoch.
+    /// The storage append of one replicated batch, at its offset, stamped with its epoch:
+    /// queued when this returns (so batches are stored in call order), done when the returned
+    /// future is.
     fn write(&self, b: Batch) -> Pending {
-        let log = self.log.clone();
-        let shard = self.shard;
-        Box::pin(async move {
-            let (ts, records) =
-                payload::decode(&b.payload, b.records).map_err(|e| StorageError::Io {
-                    context: "decoding a replicated batch",
-                    path: std::path::PathBuf::new(),
-                    source: std::io::Error::other(e),
-                })?;
-            let meta = BatchMeta {
-                producer: b.producer.map(|p| ProducerTag {
-                    producer: felix_proto::ProducerId(p.producer.0),
-                    seq: p.seq.0,
-                }),
-                epoch: Some(b.epoch.0),
-                expected_base: Some(b.base),
-            };
-            log.append_with(shard, &records, ts, felix_proto::AckMode::Written, meta)
-                .await
-                .map(|_| ())
-        })
+        let queued = payload::decode(&b.payload, b.records)
+            .map_err(|e| StorageError::Io {
+                context: "decoding a replicated batch",
+                path: std::path::PathBuf::new(),
+                source: std::io::Error::other(e),
+            })
+            .and_then(|(ts, records)| {
+                let meta = BatchMeta {
+                    producer: b.producer.map(|p| ProducerTag {
+                        producer: felix_proto::ProducerId(p.producer.0),
+                        seq: p.seq.0,
+                    }),
+                    epoch: Some(b.epoch.0),
+                    expected_base: Some(b.base),
+                };
+                self.log.submit(self.shard, &records, ts, felix_proto::AckMode::Written, meta)
+            });
+        match queued {
+            Ok(appending) => Box::pin(async move { appending.done().await.map(|_| ()) }),
+            Err(e) => Box::pin(async move { Err(e) }),
+        }
     }
 
     /// Reports a completed operation; false (and the replica stops) if it failed.

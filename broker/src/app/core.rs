@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use felix_proto::{
-    AckMode, CoreId, ErrorCode, Offset, ProducerTag, Record, Retention, ShardId, StartAt,
-    StreamName,
+    AckMode, CoreId, ErrorCode, Offset, Record, Retention, ShardId, StartAt, StreamName,
 };
 use felix_storage::{
     AppendOutcome, BatchMeta, CoreStore, RetentionConfig, StorageError, StreamLog,
@@ -25,7 +24,7 @@ use super::disk::DiskFloor;
 pub use super::error::{meta_error, storage_error, DISK_FULL_MESSAGE};
 use super::error::{CoreOpenError, WireError};
 use super::frames::LogFrames;
-use super::mesh::{CoreRequest, CoreResponse, Mesh};
+use super::mesh::{AppendBatch, CoreRequest, CoreResponse, Mesh};
 use super::meta::{self, StreamMeta, TenantQuota};
 use super::stats::{self, AppStats};
 use super::tail::{EncodedBatch, TailRead};
@@ -395,10 +394,11 @@ impl CoreApp {
     pub async fn handle_request(self: &Rc<Self>, req: CoreRequest) -> CoreResponse {
         debug_assert_eq!(self.owner(req.shard()), self.core, "a shard is handled by its owner");
         match req {
-            CoreRequest::Append { stream, shard, records, timestamp_ms, ack, producer } => {
-                CoreResponse::Appended(
-                    self.append_local(&stream, shard, records, timestamp_ms, ack, producer).await,
-                )
+            CoreRequest::Append(batch) => {
+                CoreResponse::Appended(match self.submit_forwarded(batch).await {
+                    Ok(appending) => appending.await,
+                    Err(e) => Err(e),
+                })
             }
             CoreRequest::Read { stream, shard, from, max_bytes, wait_ms } => CoreResponse::Batches(
                 self.read_local(&stream, shard, from, max_bytes, wait_ms).await,
@@ -439,21 +439,17 @@ impl CoreApp {
         })
     }
 
-    /// Appends to an owned shard, opening the stream on this core first if another core
-    /// created it: [`CoreApp::submit_local`], awaited.
-    pub async fn append_local(
+    /// Queues a batch another core forwarded, opening its stream on this core first if this
+    /// core has not yet: [`CoreApp::submit_local`] after at most one await. Batches handed to
+    /// it one after another (each awaited before the next) are stored in that order.
+    pub async fn submit_forwarded(
         self: &Rc<Self>,
-        stream: &str,
-        shard: ShardId,
-        records: Vec<Record>,
-        timestamp_ms: u64,
-        ack: AckMode,
-        producer: Option<ProducerTag>,
-    ) -> Result<AppendOutcome, WireError> {
-        if !self.streams.borrow().contains_key(stream) {
-            self.stream(stream, false).await?;
+        batch: AppendBatch,
+    ) -> Result<LocalAppend, WireError> {
+        if !self.streams.borrow().contains_key(&batch.stream) {
+            self.stream(&batch.stream, false).await?;
         }
-        self.submit_local(stream, shard, records, timestamp_ms, ack, producer)?.await
+        self.submit_local(batch)
     }
 
     /// Queues an append to an owned shard of a stream open on this core, without waiting:
@@ -461,15 +457,9 @@ impl CoreApp {
     /// stored in that order (per-key ordering rests on this). The future waits for `ack`. A
     /// batch tagged by `producer` that the shard already stored is not stored again: the
     /// outcome names the original offsets (`duplicate`).
-    pub fn submit_local(
-        self: &Rc<Self>,
-        stream: &str,
-        shard: ShardId,
-        records: Vec<Record>,
-        timestamp_ms: u64,
-        ack: AckMode,
-        producer: Option<ProducerTag>,
-    ) -> Result<LocalAppend, WireError> {
+    pub fn submit_local(self: &Rc<Self>, batch: AppendBatch) -> Result<LocalAppend, WireError> {
+        let AppendBatch { stream, shard, records, timestamp_ms, ack, producer } = batch;
+        let stream = stream.as_str();
         debug_assert_eq!(self.owner(shard), self.core, "a shard is appended to by its owner");
         let entry = self.streams.borrow().get(stream).cloned().ok_or_else(|| {
             WireError::new(ErrorCode::StreamNotFound, format!("{stream} is not open on this core"))

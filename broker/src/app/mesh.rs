@@ -29,24 +29,29 @@ pub const MESH_REQUESTS_IN_FLIGHT_MAX: u64 = 4096;
 /// Replies one mesh request gets: its reply channel holds exactly one.
 const MESH_REPLIES_PER_REQUEST: usize = 1;
 
+/// A batch for the core that owns its shard: what a session hands to
+/// [`super::core::CoreApp::submit_local`], here or over the mesh.
+#[derive(Debug)]
+pub struct AppendBatch {
+    /// Stream name.
+    pub stream: String,
+    /// Shard (owned by the receiver).
+    pub shard: ShardId,
+    /// Records.
+    pub records: Vec<Record>,
+    /// Broker time of receipt.
+    pub timestamp_ms: u64,
+    /// When to answer.
+    pub ack: AckMode,
+    /// The idempotent producer's tag, if the batch has one.
+    pub producer: Option<ProducerTag>,
+}
+
 /// Work one core asks of the core that owns a shard.
 #[derive(Debug)]
 pub enum CoreRequest {
     /// Append a batch to an owned shard.
-    Append {
-        /// Stream name.
-        stream: String,
-        /// Shard (owned by the receiver).
-        shard: ShardId,
-        /// Records.
-        records: Vec<Record>,
-        /// Broker time of receipt.
-        timestamp_ms: u64,
-        /// When to answer.
-        ack: AckMode,
-        /// The idempotent producer's tag, if the batch has one.
-        producer: Option<ProducerTag>,
-    },
+    Append(AppendBatch),
     /// Read batches from `from`, waiting up to `wait_ms` for new data if none is there.
     Read {
         /// Stream name.
@@ -88,7 +93,7 @@ impl CoreRequest {
     /// The shard the request is for: only that shard's owner core handles it.
     pub fn shard(&self) -> ShardId {
         match self {
-            Self::Append { shard, .. }
+            Self::Append(AppendBatch { shard, .. })
             | Self::Read { shard, .. }
             | Self::Resolve { shard, .. }
             | Self::Commit { shard, .. } => *shard,

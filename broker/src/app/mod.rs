@@ -420,28 +420,11 @@ async fn open_core(
                 let MeshMsg::Request { id, from, req } = msg else { continue };
                 let Ok(permit) = limit.acquire_static_permit(1).await else { return };
                 let work: Pin<Box<dyn Future<Output = mesh::CoreResponse>>> = match req {
-                    mesh::CoreRequest::Append {
-                        stream,
-                        shard,
-                        records,
-                        timestamp_ms,
-                        ack,
-                        producer,
-                    } => {
+                    mesh::CoreRequest::Append(batch) => {
                         stats::add(&app.stats.counters.forwarded_in, 1);
-                        // Open the stream and queue the append here, in arrival order: a
-                        // sender's appends are stored in the order it sent them.
-                        let queued = match app.stream(&stream, false).await {
-                            Ok(_) => app.submit_local(
-                                &stream,
-                                shard,
-                                records,
-                                timestamp_ms,
-                                ack,
-                                producer,
-                            ),
-                            Err(e) => Err(e),
-                        };
+                        // Queued here, in arrival order: a sender's appends are stored in the
+                        // order it sent them.
+                        let queued = app.submit_forwarded(batch).await;
                         Box::pin(async move {
                             mesh::CoreResponse::Appended(match queued {
                                 Ok(appending) => appending.await,

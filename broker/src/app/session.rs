@@ -25,7 +25,7 @@ use super::auth::{Action, Grant};
 use super::cluster::Refused;
 use super::core::{now_ms, CoreApp};
 use super::error::WireError;
-use super::mesh::{CoreRequest, CoreResponse};
+use super::mesh::{AppendBatch, CoreRequest, CoreResponse};
 use super::meta::{self, StreamMeta};
 use super::stats;
 use super::subscribe;
@@ -545,24 +545,19 @@ impl Session {
             p.records.into_iter().map(|value| Record { key: p.key.clone(), value }).collect();
         let timestamp_ms = now_ms();
         let owner = app.owner(shard);
+        let batch =
+            AppendBatch { stream: p.stream, shard, records, timestamp_ms, ack: mode, producer };
         let stored: Pin<Box<dyn Future<Output = Result<felix_storage::AppendOutcome, WireError>>>> =
             if owner == app.core {
                 // Queued now, its offsets fixed, before the stream's next frame is read (the
                 // stream was opened on this core above).
-                match app.submit_local(&p.stream, shard, records, timestamp_ms, mode, producer) {
+                match app.submit_local(batch) {
                     Ok(appending) => appending,
                     Err(e) => Box::pin(async move { Err(e) }),
                 }
             } else {
                 stats::add(&c.forwarded_out, 1);
-                let req = CoreRequest::Append {
-                    stream: p.stream,
-                    shard,
-                    records,
-                    timestamp_ms,
-                    ack: mode,
-                    producer,
-                };
+                let req = CoreRequest::Append(batch);
                 match app.mesh.submit(app.core, owner, req).await {
                     Ok(rx) => Box::pin(async move {
                         match rx.recv().await {

@@ -113,16 +113,18 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
     // When the first read of the frame now being decoded happened (`None` between frames).
     let mut frame_began: Option<Instant> = None;
     'read: loop {
-        let chunk = match recv.read_chunk(decoder.wanted_bytes().clamp(1, READ_CHUNK_BYTES)).await {
-            Ok(Some(chunk)) => chunk,
-            Ok(None) => {
+        // Every chunk that is there, up to what the frame being decoded still needs.
+        let wanted = decoder.wanted_bytes().clamp(1, READ_CHUNK_BYTES);
+        match recv.read_chunks(wanted, |chunk| decoder.handle_chunk(chunk)).await {
+            Ok(true) => {}
+            Ok(false) => {
                 if let Some(e) = decoder.handle_end() {
                     let _ = tx.send(reject(&session, &e)).await;
                 }
                 break;
             }
             Err(_) => break,
-        };
+        }
         // The clock is read at most twice per frame, not once per chunk (a 256 KiB batch
         // arrives in about 180): when a frame's first bytes arrive and when a frame completes.
         let mut read_at = None;
@@ -130,7 +132,6 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
             frame_began = Some(*read_at.insert(Instant::now()));
         }
         let mut began = frame_began;
-        decoder.handle_chunk(chunk);
         while let Some(result) = decoder.poll_frame() {
             let now = *read_at.get_or_insert_with(Instant::now);
             if matches!(result, Ok(Frame::Publish(_))) {

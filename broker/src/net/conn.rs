@@ -520,12 +520,24 @@ impl RecvStream {
         let max = buf.len();
         let mut n = 0;
         let r = self
-            .poll_read(max, |chunk| {
+            .read_chunks(max, |chunk| {
                 buf[n..n + chunk.len()].copy_from_slice(&chunk);
                 n += chunk.len();
             })
             .await;
         r.map(|got| got.then_some(n))
+    }
+
+    /// Hands every chunk that has arrived, up to `max` bytes in all, to `sink` without
+    /// copying, waiting until there is at least one: one call for what one `read_chunk` per
+    /// chunk would take (quinn's read state is opened and its flow control settled once).
+    /// `Ok(true)` if data came, `Ok(false)` at the end of the stream.
+    pub async fn read_chunks(
+        &mut self,
+        max: usize,
+        mut sink: impl FnMut(Bytes),
+    ) -> Result<bool, ReadError> {
+        self.read_with(max, usize::MAX, &mut sink).await
     }
 
     /// Reads one chunk of at most `max` bytes without copying. `Ok(None)` at the end.
@@ -559,16 +571,6 @@ impl RecvStream {
             let _ = cs.conn.recv_stream(id).stop(VarInt::from_u32(code));
             cs.wake_driver();
         });
-    }
-
-    /// Copies up to `max` bytes through `sink`, chunk by chunk; `Ok(true)` if data came,
-    /// `Ok(false)` at the end of the stream.
-    async fn poll_read(
-        &mut self,
-        max: usize,
-        mut sink: impl FnMut(Bytes),
-    ) -> Result<bool, ReadError> {
-        self.read_with(max, usize::MAX, &mut sink).await
     }
 
     async fn poll_read_one(

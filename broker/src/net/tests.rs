@@ -427,3 +427,35 @@ fn the_quic_counters_count_the_packets_a_core_sent_and_lost() {
         "{after:?} vs {lossy:?}"
     );
 }
+
+/// `read_chunks` hands over every chunk that has arrived in one call, up to its byte limit,
+/// in order and without copying; the next call gets the rest, and the end comes as `false`.
+#[test]
+fn read_chunks_takes_what_has_arrived_up_to_its_limit() {
+    let mut p = Pair::new(1, |_| {});
+    let ch = p.connect_and_wait(client_addr(7600));
+    let conn = p.cores[0].accept().expect("connection");
+    let data: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    send_uni(&mut p, ch, &data, true);
+    p.run_for(EXCHANGE);
+    let Poll::Ready(Ok(mut recv)) = poll_once(conn.accept_uni()) else {
+        panic!("stream");
+    };
+    let mut first = Vec::new();
+    let mut calls = 0;
+    let r = poll_once(recv.read_chunks(12_000, |c| {
+        calls += 1;
+        first.push(c);
+    }));
+    assert!(matches!(r, Poll::Ready(Ok(true))), "{r:?}");
+    let got: usize = first.iter().map(Bytes::len).sum();
+    assert_eq!(got, 12_000, "up to the limit, in one call");
+    assert!(calls > 1, "several datagrams' chunks in one call: {calls}");
+    let mut rest = Vec::new();
+    let r = poll_once(recv.read_chunks(usize::MAX, |c| rest.push(c)));
+    assert!(matches!(r, Poll::Ready(Ok(true))), "{r:?}");
+    let all: Vec<u8> = first.iter().chain(&rest).flat_map(|c| c.iter().copied()).collect();
+    assert_eq!(all, data, "every byte, in order");
+    let r = poll_once(recv.read_chunks(usize::MAX, |_| panic!("no data after the end")));
+    assert!(matches!(r, Poll::Ready(Ok(false))), "the end: {r:?}");
+}

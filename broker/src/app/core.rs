@@ -395,10 +395,7 @@ impl CoreApp {
         debug_assert_eq!(self.owner(req.shard()), self.core, "a shard is handled by its owner");
         match req {
             CoreRequest::Append(batch) => {
-                CoreResponse::Appended(match self.submit_forwarded(batch).await {
-                    Ok(appending) => appending.await,
-                    Err(e) => Err(e),
-                })
+                CoreResponse::Appended(async { self.submit_forwarded(batch).await?.await }.await)
             }
             CoreRequest::Read { stream, shard, from, max_bytes, wait_ms } => CoreResponse::Batches(
                 self.read_local(&stream, shard, from, max_bytes, wait_ms).await,

@@ -426,10 +426,7 @@ async fn open_core(
                         // order it sent them.
                         let queued = app.submit_forwarded(batch).await;
                         Box::pin(async move {
-                            mesh::CoreResponse::Appended(match queued {
-                                Ok(appending) => appending.await,
-                                Err(e) => Err(e),
-                            })
+                            mesh::CoreResponse::Appended(async { queued?.await }.await)
                         })
                     }
                     other => {

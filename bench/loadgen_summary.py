@@ -90,7 +90,18 @@ def run_row(r):
     if broker_busy is None and b.get("cpu_pct") is not None:
         broker_busy = b["cpu_pct"] / max(len(b.get("stored_bytes_per_core") or [None]), 1)
     bound = r.get("bound_by") or bound_of(r.get("generator_busy_pct"), broker_busy)
+    # The same CPU with interrupt work moved to the side it served (felix-loadgen's
+    # interrupts_attributed: on one host, the generator's softirq runs the broker's receive
+    # path, and the disk's interrupts land on one CPU).
+    att = r.get("interrupts_attributed") or {}
     return {
+        "att_per_cpu_s": att.get("stored_mb_per_broker_cpu_s"),
+        "att_gen_per_cpu_s": att.get("stored_mb_per_generator_cpu_s"),
+        "att_broker_busy": att.get("broker_busy_pct"),
+        "att_gen_busy": att.get("generator_busy_pct"),
+        "att_on_gen_s": att.get("on_generator_cpus_s"),
+        "att_on_broker_s": att.get("on_broker_cpus_s"),
+        "att_bound_by": att.get("bound_by"),
         "stored_mb_s": r.get("stored_mb_s"),
         "sent_mb_s": r.get("sent_mb_s"),
         "per_cpu_s": r.get("stored_mb_per_broker_cpu_s"),
@@ -122,6 +133,9 @@ def publish_table(runs):
         ("gen_busy", "{:.0f}"), ("p50", "{:.2f}"), ("p99", "{:.2f}"),
         ("broker_p50", "{:.2f}"), ("broker_p99", "{:.2f}"), ("flush_p99", "{:.2f}"),
         ("recv_p99", "{:.2f}"),
+        ("att_per_cpu_s", "{:.0f}"), ("att_gen_per_cpu_s", "{:.0f}"),
+        ("att_broker_busy", "{:.0f}"), ("att_gen_busy", "{:.0f}"),
+        ("att_on_gen_s", "{:.2f}"), ("att_on_broker_s", "{:.2f}"),
         ("flushes_per_gb", "{:.0f}"),
         ("stored_share", "{:.1f}")]}
     loads = [x for row in rows for x in row["load"] if x is not None]
@@ -132,6 +146,9 @@ def publish_table(runs):
     # "broker 3/3", or "generator 2/3, neither 1/3": each run's bound, most frequent first.
     bounds = collections.Counter(row["bound_by"] or "?" for row in rows)
     s["bound_by"] = ", ".join(f"{k} {n}/{len(rows)}" for k, n in bounds.most_common()) or "-"
+    att = [row["att_bound_by"] for row in rows if row["att_bound_by"]]
+    s["att_bound_by"] = ", ".join(
+        f"{k} {n}/{len(rows)}" for k, n in collections.Counter(att).most_common()) or "-"
     ks = sorted({row["key_shards"] for row in rows if row["key_shards"] is not None})
     s["key_shards"] = ",".join(str(k) for k in ks) or "-"
     return s
@@ -312,6 +329,22 @@ def main():
                      f"{s['broker_p99'][0]} | {s['flush_p99'][0]} | {s['recv_p99'][0]} | "
                      f"{s['flushes_per_gb'][0]} | {s['stored_share'][0]} | "
                      f"{s['runs']} | {s['load']} |")
+        # The same runs with interrupt time moved to the side it served (rows that have it).
+        att_rows = [(n, s) for n, s in pub.items() if s["att_bound_by"] != "-"]
+        if att_rows:
+            t += ["", "The same runs with interrupt work (irq + softirq, from `/proc/stat`) moved "
+                  "to the side it served: on one host a datagram's receive path runs in its "
+                  "sender's softirq, and the disk's interrupts land on one CPU, so the plain "
+                  "figures charge part of the broker's work to the generator (felix-loadgen's "
+                  "`interrupts_attributed`, docs/loadgen.md):", "",
+                  "| scenario | interrupt CPU-s on generator's / broker's CPUs | MB per broker CPU-s "
+                  "| MB per generator CPU-s | broker busy % | generator busy % | bound by |",
+                  "|" + "---|" * 7]
+            for name, s in att_rows:
+                t.append(f"| {name} | {s['att_on_gen_s'][0]} / {s['att_on_broker_s'][0]} | "
+                         f"{s['att_per_cpu_s'][0]} | {s['att_gen_per_cpu_s'][0]} | "
+                         f"{s['att_broker_busy'][0]} | {s['att_gen_busy'][0]} | "
+                         f"{s['att_bound_by']} |")
         ratios = ["", "Ratios to the limits measured in the same session (medians):", ""]
         for name, s in pub.items():
             if name.endswith("rate"):

@@ -14,7 +14,8 @@ use hdrhistogram::Histogram;
 use crate::config::RunConfig;
 use crate::metrics::{self, BrokerSample, HistogramSample};
 use crate::report::{
-    Bound, BrokerResult, ClientQuic, Latency, RunResult, Second, WorkerResult, RESULT_VERSION,
+    Bound, BrokerResult, ClientQuic, InterruptsAttributed, Latency, RunResult, Second, SideCpu,
+    WorkerResult, RESULT_VERSION,
 };
 use crate::sys;
 use crate::worker::{self, new_histogram, RunFlags, WorkerShared};
@@ -89,6 +90,8 @@ struct Edge {
     workers: Vec<Totals>,
     generator_cpu_s: f64,
     broker_cpu_s: Option<f64>,
+    /// Interrupt seconds on the generator's and on the broker's CPUs (when attributed).
+    interrupts: Option<(f64, f64)>,
     broker: Option<BrokerSample>,
     histograms: Option<HistogramSample>,
     load: Option<f64>,
@@ -213,6 +216,9 @@ struct Sampler<'a> {
     window_start_unix_ms: Option<u64>,
     /// The first histograms the broker published at or after the window's start.
     histograms_start: Option<HistogramSample>,
+    /// The generator's and the broker's CPUs, when the broker's pid is known and the two
+    /// sets are disjoint: interrupt time is then attributed ([`InterruptsAttributed`]).
+    interrupt_cpus: Option<(Vec<usize>, Vec<usize>)>,
 }
 
 impl<'a> Sampler<'a> {
@@ -227,6 +233,7 @@ impl<'a> Sampler<'a> {
             previous_broker_cpu_s: config.broker_pid.and_then(|p| sys::process_cpu_s(Some(p))),
             previous_broker: broker,
             previous_at: Instant::now(),
+            interrupt_cpus: config.broker_pid.and_then(disjoint_cpus),
             ack_totals: (0..n).map(|_| new_histogram()).collect(),
             delivery_totals: (0..n).map(|_| new_histogram()).collect(),
             timeline: Vec::new(),
@@ -243,6 +250,10 @@ impl<'a> Sampler<'a> {
             workers: self.workers.iter().map(|w| Totals::of(w)).collect(),
             generator_cpu_s: sys::process_cpu_s(None).unwrap_or(0.0),
             broker_cpu_s: self.config.broker_pid.and_then(|p| sys::process_cpu_s(Some(p))),
+            interrupts: self
+                .interrupt_cpus
+                .as_ref()
+                .and_then(|(g, b)| Some((sys::interrupt_s(g)?, sys::interrupt_s(b)?))),
             broker: self.config.metrics.as_deref().and_then(|m| metrics::scrape_all(m).ok()),
             histograms: self.scrape_histograms(),
             load: sys::load_average_1m(),
@@ -464,6 +475,29 @@ impl<'a> Sampler<'a> {
             _ => None,
         };
         let bound_by = broker_busy_pct.map(|b| Bound::of(gen_busy_pct, b));
+        let interrupts_attributed = match (
+            &self.interrupt_cpus,
+            &broker,
+            broker_busy_pct,
+            broker_cpu_s,
+            end.interrupts,
+            start.interrupts,
+        ) {
+            (Some(lists), Some(b), Some(_), Some(broker_cpu_s), Some(e), Some(s)) => {
+                Some(InterruptsAttributed::of(
+                    SideCpu { cpu_s: gen_cpu_s, interrupts_s: e.0 - s.0, cpus },
+                    SideCpu {
+                        cpu_s: broker_cpu_s,
+                        interrupts_s: e.1 - s.1,
+                        cpus: b.stored_bytes_per_core.len(),
+                    },
+                    lists.clone(),
+                    window_s,
+                    b.stored_bytes,
+                ))
+            }
+            _ => None,
+        };
         let last_errors = self
             .workers
             .iter()
@@ -516,6 +550,7 @@ impl<'a> Sampler<'a> {
             stored_mb_per_generator_cpu_s: per_gen_cpu_s,
             broker_busy_pct,
             bound_by,
+            interrupts_attributed,
             ack: Latency::of(&all_ack),
             delivery: Latency::of(&all_delivery),
             workers,
@@ -526,4 +561,11 @@ impl<'a> Sampler<'a> {
         result.derive_warnings();
         result
     }
+}
+
+/// The generator's and the broker's CPUs, if both are known and share none.
+fn disjoint_cpus(broker_pid: u32) -> Option<(Vec<usize>, Vec<usize>)> {
+    let generator = sys::allowed_cpu_list(None)?;
+    let broker = sys::allowed_cpu_list(Some(broker_pid))?;
+    generator.iter().all(|c| !broker.contains(c)).then_some((generator, broker))
 }

@@ -101,13 +101,27 @@ fn broker_binary() -> Option<PathBuf> {
 }
 
 fn start_broker(bin: &Path) -> Broker {
+    start_broker_on(bin, None)
+}
+
+/// A broker, pinned to `cpu` (with `taskset`, which execs it: the child's pid is the broker's)
+/// when given.
+fn start_broker_on(bin: &Path, cpu: Option<usize>) -> Broker {
     let udp = UdpSocket::bind("127.0.0.1:0").expect("udp port");
     let tcp = TcpListener::bind("127.0.0.1:0").expect("tcp port");
     let addr = udp.local_addr().expect("addr").to_string();
     let metrics = tcp.local_addr().expect("addr").to_string();
     drop((udp, tcp));
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut child = Command::new(bin)
+    let mut command = match cpu {
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.args(["-c", &cpu.to_string()]).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    let mut child = command
         .args(["serve", "--listen", &addr, "--cores", "1", "--metrics", &metrics])
         .args(["--min-free-bytes", "16777216", "--data-dir"])
         .arg(dir.path())
@@ -195,6 +209,12 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
     let bound = r["bound_by"].as_str().expect("bound_by");
     assert!(["broker", "generator", "neither"].contains(&bound), "bound_by {bound}");
     assert!(stdout.contains("bound by: "), "the text report names the bound:\n{stdout}");
+    // Both sides may run on every CPU here, so no interrupt time is attributed.
+    assert!(
+        r["interrupts_attributed"].is_null(),
+        "overlapping CPUs: {}",
+        r["interrupts_attributed"]
+    );
     for f in ["throughput.svg", "latency.svg", "per_core_throughput.svg", "per_core_p99.svg"] {
         assert!(plots.join(f).exists(), "{f} drawn");
     }
@@ -214,4 +234,54 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
     assert_eq!(fleet["stored_bytes"].as_u64(), Some(stored), "one broker counted once");
     let acked = r["ack"]["count"].as_u64().expect("ack count");
     assert_eq!(fleet["ack"]["count"].as_u64(), Some(2 * acked), "histograms merged");
+}
+
+#[test]
+fn interrupt_time_moves_to_the_side_it_served_when_each_side_has_its_own_cpu() {
+    let Some(bin) = broker_binary() else {
+        eprintln!(
+            "SKIP: no broker binary next to felix-loadgen (build it: cargo build -p felix-broker)"
+        );
+        return;
+    };
+    let cpus = felix_loadgen::sys::allowed_cpu_list(None).expect("own CPUs");
+    let [broker_cpu, generator_cpu, ..] = cpus[..] else {
+        eprintln!("SKIP: one CPU; the two sides need one each");
+        return;
+    };
+    let broker = start_broker_on(&bin, Some(broker_cpu));
+    let out_dir = tempfile::tempdir().expect("tempdir");
+    let json = out_dir.path().join("r.json");
+    let pid = broker.child.id().to_string();
+    let out = Command::new("taskset")
+        .args(["-c", &generator_cpu.to_string(), LOADGEN])
+        .args(["run", "--workload", "publish", "--stream", "t/lg/irq", "--shards", "2"])
+        .args(["--addr", &broker.addr, "--metrics", &broker.metrics, "--broker-pid", &pid])
+        .arg("--ca-file")
+        .arg(broker.dir.path().join("dev-cert.pem"))
+        .args(["--payload-bytes", "4096", "--keys", "4", "--rate", "8000"])
+        .args(["--warmup-s", "0.5", "--duration-s", "2", "--quiet", "--json"])
+        .arg(&json)
+        .output()
+        .expect("run loadgen");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
+    let a = &r["interrupts_attributed"];
+    assert_eq!(a["generator_cpus"], serde_json::json!([generator_cpu]), "{a}");
+    assert_eq!(a["broker_cpus"], serde_json::json!([broker_cpu]), "{a}");
+    let f = |v: &serde_json::Value, k: &str| v[k].as_f64().unwrap_or_else(|| panic!("{k}: {v}"));
+    let (on_gen, on_broker) = (f(a, "on_generator_cpus_s"), f(a, "on_broker_cpus_s"));
+    assert!(on_gen >= 0.0 && on_broker >= 0.0, "{a}");
+    // Sending 32 MB/s over loopback runs the broker's receive path on the generator's CPU
+    // (about a dozen of the kernel's ticks in the window land in it).
+    assert!(on_gen > 0.0, "interrupt time on the generator's CPU: {a}");
+    // What one side gives up, the other gets: the total CPU is unchanged.
+    let before = f(&r, "generator_cpu_s") + f(&r["broker"], "cpu_s");
+    let after = f(a, "generator_cpu_s") + f(a, "broker_cpu_s");
+    assert!((before - after).abs() < 1e-6, "{before} vs {after}: {a}");
+    let bound = a["bound_by"].as_str().expect("bound_by");
+    assert!(["broker", "generator", "neither"].contains(&bound), "bound_by {bound}");
+    assert!(stdout.contains("interrupts (irq + softirq): "), "in the text report:\n{stdout}");
 }

@@ -52,6 +52,10 @@ pub struct QuicStats {
     pub black_holes: u64,
     /// The smallest current path MTU (UDP payload bytes) of the connections; 0 with none.
     pub mtu_min: u16,
+    /// STREAM_DATA_BLOCKED and DATA_BLOCKED frames sent: how often a connection had data to
+    /// send that the broker's flow control did not yet allow (the broker had not read enough
+    /// of a stream, or of the connection, to open more window).
+    pub flow_control_blocked: u64,
 }
 
 /// A stream's settings, as the broker reports them.
@@ -132,14 +136,18 @@ impl Client {
         self.shared.home.len()
     }
 
-    /// QUIC's path statistics of the home broker's connections, summed: packets sent, packets
+    /// QUIC's statistics of the home broker's connections, summed: packets sent, packets
     /// declared lost (datagrams the network or the broker's socket dropped; QUIC sends their
-    /// data again and slows down), their bytes, and congestion events. A connection that was
-    /// replaced (reconnect) leaves the sum with it.
+    /// data again and slows down), their bytes, congestion events, and the times a connection
+    /// was held back by the broker's flow control. A connection that was replaced (reconnect)
+    /// leaves the sum with it.
     pub fn quic_stats(&self) -> QuicStats {
         let mut s = QuicStats::default();
         for conn in self.shared.home.current_conns() {
-            let path = conn.path_stats();
+            let stats = conn.stats();
+            let path = stats.path;
+            s.flow_control_blocked +=
+                stats.frame_tx.stream_data_blocked + stats.frame_tx.data_blocked;
             s.packets_sent += path.sent_packets;
             s.packets_lost += path.lost_packets;
             s.bytes_lost += path.lost_bytes;

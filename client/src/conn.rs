@@ -179,8 +179,8 @@ impl Conn {
     }
 
     /// QUIC's statistics of the connection's path (packets sent and lost, congestion events).
-    pub(crate) fn path_stats(&self) -> quinn::PathStats {
-        self.connection.stats().path
+    pub(crate) fn stats(&self) -> quinn::ConnectionStats {
+        self.connection.stats()
     }
 
     /// The ack and request limit.

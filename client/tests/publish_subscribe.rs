@@ -330,4 +330,27 @@ async fn quic_stats_count_the_packets_the_connections_sent() {
     // 200 records of 4 KiB are at least 560 full packets more.
     assert!(after.packets_sent >= before.packets_sent + 560, "{before:?} -> {after:?}");
     assert!(after.packets_lost <= after.packets_sent && after.bytes_lost >= after.packets_lost);
+    // 800 KB on one stream is within quinn's default stream window (1.25 MB): never held back.
+    assert_eq!(after.flow_control_blocked, 0, "{after:?}");
+}
+
+#[tokio::test]
+async fn quic_stats_count_the_times_the_brokers_flow_control_held_the_client_back() {
+    // A 16 KiB stream window against batches of up to 64 records of 4 KiB: a batch cannot be
+    // sent before the broker has read most of it.
+    let options = BrokerOptions { stream_receive_window: Some(16 << 10), ..Default::default() };
+    let broker = TestBroker::start(options).await;
+    broker.create_stream(STREAM, 1);
+    let client = Client::connect(broker.client_config()).await.unwrap();
+    assert_eq!(client.quic_stats().flow_control_blocked, 0, "nothing sent yet");
+    let publisher = client.publisher(STREAM).await.unwrap();
+    let mut last = None;
+    for _ in 0..128 {
+        last = Some(publisher.send(Record::unkeyed(vec![7u8; 4096])).await.unwrap());
+    }
+    tokio::time::timeout(WAIT, last.expect("sent")).await.expect("ack").unwrap();
+    let after = client.quic_stats();
+    assert!(after.flow_control_blocked > 0, "512 KiB through a 16 KiB window: {after:?}");
+    let stored: usize = broker.state.lock().streams[STREAM].shards.iter().map(Vec::len).sum();
+    assert_eq!(stored, 128, "everything arrived");
 }

@@ -259,6 +259,10 @@ pub struct ClientQuic {
     /// end of the run; 0 when unknown.
     #[serde(default)]
     pub mtu_min: u64,
+    /// STREAM_DATA_BLOCKED and DATA_BLOCKED frames the generator sent in the window: how often
+    /// it had data the broker's flow control did not yet allow (the broker had not read it).
+    #[serde(default)]
+    pub flow_control_blocked: u64,
 }
 
 /// What the broker's own counters and /proc say about the window.
@@ -528,7 +532,8 @@ impl RunResult {
             let _ = writeln!(
                 o,
                 "broker QUIC packets sent {}, lost {}, congestion events {}; generator's sent {}, \
-                 lost {}, congestion events {}, MTU black holes {}, path MTU {}",
+                 lost {}, congestion events {}, MTU black holes {}, path MTU {}, held back by \
+                 the broker's flow control {}",
                 b.quic_packets_sent,
                 b.quic_packets_lost,
                 b.quic_congestion_events,
@@ -536,7 +541,8 @@ impl RunResult {
                 self.client_quic.packets_lost,
                 self.client_quic.congestion_events,
                 self.client_quic.black_holes,
-                self.client_quic.mtu_min
+                self.client_quic.mtu_min,
+                self.client_quic.flow_control_blocked
             );
             let over = if b.latency_span_ms_per_core.is_empty() {
                 "since it started".to_owned()

@@ -41,6 +41,7 @@ struct Totals {
     quic_lost: u64,
     quic_congestion: u64,
     quic_black_holes: u64,
+    quic_flow_blocked: u64,
 }
 
 impl Totals {
@@ -58,6 +59,7 @@ impl Totals {
             quic_lost: l(&w.quic_packets_lost),
             quic_congestion: l(&w.quic_congestion_events),
             quic_black_holes: l(&w.quic_black_holes),
+            quic_flow_blocked: l(&w.quic_flow_blocked),
         }
     }
 
@@ -79,6 +81,7 @@ impl Totals {
             quic_lost: f(self.quic_lost, o.quic_lost),
             quic_congestion: f(self.quic_congestion, o.quic_congestion),
             quic_black_holes: f(self.quic_black_holes, o.quic_black_holes),
+            quic_flow_blocked: f(self.quic_flow_blocked, o.quic_flow_blocked),
         }
     }
 }
@@ -531,6 +534,7 @@ impl<'a> Sampler<'a> {
                 packets_lost: total.quic_lost,
                 congestion_events: total.quic_congestion,
                 black_holes: total.quic_black_holes,
+                flow_control_blocked: total.quic_flow_blocked,
                 mtu_min: self
                     .workers
                     .iter()

@@ -69,6 +69,8 @@ pub struct WorkerShared {
     pub quic_congestion_events: AtomicU64,
     /// Black holes path MTU discovery detected (each one a fall back to 1200-byte datagrams).
     pub quic_black_holes: AtomicU64,
+    /// The client's flow-control-blocked frames sent ([`felix_client::QuicStats`]).
+    pub quic_flow_blocked: AtomicU64,
     /// The smallest current path MTU of the client's connections (a gauge; 0 before any).
     pub quic_mtu_min: AtomicU64,
     /// The most recent error, for the report.
@@ -103,6 +105,7 @@ impl WorkerShared {
         self.quic_packets_lost.store(q.packets_lost, Ordering::Relaxed);
         self.quic_congestion_events.store(q.congestion_events, Ordering::Relaxed);
         self.quic_black_holes.store(q.black_holes, Ordering::Relaxed);
+        self.quic_flow_blocked.store(q.flow_control_blocked, Ordering::Relaxed);
         self.quic_mtu_min.store(q.mtu_min.into(), Ordering::Relaxed);
     }
 
@@ -119,6 +122,7 @@ impl WorkerShared {
             quic_packets_lost: AtomicU64::new(0),
             quic_congestion_events: AtomicU64::new(0),
             quic_black_holes: AtomicU64::new(0),
+            quic_flow_blocked: AtomicU64::new(0),
             quic_mtu_min: AtomicU64::new(0),
             delivered_records: AtomicU64::new(0),
             key_shards: AtomicU64::new(0),

@@ -48,6 +48,8 @@ pub struct BrokerOptions {
     pub token: Option<String>,
     /// This broker's place in a mock cluster (used when `capabilities` has `CLUSTER`).
     pub cluster: Option<ClusterRole>,
+    /// The QUIC stream receive window it gives clients (quinn's default when `None`).
+    pub stream_receive_window: Option<u32>,
 }
 
 /// What a single-node broker advertises: everything but `CLUSTER`.
@@ -63,6 +65,7 @@ impl Default for BrokerOptions {
             swallow_acks: false,
             token: None,
             cluster: None,
+            stream_receive_window: None,
         }
     }
 }
@@ -203,7 +206,12 @@ impl TestBroker {
             .unwrap();
         tls.alpn_protocols = vec![felix_proto::ALPN.to_vec()];
         let crypto = quinn::crypto::rustls::QuicServerConfig::try_from(tls).unwrap();
-        let server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        let mut server = quinn::ServerConfig::with_crypto(Arc::new(crypto));
+        if let Some(window) = options.stream_receive_window {
+            let mut transport = quinn::TransportConfig::default();
+            transport.stream_receive_window(quinn::VarInt::from_u32(window));
+            server.transport_config(Arc::new(transport));
+        }
         // A restart may find the port still held for a moment.
         let mut tries = 0;
         let endpoint = loop {

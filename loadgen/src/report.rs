@@ -364,6 +364,20 @@ pub struct Second {
     pub stored_bytes_per_core: Vec<u64>,
     /// The broker's publish-to-ack p99 per core (its histogram as of this second).
     pub broker_ack_p99_us_per_core: Vec<u64>,
+    /// The span, per core, of the broker's own quantiles below: from its previous publication
+    /// of `/histograms` that this run saw to its latest (about a second); empty when a core
+    /// had not published again.
+    #[serde(default)]
+    pub broker_latest_span_ms_per_core: Vec<u64>,
+    /// The broker's publish-to-ack p99 per core over that span.
+    #[serde(default)]
+    pub broker_latest_ack_p99_us_per_core: Vec<u64>,
+    /// Its O_DIRECT write p99 per core over that span.
+    #[serde(default)]
+    pub broker_latest_write_p99_us_per_core: Vec<u64>,
+    /// Its flush (fdatasync) p99 per core over that span.
+    #[serde(default)]
+    pub broker_latest_flush_p99_us_per_core: Vec<u64>,
     /// Connections accepted by the broker this second.
     pub broker_connections_accepted: u64,
 }

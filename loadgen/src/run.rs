@@ -219,6 +219,9 @@ struct Sampler<'a> {
     window_start_unix_ms: Option<u64>,
     /// The first histograms the broker published at or after the window's start.
     histograms_start: Option<HistogramSample>,
+    /// The broker's histograms as of its last publication seen (each second's quantiles are
+    /// the difference from it).
+    previous_histograms: Option<HistogramSample>,
     /// The generator's and the broker's CPUs, when the broker's pid is known and the two
     /// sets are disjoint: interrupt time is then attributed ([`InterruptsAttributed`]).
     interrupt_cpus: Option<(Vec<usize>, Vec<usize>)>,
@@ -243,6 +246,7 @@ impl<'a> Sampler<'a> {
             rss_max: None,
             window_start_unix_ms: None,
             histograms_start: None,
+            previous_histograms: None,
         }
     }
 
@@ -287,10 +291,24 @@ impl<'a> Sampler<'a> {
     }
 
     fn tick(&mut self, t_s: f64, measured: bool) {
+        let histograms = self.scrape_histograms();
         if measured && self.histograms_start.is_none() && self.window_start_unix_ms.is_some() {
-            let h = self.scrape_histograms();
-            self.take_histograms_start(h);
+            self.take_histograms_start(histograms.clone());
         }
+        // The broker's own quantiles since its previous publication (about a second), when
+        // every core has published since.
+        let latest = match (&self.previous_histograms, &histograms) {
+            (Some(p), Some(h)) => h.since(p),
+            _ => None,
+        };
+        // The base is a sample in which every core has published (0: not yet).
+        let complete = histograms
+            .as_ref()
+            .is_some_and(|h| !h.published_unix_ms.is_empty() && !h.published_unix_ms.contains(&0));
+        if complete && (latest.is_some() || self.previous_histograms.is_none()) {
+            self.previous_histograms = histograms;
+        }
+        let latest = latest.unwrap_or_default();
         let now = Instant::now();
         let dt = now.duration_since(self.previous_at).as_secs_f64().max(1e-6);
         self.previous_at = now;
@@ -345,6 +363,10 @@ impl<'a> Sampler<'a> {
             broker_rss_bytes: rss,
             stored_bytes_per_core: stored,
             broker_ack_p99_us_per_core: p99s,
+            broker_latest_span_ms_per_core: latest.span_ms,
+            broker_latest_ack_p99_us_per_core: latest.ack_p99_us,
+            broker_latest_write_p99_us_per_core: latest.write_p99_us,
+            broker_latest_flush_p99_us_per_core: latest.flush_p99_us,
             broker_connections_accepted: accepted,
         };
         if self.config.progress {

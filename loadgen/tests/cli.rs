@@ -194,6 +194,22 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
     let span_ms = span[0].as_u64().expect("span ms");
     assert!((500..=2_600).contains(&span_ms), "between two publications in the window: {span_ms}");
     assert!(r["broker"]["ack_p99_us_per_core"][0].as_u64().unwrap_or(0) > 0, "{}", r["broker"]);
+    // Each second also carries the broker's quantiles since its previous publication: at
+    // least one second of the run saw a new one, with acks in it.
+    let timeline = r["timeline"].as_array().expect("timeline");
+    let latest: Vec<&serde_json::Value> = timeline
+        .iter()
+        .filter(|s| !s["broker_latest_span_ms_per_core"].as_array().is_none_or(Vec::is_empty))
+        .collect();
+    assert!(!latest.is_empty(), "no second with the broker's latest quantiles: {timeline:?}");
+    for s in &latest {
+        let span = s["broker_latest_span_ms_per_core"][0].as_u64().expect("span");
+        assert!((500..=2_600).contains(&span), "about a second: {span} ms");
+    }
+    assert!(
+        latest.iter().any(|s| s["broker_latest_ack_p99_us_per_core"][0].as_u64().unwrap_or(0) > 0),
+        "acks in some second: {latest:?}"
+    );
     // The broker's QUIC counters over the window: it sent (acks), and on loopback lost nothing
     // it could not account for.
     let quic_sent = r["broker"]["quic_packets_sent"].as_u64().expect("QUIC packets sent");

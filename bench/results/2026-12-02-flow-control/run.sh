@@ -12,6 +12,7 @@ nice -n -15 taskset -c 1 $LG run --addr 127.0.0.1:$PORT --metrics 127.0.0.1:$MPO
 kill $bp; wait $bp; rm -rf $data
 python3 -c "
 import json; r=json.load(open('$OUT/run$r.json')); b=r['broker']
-print('run $r client p50/p99', r['ack']['p50_us'], r['ack']['p99_us'], 'broker p99', b['ack_p99_us_per_core'], 'flush p99', b['flush_p99_us_per_core'], 'flow blocked', r['client_quic'].get('flow_control_blocked'), 'per-second p99', [s.get('ack_p99_us') for s in r['timeline']])
+print('run $r client p50/p99', r['ack']['p50_us'], r['ack']['p99_us'], 'broker p99', b['ack_p99_us_per_core'], 'flush p99', b['flush_p99_us_per_core'], 'flow blocked', r['client_quic'].get('flow_control_blocked'))
+for s in r['timeline']: print('   t', round(s['t_s']), 'client p99', s['ack_p99_us'], 'broker latest ack/write/flush p99', s.get('broker_latest_ack_p99_us_per_core'), s.get('broker_latest_write_p99_us_per_core'), s.get('broker_latest_flush_p99_us_per_core'), 'span', s.get('broker_latest_span_ms_per_core'))
 "
 done

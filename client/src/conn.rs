@@ -178,7 +178,8 @@ impl Conn {
         self.connection.close_reason().is_some()
     }
 
-    /// QUIC's statistics of the connection's path (packets sent and lost, congestion events).
+    /// QUIC's statistics of the connection: its path's (packets sent and lost, congestion
+    /// events) and the frames sent and received (flow-control blocked frames among them).
     pub(crate) fn stats(&self) -> quinn::ConnectionStats {
         self.connection.stats()
     }

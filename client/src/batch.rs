@@ -195,6 +195,16 @@ pub(crate) struct Batch {
     /// Payload plus key bytes per record: what the broker stores (its batch limit).
     stored_bytes: usize,
     deadline: Instant,
+    /// When the batch became ready: full, flushed, or its deadline come (the earlier of the
+    /// deadline and the moment it moved to the ready list); `None` while it is open.
+    ready_at: Option<Instant>,
+}
+
+impl Batch {
+    /// When the batch became ready to send (its deadline while it is still open).
+    pub(crate) fn ready_at(&self) -> Instant {
+        self.ready_at.unwrap_or(self.deadline)
+    }
 }
 
 /// What the worker takes from the queue, in order.
@@ -370,7 +380,7 @@ impl QueueState {
         });
         if full {
             if let Some(batch) = self.open.remove(&key) {
-                self.ready.push_back(Ready::Batch(batch));
+                self.push_ready(batch);
                 wake = true;
             }
         }
@@ -379,7 +389,7 @@ impl QueueState {
                 let oldest =
                     self.open.iter().min_by_key(|(_, b)| b.deadline).map(|(k, _)| k.clone());
                 if let Some(batch) = oldest.and_then(|k| self.open.remove(&k)) {
-                    self.ready.push_back(Ready::Batch(batch));
+                    self.push_ready(batch);
                 }
             }
             // A new deadline, maybe the earliest.
@@ -396,6 +406,7 @@ impl QueueState {
                     completion: Completion(Arc::default()),
                     stored_bytes: 0,
                     deadline: Instant::now() + caps.linger,
+                    ready_at: None,
                 };
                 v.insert_entry(batch)
             }
@@ -413,10 +424,17 @@ impl QueueState {
             || batch.frame_bytes >= caps.frame_bytes_max
             || batch.stored_bytes >= caps.stored_bytes_max
         {
-            self.ready.push_back(Ready::Batch(entry.remove()));
+            let batch = entry.remove();
+            self.push_ready(batch);
             wake = true;
         }
         (ticket, wake)
+    }
+
+    /// Appends `batch` to the ready list, noting when it became ready.
+    fn push_ready(&mut self, mut batch: Batch) {
+        batch.ready_at = Some(Instant::now().min(batch.deadline));
+        self.ready.push_back(Ready::Batch(batch));
     }
 
     /// Moves the open batches due by `horizon` (all of them when `None`) to the ready list,
@@ -435,7 +453,9 @@ impl QueueState {
             }
         }
         expired.sort_by_key(|b| b.deadline);
-        self.ready.extend(expired.into_iter().map(Ready::Batch));
+        for b in expired {
+            self.push_ready(b);
+        }
     }
 }
 

@@ -22,6 +22,7 @@ mod pool;
 mod producer;
 pub mod publisher;
 mod resend;
+pub mod send_stats;
 mod socket;
 pub mod subscriber;
 pub(crate) mod timer;
@@ -34,4 +35,5 @@ pub use felix_proto::{
     AckMode, Capabilities, CoreId, Offset, Record, Retention, ShardId, ShardOwner, StartAt,
 };
 pub use publisher::{PublishResult, PublishTicket, Publisher, Receipt};
+pub use send_stats::SendStats;
 pub use subscriber::{ReceivedRecord, SubscribeOptions, Subscriber};

@@ -31,7 +31,7 @@ use felix_proto::{
     key_hash, shard_for_key, AckMode, AckRequest, Capabilities, ErrorCode, Frame, Limits, Payload,
     Publish, Record, RequestId, ShardId,
 };
-use tokio::sync::{oneshot, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::Instant;
 
 use crate::batch::{
@@ -50,6 +50,7 @@ use crate::pool::Pool;
 pub use crate::producer::PRODUCER_IN_FLIGHT_MAX;
 use crate::producer::{mark_broken, outcome_unknown, take_tag, Producer, TagHold};
 use crate::resend::{resolve, Resend};
+use crate::send_stats::{SendRecorder, SendStats};
 use crate::timer::FineTimer;
 
 /// Publishes records to one stream. Cheap to clone; clones share the workers.
@@ -90,6 +91,8 @@ struct WorkerCtx {
     /// sequence numbers in record order even while its shard moves (bounded by the records
     /// queued).
     untagged: Mutex<HashMap<Bytes, (SocketAddr, usize, usize)>>,
+    /// How long batches waited in the workers before they were written.
+    send_stats: SendRecorder,
 }
 
 impl WorkerCtx {
@@ -162,6 +165,7 @@ impl Publisher {
             shard_count,
             keyed_producers: Mutex::default(),
             untagged: Mutex::default(),
+            send_stats: SendRecorder::default(),
         });
         Ok(Self {
             shared: Arc::new(PubShared {
@@ -174,6 +178,13 @@ impl Publisher {
                 unkeyed_records: AtomicU64::new(0),
             }),
         })
+    }
+
+    /// How long this publisher's batches waited in the client before they were written, and
+    /// which limit held them (since the publisher started; clones share it). See
+    /// [`SendStats`].
+    pub fn send_stats(&self) -> SendStats {
+        self.shared.ctx.send_stats.snapshot()
     }
 
     /// The stream this publisher writes to.
@@ -460,6 +471,8 @@ struct Outgoing {
     first_sent: Instant,
     /// Send order, for sending parked batches again oldest first.
     order: u64,
+    /// When the batch became ready, until it is first written (for [`SendStats`]).
+    ready_at: Option<Instant>,
 }
 
 /// A worker gone (stopped, or its task dropped) fails what is still queued.
@@ -524,6 +537,20 @@ impl Worker {
         // Everything was parked again (the broker is still out of reach): do not spin.
         if count > 0 && self.lost.lock().unwrap_or_else(|p| p.into_inner()).len() == count {
             tokio::time::sleep(Duration::from_millis(RESEND_PAUSE_MS)).await;
+        }
+    }
+
+    /// An in-flight slot (`None`: the publisher is closing), counting a wait for one.
+    async fn in_flight_permit(&self) -> Option<OwnedSemaphorePermit> {
+        match self.in_flight.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(TryAcquireError::Closed) => None,
+            Err(TryAcquireError::NoPermits) => {
+                let started = Instant::now();
+                let permit = self.in_flight.clone().acquire_owned().await.ok();
+                self.ctx.send_stats.in_flight_wait(started.elapsed());
+                permit
+            }
         }
     }
 
@@ -594,6 +621,7 @@ impl Worker {
     /// has room (sending parked batches again meanwhile).
     async fn next_tag(&mut self, which: (Option<ShardId>, usize)) -> TagHold {
         let cluster = self.ctx.client.shared.cluster.is_some();
+        let mut waiting_since: Option<Instant> = None;
         loop {
             let (ctx, pool, slot) = (&self.ctx, &self.pool, self.slot);
             let fresh = move || new_producer(ctx, pool, slot, which);
@@ -605,9 +633,15 @@ impl Worker {
                 _ => take_tag(&mut self.producers, which, fresh),
             };
             let shared = match taken {
-                Ok(hold) => return hold,
+                Ok(hold) => {
+                    if let Some(since) = waiting_since {
+                        self.ctx.send_stats.window_wait(since.elapsed());
+                    }
+                    return hold;
+                }
                 Err(shared) => shared,
             };
+            waiting_since.get_or_insert_with(Instant::now);
             let resolved = shared.resolved.notified();
             if self.has_lost() {
                 self.resend_lost().await;
@@ -621,6 +655,7 @@ impl Worker {
     }
 
     async fn send_batch(&mut self, batch: Batch) {
+        let ready_at = batch.ready_at();
         let Batch { key, records, completion, .. } = batch;
         let lane = self.lane_index(key.as_ref());
         let tag = match self.producer_of(key.as_ref(), lane) {
@@ -637,6 +672,7 @@ impl Worker {
             tag,
             first_sent: Instant::now(),
             order: self.sent,
+            ready_at: Some(ready_at),
         };
         self.send_outgoing(out).await;
     }
@@ -646,7 +682,7 @@ impl Worker {
         park_or_fail(&self.lost, &self.queue, &self.ctx.settings, out, e);
     }
 
-    async fn send_outgoing(&mut self, out: Outgoing) {
+    async fn send_outgoing(&mut self, mut out: Outgoing) {
         let cluster = self.ctx.client.shared.cluster.clone();
         let mode = self.ctx.settings.ack_mode;
         // In a cluster, a broker that could not be reached a moment ago is not waited for
@@ -673,7 +709,7 @@ impl Worker {
                             self.unreachable_until = Some(Instant::now() + pause);
                         }
                         cluster.invalidate(&self.ctx.stream);
-                        let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+                        let Some(permit) = self.in_flight_permit().await else {
                             return out
                                 .completion
                                 .resolve(BatchResult::Failed(ClientError::Closed));
@@ -709,7 +745,7 @@ impl Worker {
                 return;
             }
         }
-        let Ok(permit) = self.in_flight.clone().acquire_owned().await else {
+        let Some(permit) = self.in_flight_permit().await else {
             return out.completion.resolve(BatchResult::Failed(ClientError::Closed));
         };
         let id = if mode == AckMode::None { RequestId(0) } else { conn.next_request_id() };
@@ -742,8 +778,15 @@ impl Worker {
             }),
             _ => None,
         };
+        let write_started = Instant::now();
         let rx = match lane.send_request(id, bytes).await {
-            Ok(rx) => rx,
+            Ok(rx) => {
+                if let Some(ready_at) = out.ready_at.take() {
+                    let now = Instant::now();
+                    self.ctx.send_stats.written(now - ready_at, now - write_started);
+                }
+                rx
+            }
             Err(e) => {
                 self.lanes.clear();
                 if let Some(c) = &cluster {

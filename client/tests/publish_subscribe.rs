@@ -5,9 +5,10 @@ mod support;
 use std::time::Duration;
 
 use bytes::Bytes;
+use felix_client::publisher::PRODUCER_IN_FLIGHT_MAX;
 use felix_client::{
-    AckMode, Client, ClientError, Offset, PublishSettings, Record, Retention, ShardId, StartAt,
-    SubscribeOptions,
+    AckMode, Client, ClientError, Offset, PublishSettings, Publisher, Record, Retention, ShardId,
+    StartAt, SubscribeOptions,
 };
 use felix_proto::{shard_for_key, ErrorCode};
 use support::{BrokerOptions, TestBroker};
@@ -353,4 +354,83 @@ async fn quic_stats_count_the_times_the_brokers_flow_control_held_the_client_bac
     assert!(after.flow_control_blocked > 0, "512 KiB through a 16 KiB window: {after:?}");
     let stored: usize = broker.state.lock().streams[STREAM].shards.iter().map(Vec::len).sum();
     assert_eq!(stored, 128, "everything arrived");
+}
+
+/// A broker that acks each batch 30 ms after it arrives, and a publisher whose batches are
+/// one record each, all of one key (one worker, one stream).
+async fn slow_acks(settings: PublishSettings) -> (TestBroker, Publisher) {
+    let options =
+        BrokerOptions { ack_delay: Some(Duration::from_millis(30)), ..Default::default() };
+    let broker = TestBroker::start(options).await;
+    broker.create_stream(STREAM, 1);
+    let client = Client::connect(broker.client_config()).await.unwrap();
+    let publisher = client.publisher_with(STREAM, settings).await.unwrap();
+    (broker, publisher)
+}
+
+fn one_record_batches() -> PublishSettings {
+    PublishSettings { batch_records_max: 1, linger_us: 0, ..Default::default() }
+}
+
+#[tokio::test]
+async fn send_stats_count_the_batches_that_waited_for_an_in_flight_slot() {
+    let settings =
+        PublishSettings { in_flight_batches_max: 1, idempotent: false, ..one_record_batches() };
+    let (broker, publisher) = slow_acks(settings).await;
+    let before = publisher.send_stats();
+    assert_eq!((before.batches, before.in_flight_waits), (0, 0), "{before:?}");
+    let mut tickets = Vec::new();
+    for i in 0..6u8 {
+        tickets
+            .push(publisher.send(Record::keyed(Bytes::from_static(b"k"), vec![i])).await.unwrap());
+    }
+    for t in tickets {
+        tokio::time::timeout(WAIT, t).await.expect("ack").unwrap();
+    }
+    let s = publisher.send_stats();
+    assert_eq!(s.batches, 6, "{s:?}");
+    // One slot: each batch after the first waited for its predecessor's ack (>= 30 ms).
+    assert!(s.in_flight_waits >= 5, "{s:?}");
+    assert!(s.in_flight_wait_us >= 5 * 30_000, "{s:?}");
+    assert_eq!((s.window_waits, s.window_wait_us), (0, 0), "untagged batches: {s:?}");
+    // The last batch was ready at once and written after five acks.
+    assert!(s.delay_us.max() >= 5 * 30_000, "{}", s.delay_us.max());
+    assert_eq!(broker.state.lock().streams[STREAM].shards[0].len(), 6);
+}
+
+#[tokio::test]
+async fn send_stats_count_the_batches_that_waited_for_their_producers_window() {
+    let (broker, publisher) = slow_acks(one_record_batches()).await;
+    let records = PRODUCER_IN_FLIGHT_MAX + 4;
+    let mut tickets = Vec::new();
+    for i in 0..records {
+        let value = vec![i as u8];
+        tickets.push(publisher.send(Record::keyed(Bytes::from_static(b"k"), value)).await.unwrap());
+    }
+    for t in tickets {
+        tokio::time::timeout(WAIT, t).await.expect("ack").unwrap();
+    }
+    let s = publisher.send_stats();
+    assert_eq!(s.batches, records as u64, "{s:?}");
+    // One producer, one key: the batches past its window waited for the oldest to resolve.
+    assert!(s.window_waits >= 1, "{s:?}");
+    assert!(s.window_wait_us >= 30_000, "{s:?}");
+    assert_eq!(s.in_flight_waits, 0, "64 slots, {records} batches: {s:?}");
+    assert_eq!(broker.state.lock().streams[STREAM].shards[0].len(), records);
+}
+
+#[tokio::test]
+async fn send_stats_count_no_wait_when_no_limit_is_reached() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream(STREAM, 2);
+    let client = Client::connect(broker.client_config()).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    for i in 0..20u8 {
+        let t = publisher.send(Record::keyed(Bytes::from(vec![i]), vec![i; 100])).await.unwrap();
+        tokio::time::timeout(WAIT, t).await.expect("ack").unwrap();
+    }
+    let s = publisher.send_stats();
+    assert_eq!(s.batches, 20, "one record acked before the next: {s:?}");
+    assert_eq!(s.delay_us.len(), 20);
+    assert_eq!((s.window_waits, s.in_flight_waits), (0, 0), "{s:?}");
 }

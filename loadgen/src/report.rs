@@ -265,6 +265,50 @@ pub struct ClientQuic {
     pub flow_control_blocked: u64,
 }
 
+/// How long the generator's batches waited in its client before they were written, over the
+/// window (`felix_client::Publisher::send_stats`, sampled every 10 ms): the part of a
+/// record's publish-to-ack latency that neither the network nor the broker sees.
+#[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
+pub struct ClientSend {
+    /// Batches written in the window.
+    pub batches: u64,
+    /// Their send delay (ready, full or lingered, until written to the QUIC stream), median.
+    pub delay_p50_us: u64,
+    /// The send delay's 99th percentile.
+    pub delay_p99_us: u64,
+    /// The longest send delay.
+    pub delay_max_us: u64,
+    /// Times a batch waited for its idempotent producer's window, and for how long in all.
+    pub window_waits: u64,
+    /// Milliseconds of those waits.
+    pub window_wait_ms: f64,
+    /// Times a batch waited for an in-flight slot of its connection, and for how long in all.
+    pub in_flight_waits: u64,
+    /// Milliseconds of those waits.
+    pub in_flight_wait_ms: f64,
+    /// Milliseconds spent writing frames to QUIC streams (long when QUIC held writes back).
+    pub write_ms: f64,
+}
+
+impl ClientSend {
+    /// The window's figures from the publishers' statistics at its edges.
+    pub fn between(start: &felix_client::SendStats, end: &felix_client::SendStats) -> Self {
+        let d = end.since(start);
+        let q = |p: f64| if d.delay_us.is_empty() { 0 } else { d.delay_us.value_at_quantile(p) };
+        Self {
+            batches: d.batches,
+            delay_p50_us: q(0.5),
+            delay_p99_us: q(0.99),
+            delay_max_us: if d.delay_us.is_empty() { 0 } else { d.delay_us.max() },
+            window_waits: d.window_waits,
+            window_wait_ms: d.window_wait_us as f64 / 1e3,
+            in_flight_waits: d.in_flight_waits,
+            in_flight_wait_ms: d.in_flight_wait_us as f64 / 1e3,
+            write_ms: d.write_us as f64 / 1e3,
+        }
+    }
+}
+
 /// What the broker's own counters and /proc say about the window.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct BrokerResult {
@@ -380,6 +424,10 @@ pub struct Second {
     pub broker_latest_flush_p99_us_per_core: Vec<u64>,
     /// Connections accepted by the broker this second.
     pub broker_connections_accepted: u64,
+    /// The 99th percentile of the generator's batches' send delay this second
+    /// ([`ClientSend`]); 0 with no batch written.
+    #[serde(default)]
+    pub client_send_delay_p99_us: u64,
 }
 
 /// The JSON result of one generator's run.
@@ -417,6 +465,9 @@ pub struct RunResult {
     /// The generator's own QUIC counters over the window (its clients' connections).
     #[serde(default)]
     pub client_quic: ClientQuic,
+    /// How long the generator's batches waited in its client before they were written.
+    #[serde(default)]
+    pub client_send: ClientSend,
     /// Generator CPU seconds in the window.
     pub generator_cpu_s: f64,
     /// Generator CPU, % of one core.
@@ -621,6 +672,24 @@ impl RunResult {
                 a.generator_busy_pct,
                 fmt_opt(a.stored_mb_per_generator_cpu_s),
                 a.bound_by.name(),
+            );
+        }
+        let c = &self.client_send;
+        if c.batches > 0 {
+            let _ = writeln!(
+                o,
+                "client send delay (batch ready -> written to its QUIC stream): {} batches, p50 \
+                 {} us, p99 {} us, max {} us; waited for a producer window {} times ({:.1} ms), \
+                 for an in-flight slot {} times ({:.1} ms); writing {:.1} ms",
+                c.batches,
+                c.delay_p50_us,
+                c.delay_p99_us,
+                c.delay_max_us,
+                c.window_waits,
+                c.window_wait_ms,
+                c.in_flight_waits,
+                c.in_flight_wait_ms,
+                c.write_ms
             );
         }
         let _ = writeln!(o, "publish-to-ack latency (us):");

@@ -8,14 +8,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use felix_client::{Client, Retention};
+use felix_client::{Client, Retention, SendStats};
 use hdrhistogram::Histogram;
 
 use crate::config::RunConfig;
 use crate::metrics::{self, BrokerSample, HistogramSample};
 use crate::report::{
-    Bound, BrokerResult, ClientQuic, InterruptsAttributed, Latency, RunResult, Second, SideCpu,
-    WorkerResult, RESULT_VERSION,
+    Bound, BrokerResult, ClientQuic, ClientSend, InterruptsAttributed, Latency, RunResult, Second,
+    SideCpu, WorkerResult, RESULT_VERSION,
 };
 use crate::sys;
 use crate::worker::{self, new_histogram, RunFlags, WorkerShared};
@@ -99,6 +99,8 @@ struct Edge {
     histograms: Option<HistogramSample>,
     load: Option<f64>,
     rss: Option<u64>,
+    /// The publishers' send statistics, summed over the workers.
+    send: SendStats,
 }
 
 /// Runs the workload and returns its result.
@@ -203,6 +205,15 @@ fn create_stream(config: &RunConfig, shards: u32) -> anyhow::Result<()> {
     })
 }
 
+/// The send statistics of every worker's publisher, summed.
+fn send_stats(workers: &[Arc<WorkerShared>]) -> SendStats {
+    let mut sum = SendStats::default();
+    for w in workers {
+        sum.add(&w.send_stats());
+    }
+    sum
+}
+
 struct Sampler<'a> {
     config: &'a RunConfig,
     workers: &'a [Arc<WorkerShared>],
@@ -211,6 +222,8 @@ struct Sampler<'a> {
     previous_broker_cpu_s: Option<f64>,
     previous_broker: Option<BrokerSample>,
     previous_at: Instant,
+    /// The publishers' send statistics at the previous tick.
+    previous_send: SendStats,
     ack_totals: Vec<Histogram<u64>>,
     delivery_totals: Vec<Histogram<u64>>,
     timeline: Vec<Second>,
@@ -239,6 +252,7 @@ impl<'a> Sampler<'a> {
             previous_broker_cpu_s: config.broker_pid.and_then(|p| sys::process_cpu_s(Some(p))),
             previous_broker: broker,
             previous_at: Instant::now(),
+            previous_send: send_stats(workers),
             interrupt_cpus: config.broker_pid.and_then(disjoint_cpus),
             ack_totals: (0..n).map(|_| new_histogram()).collect(),
             delivery_totals: (0..n).map(|_| new_histogram()).collect(),
@@ -265,6 +279,7 @@ impl<'a> Sampler<'a> {
             histograms: self.scrape_histograms(),
             load: sys::load_average_1m(),
             rss: self.config.broker_pid.and_then(sys::process_rss_bytes),
+            send: send_stats(self.workers),
         }
     }
 
@@ -349,6 +364,9 @@ impl<'a> Sampler<'a> {
         if scrape.is_some() {
             self.previous_broker = scrape;
         }
+        let send = send_stats(self.workers);
+        let send_second = ClientSend::between(&self.previous_send, &send);
+        self.previous_send = send;
         let second = Second {
             t_s,
             measured,
@@ -368,6 +386,7 @@ impl<'a> Sampler<'a> {
             broker_latest_write_p99_us_per_core: latest.write_p99_us,
             broker_latest_flush_p99_us_per_core: latest.flush_p99_us,
             broker_connections_accepted: accepted,
+            client_send_delay_p99_us: send_second.delay_p99_us,
         };
         if self.config.progress {
             let stored: u64 = second.stored_bytes_per_core.iter().sum();
@@ -551,6 +570,7 @@ impl<'a> Sampler<'a> {
             resubscribes: total.resubscribes,
             delivered_records: total.delivered_records,
             delivered_bytes: total.delivered_bytes,
+            client_send: ClientSend::between(&start.send, &end.send),
             client_quic: ClientQuic {
                 packets_sent: total.quic_sent,
                 packets_lost: total.quic_lost,

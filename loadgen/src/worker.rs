@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use felix_client::{
-    Client, ClientError, PublishTicket, Publisher, Record, StartAt, SubscribeOptions,
+    Client, ClientError, PublishTicket, Publisher, Record, SendStats, StartAt, SubscribeOptions,
 };
 use felix_proto::Payload;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -73,6 +73,9 @@ pub struct WorkerShared {
     pub quic_flow_blocked: AtomicU64,
     /// The smallest current path MTU of the client's connections (a gauge; 0 before any).
     pub quic_mtu_min: AtomicU64,
+    /// The publisher's send statistics ([`felix_client::Publisher::send_stats`]), taken with
+    /// the QUIC statistics.
+    pub send_stats: Mutex<SendStats>,
     /// The most recent error, for the report.
     pub last_error: Mutex<Option<String>>,
     /// Publish-to-ack latency (us) since the last drain.
@@ -109,6 +112,19 @@ impl WorkerShared {
         self.quic_mtu_min.store(q.mtu_min.into(), Ordering::Relaxed);
     }
 
+    /// Takes the publisher's send statistics.
+    fn note_send(&self, publisher: &Publisher) {
+        let s = publisher.send_stats();
+        if let Ok(mut slot) = self.send_stats.lock() {
+            *slot = s;
+        }
+    }
+
+    /// The publisher's send statistics as last taken.
+    pub fn send_stats(&self) -> SendStats {
+        self.send_stats.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
     fn new() -> Self {
         Self {
             connected: AtomicBool::new(false),
@@ -127,6 +143,7 @@ impl WorkerShared {
             delivered_records: AtomicU64::new(0),
             key_shards: AtomicU64::new(0),
             delivered_bytes: AtomicU64::new(0),
+            send_stats: Mutex::new(SendStats::default()),
             last_error: Mutex::new(None),
             ack_us: Mutex::new(new_histogram()),
             delivery_us: Mutex::new(new_histogram()),
@@ -226,11 +243,17 @@ async fn run(
             )));
         }
     }
-    while !flags.stop.load(Ordering::Relaxed) {
+    let note = |shared: &WorkerShared| {
         shared.note_quic(&client);
+        if let Some(p) = &publisher {
+            shared.note_send(p);
+        }
+    };
+    while !flags.stop.load(Ordering::Relaxed) {
+        note(shared);
         tokio::time::sleep(FLAG_POLL * 10).await;
     }
-    shared.note_quic(&client);
+    note(shared);
     for t in publishers {
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, t).await;
     }

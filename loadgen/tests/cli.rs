@@ -219,6 +219,22 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
     let sent_bytes = r["sent_bytes"].as_u64().expect("sent bytes");
     assert!(gen_sent >= sent_bytes / 1452 / 2, "the generator's packets carry what it sent: {r}");
     assert!(stdout.contains("broker QUIC packets sent"), "the text report has them:\n{stdout}");
+    // How long the batches waited in the client before they were written, over the window.
+    let send = &r["client_send"];
+    let batches = send["batches"].as_u64().expect("client_send.batches");
+    let sent_records = r["sent_records"].as_u64().expect("sent records");
+    assert!(batches > 0 && batches <= sent_records + 64, "{send} for {sent_records} records");
+    let (p50, p99, max) = (
+        send["delay_p50_us"].as_u64().expect("p50"),
+        send["delay_p99_us"].as_u64().expect("p99"),
+        send["delay_max_us"].as_u64().expect("max"),
+    );
+    assert!(0 < p50 && p50 <= p99 && p99 <= max, "{send}");
+    assert!(stdout.contains("client send delay"), "the text report has it:\n{stdout}");
+    assert!(
+        timeline.iter().any(|s| s["client_send_delay_p99_us"].as_u64().unwrap_or(0) > 0),
+        "some second wrote batches: {timeline:?}"
+    );
     let per_gen = r["stored_mb_per_generator_cpu_s"].as_f64().expect("MB per generator CPU-s");
     assert!(per_gen > 0.0, "stored bytes over generator CPU");
     assert!(r["broker_busy_pct"].as_f64().is_some(), "broker busy over its one core");

@@ -50,6 +50,9 @@ pub struct BrokerOptions {
     pub cluster: Option<ClusterRole>,
     /// The QUIC stream receive window it gives clients (quinn's default when `None`).
     pub stream_receive_window: Option<u32>,
+    /// How long it waits before acking each publish (a slow disk), reading nothing more on
+    /// that stream meanwhile.
+    pub ack_delay: Option<Duration>,
 }
 
 /// What a single-node broker advertises: everything but `CLUSTER`.
@@ -66,6 +69,7 @@ impl Default for BrokerOptions {
             token: None,
             cluster: None,
             stream_receive_window: None,
+            ack_delay: None,
         }
     }
 }
@@ -355,7 +359,12 @@ async fn serve_stream(ctx: Arc<ConnCtx>, mut send: quinn::SendStream, mut recv: 
             let answers = match item {
                 Ok(frame) => {
                     ctx.state.lock().flags_seen |= frame.flags().0;
-                    handle_frame(&ctx, frame).await
+                    let acked_publish = matches!(&frame, Frame::Publish(p) if p.ack.is_some());
+                    let answers = handle_frame(&ctx, frame).await;
+                    if let (Some(d), true) = (ctx.options.ack_delay, acked_publish) {
+                        tokio::time::sleep(d).await;
+                    }
+                    answers
                 }
                 Err(e) => {
                     if let felix_proto::DecodeError::FlagNotAdvertised { flags, .. } = e.error {

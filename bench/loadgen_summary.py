@@ -80,6 +80,9 @@ def run_row(r):
     # The broker's receive span (first to last read of a batch's bytes), in results since
     # felix_publish_receive_span_us exists.
     recv_p99 = b.get("receive_p99_us_per_core") or [None]
+    # How long batches waited in the generator's client before they were written (results
+    # since felix-loadgen reports client_send).
+    send = r.get("client_send") or {}
     # MB per generator CPU-s, the broker's busy % and the bound come in the JSON since
     # felix-loadgen reports them (nats_pub always has); older results get them computed here
     # from the CPU seconds and busy figures they do have.
@@ -116,6 +119,7 @@ def run_row(r):
         "broker_p99": max(p99) / 1000 if p99[0] is not None else None,
         "flush_p99": max(flush_p99) / 1000 if flush_p99[0] is not None else None,
         "recv_p99": max(recv_p99) / 1000 if recv_p99[0] is not None else None,
+        "send_p99": send["delay_p99_us"] / 1000 if send.get("batches") else None,
         "flushes_per_gb": b.get("flushes_per_gb"),
         "stored_share": (b.get("stored_bytes", 0) / r["sent_bytes"] * 100) if r.get("sent_bytes") else None,
         "errors": r.get("errors", 0),
@@ -132,7 +136,7 @@ def publish_table(runs):
         ("gen_per_cpu_s", "{:.0f}"), ("broker_cpu", "{:.0f}"), ("broker_busy", "{:.0f}"),
         ("gen_busy", "{:.0f}"), ("p50", "{:.2f}"), ("p99", "{:.2f}"),
         ("broker_p50", "{:.2f}"), ("broker_p99", "{:.2f}"), ("flush_p99", "{:.2f}"),
-        ("recv_p99", "{:.2f}"),
+        ("recv_p99", "{:.2f}"), ("send_p99", "{:.2f}"),
         ("att_per_cpu_s", "{:.0f}"), ("att_gen_per_cpu_s", "{:.0f}"),
         ("att_broker_busy", "{:.0f}"), ("att_gen_busy", "{:.0f}"),
         ("att_on_gen_s", "{:.2f}"), ("att_on_broker_s", "{:.2f}"),
@@ -318,16 +322,16 @@ def main():
     if pub:
         head = ("| scenario | stored MB/s | MB per broker CPU-s | MB per generator CPU-s | "
                 "broker CPU % | generator busy % | bound by | client p50 ms | client p99 ms | "
-                "broker p50 ms | broker p99 ms | flush p99 ms | receive span p99 ms | flushes/GB | "
-                "stored/sent % | runs | load avg |")
-        t = [head, "|" + "---|" * 17]
+                "broker p50 ms | broker p99 ms | flush p99 ms | receive span p99 ms | "
+                "client send delay p99 ms | flushes/GB | stored/sent % | runs | load avg |")
+        t = [head, "|" + "---|" * 18]
         for name, s in pub.items():
             label = PEER_LABEL if name == PEER else name
             t.append(f"| {label} | {s['stored_mb_s'][0]} | {s['per_cpu_s'][0]} | "
                      f"{s['gen_per_cpu_s'][0]} | {s['broker_cpu'][0]} | {s['gen_busy'][0]} | "
                      f"{s['bound_by']} | {s['p50'][0]} | {s['p99'][0]} | {s['broker_p50'][0]} | "
                      f"{s['broker_p99'][0]} | {s['flush_p99'][0]} | {s['recv_p99'][0]} | "
-                     f"{s['flushes_per_gb'][0]} | {s['stored_share'][0]} | "
+                     f"{s['send_p99'][0]} | {s['flushes_per_gb'][0]} | {s['stored_share'][0]} | "
                      f"{s['runs']} | {s['load']} |")
         # The same runs with interrupt time moved to the side it served (rows that have it).
         att_rows = [(n, s) for n, s in pub.items() if s["att_bound_by"] != "-"]
@@ -379,7 +383,9 @@ def main():
                  "latency is the broker's own publish-to-ack histogram over the window (its /histograms "
                  "read at the first publication inside the window and at its end, differenced; "
                  "the flush p99 over the same span; the receive span is how long a batch's bytes "
-                 "took to arrive, first to last read by the broker, before its ack clock starts). "
+                 "took to arrive, first to last read by the broker, before its ack clock starts; "
+                 "the client send delay is how long a batch waited in the generator's client, "
+                 "from ready to written to its QUIC stream, off the broker's clock). "
                  "MB per generator CPU-s: stored MB over the generator's CPU seconds. Bound by: "
                  f"the side at least {BOUND_BUSY_PCT:.0f}% busy (of the CPUs it may use) and busier "
                  "than the other, per run (felix-loadgen's bound_by); neither = both waited on "

@@ -426,4 +426,19 @@ async fn receive_span_is_the_time_a_publish_frame_took_to_arrive() {
     let pause_us = PAUSE.as_micros() as u64;
     assert!(spans.max() >= pause_us * 97 / 100, "split frame: max {} us", spans.max());
     assert!(spans.min() < pause_us / 2, "whole frame: min {} us", spans.min());
+
+    // The ack latency is published twice over: once per batch, and once per record of it.
+    let published = |pick: fn(&felix_broker::app::stats::AppStats) -> &std::sync::Mutex<_>| {
+        let mut all = felix_broker::app::stats::new_histogram();
+        for core in broker.broker.as_ref().unwrap().stats.iter() {
+            all.add(&*pick(core).lock().unwrap()).unwrap();
+        }
+        all
+    };
+    let per_batch = published(|s| &s.ack_latency_us);
+    let per_record = published(|s| &s.ack_record_latency_us);
+    assert_eq!(per_batch.len(), 2, "two acked batches");
+    assert_eq!(per_record.len(), 8, "of four records each");
+    assert_eq!(per_record.max(), per_batch.max(), "the same latencies, each four times");
+    assert_eq!(per_record.min(), per_batch.min());
 }

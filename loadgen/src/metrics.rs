@@ -167,6 +167,9 @@ pub struct HistogramSample {
     pub published_unix_ms: Vec<u64>,
     /// Publish-to-ack, microseconds.
     pub ack_us: Vec<Histogram<u64>>,
+    /// Publish-to-ack counted once per record, microseconds (empty histograms from a broker
+    /// without it).
+    pub ack_record_us: Vec<Histogram<u64>>,
     /// Publish receive span, microseconds (empty histograms from a broker without it).
     pub receive_us: Vec<Histogram<u64>>,
     /// Flush (fdatasync), microseconds.
@@ -184,6 +187,8 @@ pub struct WindowLatency {
     pub ack_p50_us: Vec<u64>,
     /// Publish-to-ack p99 per core.
     pub ack_p99_us: Vec<u64>,
+    /// Publish-to-ack p99 per core, counted once per record (0 from a broker without it).
+    pub ack_record_p99_us: Vec<u64>,
     /// Publish receive span p50 per core.
     pub receive_p50_us: Vec<u64>,
     /// Publish receive span p99 per core.
@@ -218,11 +223,13 @@ impl HistogramSample {
             }
             w.span_ms.push(b - a);
             let ack = difference(self.ack_us.get(c)?, before.ack_us.get(c)?);
+            let ack_record = difference(self.ack_record_us.get(c)?, before.ack_record_us.get(c)?);
             let receive = difference(self.receive_us.get(c)?, before.receive_us.get(c)?);
             let flush = difference(self.flush_us.get(c)?, before.flush_us.get(c)?);
             let write = difference(self.write_us.get(c)?, before.write_us.get(c)?);
             w.ack_p50_us.push(ack.value_at_quantile(0.5));
             w.ack_p99_us.push(ack.value_at_quantile(0.99));
+            w.ack_record_p99_us.push(ack_record.value_at_quantile(0.99));
             w.receive_p50_us.push(receive.value_at_quantile(0.5));
             w.receive_p99_us.push(receive.value_at_quantile(0.99));
             w.flush_p50_us.push(flush.value_at_quantile(0.5));
@@ -256,6 +263,7 @@ pub fn scrape_histograms_all(list: &str) -> anyhow::Result<HistogramSample> {
         let one = parse_histograms(&get(a, "/histograms")?)?;
         all.published_unix_ms.extend(one.published_unix_ms);
         all.ack_us.extend(one.ack_us);
+        all.ack_record_us.extend(one.ack_record_us);
         all.receive_us.extend(one.receive_us);
         all.flush_us.extend(one.flush_us);
         all.write_us.extend(one.write_us);
@@ -280,7 +288,12 @@ pub fn parse_histograms(body: &str) -> anyhow::Result<HistogramSample> {
         let published = core.get("published_unix_ms").and_then(|t| t.as_u64()).unwrap_or(0);
         out.published_unix_ms.push(published);
         out.ack_us.push(decode(core, "ack_latency_us")?);
-        // Older brokers have no receive span: an empty histogram keeps the cores aligned.
+        // Older brokers have neither the per-record ack latency nor the receive span: an
+        // empty histogram keeps the cores aligned.
+        out.ack_record_us.push(match core.get("ack_record_latency_us") {
+            Some(_) => decode(core, "ack_record_latency_us")?,
+            None => Histogram::new_from(out.ack_us.last().context("just pushed")?),
+        });
         out.receive_us.push(match core.get("receive_span_us") {
             Some(_) => decode(core, "receive_span_us")?,
             None => Histogram::new_from(out.ack_us.last().context("just pushed")?),
@@ -483,14 +496,16 @@ felix_net_quic_congestion_events{core=\"1\"} 2
         // A bucket that went down (a deleted log's histogram left the sum) counts as empty.
         let d = difference(&histogram(&[(700, 5)]), &histogram(&[(700, 9), (800, 1)]));
         assert_eq!(d.len(), 0);
-        // A broker without the receive span: empty histograms, quantiles 0.
+        // A broker without the receive span or the per-record ack latency: empty histograms,
+        // quantiles 0.
         assert_eq!(w.receive_p99_us, vec![0]);
+        assert_eq!(w.ack_record_p99_us, vec![0]);
         assert!(parse_histograms("{}").is_err());
         assert!(parse_histograms("{\"cores\":[{\"ack_latency_us\":\"!!\"}]}").is_err());
     }
 
     #[test]
-    fn the_receive_span_is_read_over_the_window_too() {
+    fn the_receive_span_and_the_per_record_ack_latency_are_read_over_the_window_too() {
         use base64::Engine;
         use hdrhistogram::serialization::{Serializer, V2DeflateSerializer};
         let enc = |h: &Histogram<u64>| {
@@ -498,21 +513,28 @@ felix_net_quic_congestion_events{core=\"1\"} 2
             V2DeflateSerializer::new().serialize(h, &mut buf).unwrap();
             base64::engine::general_purpose::STANDARD.encode(&buf)
         };
-        let with_span = |t: u64, span: &Histogram<u64>| {
+        let with = |name: &str, t: u64, h: &Histogram<u64>| {
             let empty = histogram(&[]);
             let mut v: serde_json::Value =
                 serde_json::from_str(&page(&[(t, &empty, &empty)])).unwrap();
-            v["cores"][0]["receive_span_us"] = enc(span).into();
+            v["cores"][0][name] = enc(h).into();
             v.to_string()
         };
         // Before the window: 100 spans of 90 ms; in it: 1000 of 200 us and 20 of 3 ms.
         let before = histogram(&[(90_000, 100)]);
         let after = histogram(&[(90_000, 100), (200, 1_000), (3_000, 20)]);
-        let a = parse_histograms(&with_span(1_000, &before)).unwrap();
-        let b = parse_histograms(&with_span(2_000, &after)).unwrap();
+        let a = parse_histograms(&with("receive_span_us", 1_000, &before)).unwrap();
+        let b = parse_histograms(&with("receive_span_us", 2_000, &after)).unwrap();
         let w = b.since(&a).expect("two publications");
         assert_eq!(w.receive_p50_us, vec![200]);
         assert!((2_990..=3_010).contains(&w.receive_p99_us[0]), "{w:?}");
+        assert_eq!(w.ack_record_p99_us, vec![0], "{w:?}");
+        // The same for the ack latency counted per record.
+        let a = parse_histograms(&with("ack_record_latency_us", 1_000, &before)).unwrap();
+        let b = parse_histograms(&with("ack_record_latency_us", 2_000, &after)).unwrap();
+        let w = b.since(&a).expect("two publications");
+        assert!((2_990..=3_010).contains(&w.ack_record_p99_us[0]), "{w:?}");
+        assert_eq!(w.receive_p99_us, vec![0], "{w:?}");
     }
 
     #[test]

@@ -341,6 +341,11 @@ pub struct BrokerResult {
     pub ack_p50_us_per_core: Vec<u64>,
     /// p99 per core.
     pub ack_p99_us_per_core: Vec<u64>,
+    /// The same p99 counted once per record of each batch (the broker's
+    /// `ack_record_latency_us`), over the window only: the figure to set beside the client's
+    /// per-record p99. Empty without a window, or from a broker without it.
+    #[serde(default)]
+    pub ack_record_p99_us_per_core: Vec<u64>,
     /// The broker's publish receive span p50 per core (over the same span as the ack
     /// quantiles): how long a Publish frame took to arrive, from the first read of its bytes
     /// to the last, before the publish-to-ack clock starts. Empty from a broker without it.
@@ -616,8 +621,9 @@ impl RunResult {
             };
             let _ = writeln!(
                 o,
-                "broker publish-to-ack per core (its histogram, {over}): p50 {:?} us, p99 {:?} us",
-                b.ack_p50_us_per_core, b.ack_p99_us_per_core
+                "broker publish-to-ack per core (its histogram, {over}): p50 {:?} us, p99 {:?} us; \
+                 per record p99 {:?} us",
+                b.ack_p50_us_per_core, b.ack_p99_us_per_core, b.ack_record_p99_us_per_core
             );
             let _ = writeln!(
                 o,

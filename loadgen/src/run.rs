@@ -480,6 +480,9 @@ impl<'a> Sampler<'a> {
                     ),
                     ack_p50_us_per_core: pick(w.map(|w| &w.ack_p50_us), &e.ack_p50_us),
                     ack_p99_us_per_core: pick(w.map(|w| &w.ack_p99_us), &e.ack_p99_us),
+                    ack_record_p99_us_per_core: w
+                        .map(|w| w.ack_record_p99_us.clone())
+                        .unwrap_or_default(),
                     receive_p50_us_per_core: pick(w.map(|w| &w.receive_p50_us), &e.receive_p50_us),
                     receive_p99_us_per_core: pick(w.map(|w| &w.receive_p99_us), &e.receive_p99_us),
                     flush_p50_us_per_core: pick(w.map(|w| &w.flush_p50_us), &e.flush_p50_us),

@@ -194,6 +194,10 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
     let span_ms = span[0].as_u64().expect("span ms");
     assert!((500..=2_600).contains(&span_ms), "between two publications in the window: {span_ms}");
     assert!(r["broker"]["ack_p99_us_per_core"][0].as_u64().unwrap_or(0) > 0, "{}", r["broker"]);
+    // The same latency counted once per record, over the same span.
+    let per_record = &r["broker"]["ack_record_p99_us_per_core"];
+    assert!(per_record[0].as_u64().unwrap_or(0) > 0, "{}", r["broker"]);
+    assert!(stdout.contains("per record p99"), "the text report has it:\n{stdout}");
     // Each second also carries the broker's quantiles since its previous publication: at
     // least one second of the run saw a new one, with acks in it.
     let timeline = r["timeline"].as_array().expect("timeline");

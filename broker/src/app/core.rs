@@ -124,6 +124,8 @@ pub struct CoreApp {
     pub core_budget: Rc<Semaphore>,
     /// Publish-to-ack latency (core-local; published periodically).
     pub ack_latency_us: RefCell<hdrhistogram::Histogram<u64>>,
+    /// The same latency counted once per record of the batch (see `AppStats`).
+    pub ack_record_latency_us: RefCell<hdrhistogram::Histogram<u64>>,
     /// Publish receive spans (core-local; published periodically; see `AppStats`).
     pub receive_span_us: RefCell<hdrhistogram::Histogram<u64>>,
     streams: RefCell<HashMap<String, Rc<StreamEntry>>>,
@@ -168,6 +170,7 @@ impl CoreApp {
             mesh,
             stats,
             ack_latency_us: RefCell::new(stats::new_histogram()),
+            ack_record_latency_us: RefCell::new(stats::new_histogram()),
             receive_span_us: RefCell::new(stats::new_histogram()),
             streams: RefCell::default(),
             opening: Semaphore::new(1),
@@ -790,6 +793,10 @@ impl CoreApp {
         stats::publish_histogram(&self.stats.write_latency_us, &write_h);
         stats::publish_histogram(&self.stats.fan_in, &fan_in);
         stats::publish_histogram(&self.stats.ack_latency_us, &self.ack_latency_us.borrow());
+        stats::publish_histogram(
+            &self.stats.ack_record_latency_us,
+            &self.ack_record_latency_us.borrow(),
+        );
         stats::publish_histogram(&self.stats.receive_span_us, &self.receive_span_us.borrow());
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -587,6 +587,8 @@ impl Session {
                     stats::add(&c.acks, 1);
                     let us = received.elapsed().as_micros() as u64;
                     let _ = app.ack_latency_us.borrow_mut().record(us.max(1));
+                    let records = u64::from(out.record_count);
+                    let _ = app.ack_record_latency_us.borrow_mut().record_n(us.max(1), records);
                     Some(Frame::PublishAck(PublishAck {
                         request_id: id,
                         shard,

@@ -128,6 +128,10 @@ pub struct AppStats {
     pub counters: Counters,
     /// Publish-to-ack latency in microseconds (published copy).
     pub ack_latency_us: Mutex<Histogram<u64>>,
+    /// Publish-to-ack latency in microseconds counted once per record of each batch
+    /// (published copy): the figure to set beside a client's per-record latency, in which a
+    /// slow batch of many records weighs more than a fast one of few.
+    pub ack_record_latency_us: Mutex<Histogram<u64>>,
     /// Publish receive span in microseconds: from the first to the last read of a Publish
     /// frame's bytes from its QUIC stream (published copy).
     pub receive_span_us: Mutex<Histogram<u64>>,
@@ -148,6 +152,7 @@ impl Default for AppStats {
         Self {
             counters: Counters::default(),
             ack_latency_us: Mutex::new(new_histogram()),
+            ack_record_latency_us: Mutex::new(new_histogram()),
             receive_span_us: Mutex::new(new_histogram()),
             flush_latency_us: Mutex::new(new_histogram()),
             write_latency_us: Mutex::new(new_histogram()),
@@ -305,7 +310,7 @@ pub const HISTOGRAMS_CONTENT_TYPE: &str = "application/json";
 /// take the quantiles of any span between two scrapes (the difference of the two) instead of
 /// the summaries' since-start quantiles. JSON: `{"cores": [{"core": n, "published_unix_ms": t,
 /// "<name>": "<HDR V2 deflate, base64>", ...}, ...]}` with the names `ack_latency_us`,
-/// `receive_span_us`, `flush_latency_us`, `write_latency_us` and `fan_in`. `published_unix_ms` is when the core
+/// `ack_record_latency_us`, `receive_span_us`, `flush_latency_us`, `write_latency_us` and `fan_in`. `published_unix_ms` is when the core
 /// last copied them (once per [`HISTOGRAM_PUBLISH_INTERVAL_MS`]; 0 before its first copy): a
 /// histogram holds what was recorded up to then.
 pub fn render_histograms(cores: &[std::sync::Arc<AppStats>]) -> String {
@@ -330,6 +335,7 @@ pub fn render_histograms(cores: &[std::sync::Arc<AppStats>]) -> String {
                 "core": core,
                 "published_unix_ms": published,
                 "ack_latency_us": encode(&s.ack_latency_us),
+                "ack_record_latency_us": encode(&s.ack_record_latency_us),
                 "receive_span_us": encode(&s.receive_span_us),
                 "flush_latency_us": encode(&s.flush_latency_us),
                 "write_latency_us": encode(&s.write_latency_us),

@@ -35,5 +35,5 @@ pub use felix_proto::{
     AckMode, Capabilities, CoreId, Offset, Record, Retention, ShardId, ShardOwner, StartAt,
 };
 pub use publisher::{PublishResult, PublishTicket, Publisher, Receipt};
-pub use send_stats::SendStats;
+pub use send_stats::{SendStats, SendStatsReader};
 pub use subscriber::{ReceivedRecord, SubscribeOptions, Subscriber};

@@ -50,7 +50,7 @@ use crate::pool::Pool;
 pub use crate::producer::PRODUCER_IN_FLIGHT_MAX;
 use crate::producer::{mark_broken, outcome_unknown, take_tag, Producer, TagHold};
 use crate::resend::{resolve, Resend};
-use crate::send_stats::{SendRecorder, SendStats};
+use crate::send_stats::{SendRecorder, SendStats, SendStatsReader};
 use crate::timer::FineTimer;
 
 /// Publishes records to one stream. Cheap to clone; clones share the workers.
@@ -92,7 +92,7 @@ struct WorkerCtx {
     /// queued).
     untagged: Mutex<HashMap<Bytes, (SocketAddr, usize, usize)>>,
     /// How long batches waited in the workers before they were written.
-    send_stats: SendRecorder,
+    send_stats: Arc<SendRecorder>,
 }
 
 impl WorkerCtx {
@@ -165,7 +165,7 @@ impl Publisher {
             shard_count,
             keyed_producers: Mutex::default(),
             untagged: Mutex::default(),
-            send_stats: SendRecorder::default(),
+            send_stats: Arc::default(),
         });
         Ok(Self {
             shared: Arc::new(PubShared {
@@ -185,6 +185,11 @@ impl Publisher {
     /// [`SendStats`].
     pub fn send_stats(&self) -> SendStats {
         self.shared.ctx.send_stats.snapshot()
+    }
+
+    /// A reader of [`Publisher::send_stats`] that does not keep the publisher open.
+    pub fn send_stats_reader(&self) -> SendStatsReader {
+        SendStatsReader(self.shared.ctx.send_stats.clone())
     }
 
     /// The stream this publisher writes to.

@@ -7,14 +7,14 @@
 //! bytes holds up every batch behind it on that worker, whatever their shards: the send delay
 //! histogram shows that wait, and the wait counters say which limit it was.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
-/// The longest send delay the histogram tells apart, in microseconds (10 minutes); longer
-/// ones count as that.
-pub const SEND_DELAY_US_MAX: u64 = 600_000_000;
+/// The longest send delay the histogram tells apart, in microseconds (1 minute); longer ones
+/// count as that.
+pub const SEND_DELAY_US_MAX: u64 = 60_000_000;
 /// Significant digits of the send delay histogram.
 pub const SEND_DELAY_SIGNIFICANT_DIGITS: u8 = 3;
 
@@ -99,6 +99,18 @@ fn new_delay_histogram() -> Histogram<u64> {
 
 fn us(d: Duration) -> u64 {
     u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Reads a publisher's send statistics from anywhere (another thread, a sampler), without
+/// holding the publisher itself ([`crate::Publisher::send_stats_reader`]). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct SendStatsReader(pub(crate) Arc<SendRecorder>);
+
+impl SendStatsReader {
+    /// The statistics as of now (a copy).
+    pub fn read(&self) -> SendStats {
+        self.0.snapshot()
+    }
 }
 
 /// The workers' shared recorder of one publisher.

@@ -377,6 +377,7 @@ async fn send_stats_count_the_batches_that_waited_for_an_in_flight_slot() {
     let settings =
         PublishSettings { in_flight_batches_max: 1, idempotent: false, ..one_record_batches() };
     let (broker, publisher) = slow_acks(settings).await;
+    let reader = publisher.send_stats_reader();
     let before = publisher.send_stats();
     assert_eq!((before.batches, before.in_flight_waits), (0, 0), "{before:?}");
     let mut tickets = Vec::new();
@@ -396,6 +397,10 @@ async fn send_stats_count_the_batches_that_waited_for_an_in_flight_slot() {
     // The last batch was ready at once and written after five acks.
     assert!(s.delay_us.max() >= 5 * 30_000, "{}", s.delay_us.max());
     assert_eq!(broker.state.lock().streams[STREAM].shards[0].len(), 6);
+    // A reader sees the same, and outlives the publisher.
+    drop(publisher);
+    let read = reader.read();
+    assert_eq!((read.batches, read.in_flight_waits), (s.batches, s.in_flight_waits));
 }
 
 #[tokio::test]

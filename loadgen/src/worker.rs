@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use felix_client::{
-    Client, ClientError, PublishTicket, Publisher, Record, SendStats, StartAt, SubscribeOptions,
+    Client, ClientError, PublishTicket, Publisher, Record, SendStats, SendStatsReader, StartAt,
+    SubscribeOptions,
 };
 use felix_proto::Payload;
 use futures_util::stream::{FuturesUnordered, StreamExt};
@@ -73,9 +74,9 @@ pub struct WorkerShared {
     pub quic_flow_blocked: AtomicU64,
     /// The smallest current path MTU of the client's connections (a gauge; 0 before any).
     pub quic_mtu_min: AtomicU64,
-    /// The publisher's send statistics ([`felix_client::Publisher::send_stats`]), taken with
-    /// the QUIC statistics.
-    pub send_stats: Mutex<SendStats>,
+    /// Reads the publisher's send statistics ([`felix_client::Publisher::send_stats`]); set
+    /// once the publisher is up.
+    send_stats: Mutex<Option<SendStatsReader>>,
     /// The most recent error, for the report.
     pub last_error: Mutex<Option<String>>,
     /// Publish-to-ack latency (us) since the last drain.
@@ -112,17 +113,10 @@ impl WorkerShared {
         self.quic_mtu_min.store(q.mtu_min.into(), Ordering::Relaxed);
     }
 
-    /// Takes the publisher's send statistics.
-    fn note_send(&self, publisher: &Publisher) {
-        let s = publisher.send_stats();
-        if let Ok(mut slot) = self.send_stats.lock() {
-            *slot = s;
-        }
-    }
-
-    /// The publisher's send statistics as last taken.
+    /// The publisher's send statistics now (empty before it is up, or without one).
     pub fn send_stats(&self) -> SendStats {
-        self.send_stats.lock().map(|s| s.clone()).unwrap_or_default()
+        let reader = self.send_stats.lock().ok().and_then(|r| r.clone());
+        reader.map(|r| r.read()).unwrap_or_default()
     }
 
     fn new() -> Self {
@@ -143,7 +137,7 @@ impl WorkerShared {
             delivered_records: AtomicU64::new(0),
             key_shards: AtomicU64::new(0),
             delivered_bytes: AtomicU64::new(0),
-            send_stats: Mutex::new(SendStats::default()),
+            send_stats: Mutex::new(None),
             last_error: Mutex::new(None),
             ack_us: Mutex::new(new_histogram()),
             delivery_us: Mutex::new(new_histogram()),
@@ -217,6 +211,9 @@ async fn run(
         let shards: std::collections::BTreeSet<u32> =
             (0..config.keys).filter_map(|k| p.shard_for_key(&key_bytes(k)).map(|s| s.0)).collect();
         shared.key_shards.store(shards.len() as u64, Ordering::Relaxed);
+        if let Ok(mut slot) = shared.send_stats.lock() {
+            *slot = Some(p.send_stats_reader());
+        }
     }
     shared.connected.store(true, Ordering::Relaxed);
     while !flags.go.load(Ordering::Relaxed) {
@@ -243,17 +240,11 @@ async fn run(
             )));
         }
     }
-    let note = |shared: &WorkerShared| {
-        shared.note_quic(&client);
-        if let Some(p) = &publisher {
-            shared.note_send(p);
-        }
-    };
     while !flags.stop.load(Ordering::Relaxed) {
-        note(shared);
+        shared.note_quic(&client);
         tokio::time::sleep(FLAG_POLL * 10).await;
     }
-    note(shared);
+    shared.note_quic(&client);
     for t in publishers {
         let _ = tokio::time::timeout(DRAIN_TIMEOUT, t).await;
     }

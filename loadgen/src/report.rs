@@ -266,7 +266,7 @@ pub struct ClientQuic {
 }
 
 /// How long the generator's batches waited in its client before they were written, over the
-/// window (`felix_client::Publisher::send_stats`, sampled every 10 ms): the part of a
+/// window (`felix_client::Publisher::send_stats`, read at its edges): the part of a
 /// record's publish-to-ack latency that neither the network nor the broker sees.
 #[derive(Clone, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ClientSend {

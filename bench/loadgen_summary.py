@@ -62,6 +62,13 @@ def limits():
     return out
 
 
+def tally(bounds):
+    """Each run's bound, most frequent first: "broker 3/3", "generator 2/3, neither 1/3"."""
+    bounds = [b or "?" for b in bounds]
+    counts = collections.Counter(bounds).most_common()
+    return ", ".join(f"{k} {n}/{len(bounds)}" for k, n in counts) or "-"
+
+
 def bound_of(gen_busy_pct, broker_busy_pct):
     """Which side bounded a run (felix-loadgen's Bound::of): the busier, if at least
     BOUND_BUSY_PCT busy; a tie goes to the generator."""
@@ -152,8 +159,7 @@ def publish_table(runs):
     s["warnings"] = sorted({w for row in rows for w in row["warnings"]})
     s["runs"] = len(rows)
     # "broker 3/3", or "generator 2/3, neither 1/3": each run's bound, most frequent first.
-    bounds = collections.Counter(row["bound_by"] or "?" for row in rows)
-    s["bound_by"] = ", ".join(f"{k} {n}/{len(rows)}" for k, n in bounds.most_common()) or "-"
+    s["bound_by"] = tally(row["bound_by"] for row in rows)
     att = [row["att_bound_by"] for row in rows if row["att_bound_by"]]
     s["att_bound_by"] = ", ".join(
         f"{k} {n}/{len(rows)}" for k, n in collections.Counter(att).most_common()) or "-"
@@ -243,8 +249,17 @@ def delivery():
             dropped = "page cache dropped" in text
         # The drain rate: mean over the whole timeline seconds with deliveries, the last
         # (partial) one left out.
-        busy = [t["delivered_records"] for t in r["timeline"] if t["delivered_records"] > 0]
-        full = busy[:-1] if len(busy) > 1 else busy
+        seconds = [t for t in r["timeline"] if t["delivered_records"] > 0]
+        drain = seconds[:-1] if len(seconds) > 1 else seconds
+        busy = [t["delivered_records"] for t in seconds]
+        full = [t["delivered_records"] for t in drain]
+        # CPU over the same full seconds: the run's whole window also holds the seconds after
+        # the backlog ran out, when both sides idle, so its CPU figures understate the drain's.
+        def drain_pct(key):
+            v = [t[key] for t in drain if t.get(key) is not None]
+            return statistics.mean(v) if v else None
+        broker_drain, gen_drain = drain_pct("broker_cpu_pct"), drain_pct("generator_cpu_pct")
+        bound = bound_of(gen_drain, broker_drain)
         rec_bytes = r["delivered_bytes"] / max(r["delivered_records"], 1)
         rps = statistics.mean(full) if full else 0
         # The same run's fio read of the same log files (bench/run.sh), where there is one.
@@ -257,18 +272,24 @@ def delivery():
         mb_s = rps * rec_bytes / 1e6
         catchup.append({"backlog": backlog, "dropped": dropped, "records": r["delivered_records"],
                         "seconds": len(busy), "rps": rps, "mb_s": mb_s,
-                        "busy": (r.get("broker") or {}).get("cpu_pct"), "disk": disk,
-                        "ratio": mb_s / disk if disk else None})
+                        "busy": broker_drain, "gen_busy": gen_drain, "bound": bound,
+                        "mb_per_broker_cpu_s": (mb_s / (broker_drain / 100)
+                                                if broker_drain else None),
+                        "disk": disk, "ratio": mb_s / disk if disk else None})
     if catchup:
         dropped = sum(c["dropped"] for c in catchup)
         lines += ["Catch-up: a backlog published first (no subscriber), the page cache dropped "
                   f"({dropped} of {len(catchup)} runs could), then one subscriber from the "
                   "earliest offset and no publisher. Rate: the mean of the full seconds with "
                   "deliveries. Disk read: fio reading the same log files after the run (O_DIRECT, "
-                  "1 MiB, 4 in flight, page cache dropped); drain / disk: run by run.", "",
+                  "1 MiB, 4 in flight, page cache dropped); drain / disk: run by run. CPU: "
+                  "each side's mean over the same full seconds (not the whole window, which "
+                  "also holds the idle seconds after the backlog ran out); bound by: the side "
+                  "at least 80 % busy and busier than the other in them.", "",
                   "| backlog MB | records delivered | seconds with deliveries | drain records/s | "
-                  "drain MB/s | disk read MB/s | drain / disk | broker CPU % | runs |",
-                  "|---|---|---|---|---|---|---|---|---|",
+                  "drain MB/s | disk read MB/s | drain / disk | broker CPU % | generator CPU % | "
+                  "drain MB per broker CPU-s | bound by | runs |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|",
                   f"| {spread([c['backlog'] / 1e6 for c in catchup if c['backlog']], '{:,.0f}')[0]} | "
                   f"{spread([c['records'] for c in catchup], '{:,.0f}')[0]} | "
                   f"{spread([c['seconds'] for c in catchup], '{:.0f}')[0]} | "
@@ -276,7 +297,10 @@ def delivery():
                   f"{spread([c['mb_s'] for c in catchup], '{:,.0f}')[0]} | "
                   f"{spread([c['disk'] for c in catchup if c['disk']], '{:,.0f}')[0]} | "
                   f"{spread([c['ratio'] for c in catchup if c['ratio']], '{:.2f}')[0]} | "
-                  f"{spread([c['busy'] for c in catchup], '{:.0f}')[0]} | {len(catchup)} |", ""]
+                  f"{spread([c['busy'] for c in catchup if c['busy'] is not None], '{:.0f}')[0]} | "
+                  f"{spread([c['gen_busy'] for c in catchup if c['gen_busy'] is not None], '{:.0f}')[0]} | "
+                  f"{spread([c['mb_per_broker_cpu_s'] for c in catchup if c['mb_per_broker_cpu_s']], '{:,.0f}')[0]} | "
+                  f"{tally([c['bound'] for c in catchup])} | {len(catchup)} |", ""]
     if lines:
         write(f"{d}/summary.md", "\n".join([f"# Delivery, {DATE}\n", *lines]))
     return lines

@@ -251,7 +251,6 @@ def delivery():
         # (partial) one left out.
         seconds = [t for t in r["timeline"] if t["delivered_records"] > 0]
         drain = seconds[:-1] if len(seconds) > 1 else seconds
-        busy = [t["delivered_records"] for t in seconds]
         full = [t["delivered_records"] for t in drain]
         # CPU over the same full seconds: the run's whole window also holds the seconds after
         # the backlog ran out, when both sides idle, so its CPU figures understate the drain's.
@@ -271,7 +270,7 @@ def delivery():
             pass
         mb_s = rps * rec_bytes / 1e6
         catchup.append({"backlog": backlog, "dropped": dropped, "records": r["delivered_records"],
-                        "seconds": len(busy), "rps": rps, "mb_s": mb_s,
+                        "seconds": len(seconds), "rps": rps, "mb_s": mb_s,
                         "busy": broker_drain, "gen_busy": gen_drain, "bound": bound,
                         "mb_per_broker_cpu_s": (mb_s / (broker_drain / 100)
                                                 if broker_drain else None),
@@ -297,9 +296,9 @@ def delivery():
                   f"{spread([c['mb_s'] for c in catchup], '{:,.0f}')[0]} | "
                   f"{spread([c['disk'] for c in catchup if c['disk']], '{:,.0f}')[0]} | "
                   f"{spread([c['ratio'] for c in catchup if c['ratio']], '{:.2f}')[0]} | "
-                  f"{spread([c['busy'] for c in catchup if c['busy'] is not None], '{:.0f}')[0]} | "
-                  f"{spread([c['gen_busy'] for c in catchup if c['gen_busy'] is not None], '{:.0f}')[0]} | "
-                  f"{spread([c['mb_per_broker_cpu_s'] for c in catchup if c['mb_per_broker_cpu_s']], '{:,.0f}')[0]} | "
+                  f"{spread([c['busy'] for c in catchup], '{:.0f}')[0]} | "
+                  f"{spread([c['gen_busy'] for c in catchup], '{:.0f}')[0]} | "
+                  f"{spread([c['mb_per_broker_cpu_s'] for c in catchup], '{:,.0f}')[0]} | "
                   f"{tally([c['bound'] for c in catchup])} | {len(catchup)} |", ""]
     if lines:
         write(f"{d}/summary.md", "\n".join([f"# Delivery, {DATE}\n", *lines]))

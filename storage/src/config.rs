@@ -29,8 +29,8 @@ pub const FLUSHES_IN_FLIGHT_MAX: usize = 2;
 pub const SEGMENT_GROW_BYTES: u64 = 4 << 20;
 /// Smallest reservation step (the first write of a segment reserves this much beyond it).
 pub const SEGMENT_GROW_MIN_BYTES: u64 = 64 << 10;
-const _: () = assert!(SEGMENT_GROW_BYTES % FORMAT_ALIGN_BYTES == 0);
-const _: () = assert!(SEGMENT_GROW_MIN_BYTES % FORMAT_ALIGN_BYTES == 0);
+const _: () = assert!(SEGMENT_GROW_BYTES.is_multiple_of(FORMAT_ALIGN_BYTES));
+const _: () = assert!(SEGMENT_GROW_MIN_BYTES.is_multiple_of(FORMAT_ALIGN_BYTES));
 const _: () = assert!(SEGMENT_GROW_MIN_BYTES <= SEGMENT_GROW_BYTES);
 /// Upper bound for `StorageConfig::batch_bytes_max` (a batch must fit one write).
 pub const BATCH_BYTES_LIMIT: usize = WRITE_BYTES_MAX - FORMAT_ALIGN_BYTES as usize;

@@ -56,18 +56,15 @@ pub const SHARDS_PER_LOG_MAX: usize =
     (SEGMENT_HEADER_BYTES as usize - SEGMENT_FIXED_BYTES) / SEGMENT_ENTRY_BYTES;
 /// Record flag: the record has a key.
 pub(crate) const RECORD_FLAG_KEY: u8 = 1;
-/// `encode_batch` computes the CRC over what it copied once this many bytes are pending: small
-/// enough to be still in the L1 cache, large enough for the CRC's three-way parallel loop.
-const CRC_SPAN_BYTES: usize = 16 * 1024;
 
-const _: () = assert!(SEGMENT_HEADER_BYTES % FORMAT_ALIGN_BYTES == 0);
+const _: () = assert!(SEGMENT_HEADER_BYTES.is_multiple_of(FORMAT_ALIGN_BYTES));
 const _: () = assert!(SHARDS_PER_LOG_MAX == 254);
-const _: () = assert!(BATCH_HEADER_BYTES % 8 == 0);
-const _: () = assert!(BATCH_TAGGED_HEADER_BYTES % 8 == 0);
-const _: () = assert!(PRODUCER_TAG_BYTES % 8 == 0 && EPOCH_BYTES % 8 == 0);
-const _: () = assert!(BATCH_HEADER_BYTES_MAX % 8 == 0);
+const _: () = assert!(BATCH_HEADER_BYTES.is_multiple_of(8));
+const _: () = assert!(BATCH_TAGGED_HEADER_BYTES.is_multiple_of(8));
+const _: () = assert!(PRODUCER_TAG_BYTES.is_multiple_of(8) && EPOCH_BYTES.is_multiple_of(8));
+const _: () = assert!(BATCH_HEADER_BYTES_MAX.is_multiple_of(8));
 const _: () = assert!(BATCH_FLAGS_KNOWN == 0b11);
-const _: () = assert!(FORMAT_ALIGN_BYTES % BATCH_ALIGN_BYTES == 0);
+const _: () = assert!(FORMAT_ALIGN_BYTES.is_multiple_of(BATCH_ALIGN_BYTES));
 
 /// The fixed header of a batch, decoded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,8 +185,8 @@ pub fn batch_encoded_len(
 /// header; with an `epoch`, the flag [`BATCH_FLAG_EPOCH`] is set and the epoch follows them.
 ///
 /// One pass: each record's payload parts are copied straight from the buffers they were
-/// received in, and the CRC32C is computed over the copied bytes every `CRC_SPAN_BYTES`, while
-/// they are still in cache, so a payload byte is read from memory once and written once here.
+/// received in, and the CRC32C is computed in the same pass ([`crate::crc::copy_append`]), so
+/// a payload byte is read from memory once and written once here.
 ///
 /// The caller has checked the limits (record count fits u32, length fits u32).
 pub fn encode_batch(
@@ -224,30 +221,24 @@ pub fn encode_batch(
         let at = epoch_at(tag);
         out[at..at + EPOCH_BYTES].copy_from_slice(&epoch.to_le_bytes());
     }
-    // The CRC covers bytes 0..8 and 12..len (see `batch_crc`). It runs over what was just
-    // written in spans of about CRC_SPAN_BYTES, each still in cache: fewer, longer CRC calls
-    // than one per part (QUIC-sized parts are about 1.2 KB).
-    let mut crc = crc32c::crc32c(&out[0..8]);
-    let mut crc_from = 12;
+    // The CRC covers bytes 0..8 and 12..len (see `batch_crc`). After the batch's header,
+    // every byte is copied and taken into the CRC in one pass (`crc::copy_append`): each
+    // record's header from the stack, its key, its payload parts from the buffers they were
+    // received in. Nothing written is read again.
     let mut at = header_bytes(tag, epoch);
+    let mut crc = crc32c::crc32c_append(crc32c::crc32c(&out[0..8]), &out[12..at]);
     for r in records {
         let key = r.key.as_deref().unwrap_or(&[]);
-        out[at] = if r.key.is_some() { RECORD_FLAG_KEY } else { 0 };
-        out[at + 1..at + 5].copy_from_slice(&(key.len() as u32).to_le_bytes());
-        out[at + 5..at + 9].copy_from_slice(&(r.value.len() as u32).to_le_bytes());
-        at += RECORD_HEADER_BYTES;
-        out[at..at + key.len()].copy_from_slice(key);
-        at += key.len();
-        for part in r.value.parts() {
-            out[at..at + part.len()].copy_from_slice(part);
+        let mut header = [0u8; RECORD_HEADER_BYTES];
+        header[0] = if r.key.is_some() { RECORD_FLAG_KEY } else { 0 };
+        header[1..5].copy_from_slice(&(key.len() as u32).to_le_bytes());
+        header[5..9].copy_from_slice(&(r.value.len() as u32).to_le_bytes());
+        let parts = r.value.parts().map(|p| &p[..]);
+        for part in std::iter::once(&header[..]).chain([key]).chain(parts) {
+            crc = crate::crc::copy_append(&mut out[at..at + part.len()], part, crc);
             at += part.len();
-            if at - crc_from >= CRC_SPAN_BYTES {
-                crc = crc32c::crc32c_append(crc, &out[crc_from..at]);
-                crc_from = at;
-            }
         }
     }
-    crc = crc32c::crc32c_append(crc, &out[crc_from..at]);
     debug_assert_eq!(at, out.len(), "batch_encoded_len matches what was written");
     debug_assert_eq!(crc, batch_crc(out), "the one-pass CRC is the batch's CRC");
     out[8..12].copy_from_slice(&crc.to_le_bytes());

@@ -91,7 +91,7 @@ impl ShardIndex {
         self.recent.push_back(entry);
         if self.recent.len() > INDEX_RECENT_MAX {
             let old = self.recent.pop_front().expect("recent is longer than its limit");
-            if self.evicted % INDEX_SPARSE_EVERY == 0 {
+            if self.evicted.is_multiple_of(INDEX_SPARSE_EVERY) {
                 self.sparse.push(old);
             }
             self.evicted += 1;

@@ -131,7 +131,7 @@ impl LogFile {
     }
 
     fn checked(file: DmaFile, path: &Path, sync_writes: bool) -> Result<LogFile> {
-        if FORMAT_ALIGN_BYTES % file.alignment() != 0 {
+        if !FORMAT_ALIGN_BYTES.is_multiple_of(file.alignment()) {
             return Err(StorageError::InvalidConfig {
                 reason: "device O_DIRECT alignment does not divide FORMAT_ALIGN_BYTES",
             });
@@ -156,7 +156,7 @@ impl LogFile {
 
     /// An aligned buffer of `len` bytes (a multiple of the format alignment).
     pub(crate) fn alloc(&self, len: usize) -> WriteBuf {
-        debug_assert!(len as u64 % FORMAT_ALIGN_BYTES == 0);
+        debug_assert!((len as u64).is_multiple_of(FORMAT_ALIGN_BYTES));
         WriteBuf(self.file.alloc_dma_buffer(len))
     }
 

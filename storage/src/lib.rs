@@ -11,18 +11,21 @@
 //! stream, so shard count never multiplies fdatasyncs; a per-shard in-memory index maps
 //! offsets to log positions and is rebuilt on recovery.
 //!
-//! Code map: [`format`], [`index`], `producers` and `epochs` are pure; `state` is a log's shared state; `log`
+//! Code map: [`format`], [`crc`] (the copy into the write buffer that computes the CRC in
+//! the same pass), [`index`], `producers` and `epochs` are pure; `state` is a log's shared state; `log`
 //! (appends, reads), `commit` (writer and group commit), `recovery`, `retention` and
 //! `truncate` (logical truncation of one shard, durable markers) hold the logic; `cache` is the
 //! core's read cache of log blocks, shared by its readers; `io` is
 //! the only module that touches glommio, files and clocks; `sys` wraps the syscalls
-//! glommio does not offer (`statvfs`). The crate has no `unsafe`.
+//! glommio does not offer (`statvfs`) and the crate's one `unsafe` block, the call of
+//! [`crc`]'s SSE4.2 copy-and-CRC kernel.
 
-#![forbid(unsafe_code)]
+#![deny(unsafe_code)]
 
 mod cache;
 mod commit;
 mod config;
+pub mod crc;
 mod epochs;
 mod error;
 pub mod format;

@@ -46,7 +46,7 @@ const MARKER_FIELDS_BYTES: usize = 40;
 /// Name of the temporary file a marker file is rewritten through.
 const TRUNCATIONS_TMP_FILE: &str = "truncations.tmp";
 
-const _: () = assert!(MARKER_BLOCK_BYTES % FORMAT_ALIGN_BYTES == 0);
+const _: () = assert!(MARKER_BLOCK_BYTES.is_multiple_of(FORMAT_ALIGN_BYTES));
 const _: () = assert!(MARKER_FIELDS_BYTES <= MARKER_BLOCK_BYTES as usize);
 
 /// One durable truncation: records of `shard` at offsets >= `offset` in batches that start

@@ -125,7 +125,7 @@ mod tests {
     fn record(offset: u64, len: usize) -> Record {
         let mut v = format!("o{offset}.").into_bytes();
         v.resize(len, b'.');
-        if offset % 2 == 0 {
+        if offset.is_multiple_of(2) {
             Record::keyed(Bytes::from(format!("k{offset}")), Bytes::from(v))
         } else {
             Record::unkeyed(Bytes::from(v))

@@ -221,7 +221,7 @@ impl World {
                     self.broadcast_group();
                     self.check_isr_images()?;
                 }
-                if self.now.0 % GROUP_RESYNC_MS == 0 {
+                if self.now.0.is_multiple_of(GROUP_RESYNC_MS) {
                     self.broadcast_group();
                 }
                 self.schedule(self.now.plus_ms(ETCD_TICK_MS), Event::EtcdTick);

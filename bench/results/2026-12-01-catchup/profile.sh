@@ -2,8 +2,8 @@
 # One perf profile of the broker during a catch-up (issue 13, target 5): publish BACKLOG_S
 # seconds with no subscriber, drop the page cache, then one subscriber from earliest and no
 # publisher; the broker is recorded for 4 s of the catch-up. Writes <out>/catchup-profile-top.txt
-# (flat, top 50 symbols), catchup-profile-memmove.txt (memmove's callers) and the loadgen's
-# report.
+# (flat, top 50 symbols), catchup-profile-memmove.txt (memmove's callers, the first
+# $CALLER_LINES lines, 60 by default) and the loadgen's report.
 #   profile.sh <bin dir> <out dir>
 set -euo pipefail
 BIN=${1:?bin dir}
@@ -42,4 +42,4 @@ perf report -i "$DATA.perf" --no-children --sort dso --stdio -g none 2>/dev/null
   | grep -v '^#' | grep -v '^$' | head -12 >"$OUT/catchup-profile-dso.txt" || true
 # Who calls memmove (callers, by share of all samples).
 perf report -i "$DATA.perf" --no-children --sort symbol --stdio -G -S __memmove_avx512_unaligned_erms \
-  2>/dev/null | grep -v '^#' | grep -v '^$' | head -60 >"$OUT/catchup-profile-memmove.txt" || true
+  2>/dev/null | grep -v '^#' | grep -v '^$' | head -"${CALLER_LINES:-60}" >"$OUT/catchup-profile-memmove.txt" || true

@@ -4,10 +4,11 @@
 //! `send` adds a record to its key's open batch under the queue's lock and gets back a
 //! [`PublishTicket`]: the batch's shared [`BatchOutcome`] and the record's index in it (one
 //! allocation per batch, no channel per record). A batch that is full moves to the queue's
-//! ready list at once; the worker moves a lingering one there when its deadline comes, and
-//! takes the ready list in order, so one key's batches leave in the order they were filled.
+//! ready list at once. The worker takes one item at a time, the older of the ready list's front
+//! and the open batch whose deadline came first, so one key's batches leave in the order they
+//! were filled, and a lingering batch keeps filling until the worker can send it.
 //!
-//! Call order: [`WorkerQueue::push`] (callers), [`WorkerQueue::take_ready`] then
+//! Call order: [`WorkerQueue::push`] (callers), [`WorkerQueue::take_next`] then
 //! [`WorkerQueue::poll_deadline`] (the worker), [`WorkerQueue::flush`], [`WorkerQueue::close`].
 
 use std::collections::hash_map::Entry;
@@ -288,29 +289,29 @@ impl WorkerQueue {
         Ok(ticket)
     }
 
-    /// Moves the batches due within [`LINGER_TIMER_SLACK_US`] (all of them once closed) to the
-    /// ready list and takes it. Returns the items, in order, and whether the queue is closed.
-    /// The records taken leave room for as many new ones.
-    pub(crate) fn take_ready(&self) -> (Vec<Ready>, bool) {
-        let (items, closed) = {
+    /// Takes the next batch to send, or a flush marker: the oldest of the ready list's front
+    /// and the open batch due first within [`LINGER_TIMER_SLACK_US`] (every open batch counts as
+    /// due once the queue is closed). Returns it, or `None` when nothing is due, and whether the
+    /// queue is closed. The records taken leave room for as many new ones.
+    ///
+    /// One at a time, so that a due batch stays open, and keeps filling, while the worker is
+    /// held up sending the one before it (a producer window, an in-flight slot, QUIC flow
+    /// control): under backpressure batches grow toward their limits instead of queueing
+    /// small, and each one sent carries more records per window slot and per ack.
+    pub(crate) fn take_next(&self) -> (Option<Ready>, bool) {
+        let (item, closed) = {
             let mut state = self.lock();
             let horizon = if state.closed {
                 None
             } else {
                 Some(Instant::now() + Duration::from_micros(LINGER_TIMER_SLACK_US))
             };
-            state.make_ready(horizon);
-            (state.ready.drain(..).collect::<Vec<_>>(), state.closed)
+            (state.next(horizon), state.closed)
         };
-        let records: usize = items
-            .iter()
-            .map(|i| match i {
-                Ready::Batch(b) => b.records.len(),
-                Ready::Flush(_) => 0,
-            })
-            .sum();
-        self.room.add_permits(records);
-        (items, closed)
+        if let Some(Ready::Batch(b)) = &item {
+            self.room.add_permits(b.records.len());
+        }
+        (item, closed)
     }
 
     /// Wakes the worker (it has batches to send again).
@@ -340,7 +341,7 @@ impl WorkerQueue {
     pub(crate) fn flush(&self, done: oneshot::Sender<()>) {
         {
             let mut state = self.lock();
-            state.make_ready(None);
+            state.make_all_ready();
             state.ready.push_back(Ready::Flush(done));
         }
         self.wake.notify_one();
@@ -437,23 +438,37 @@ impl QueueState {
         self.ready.push_back(Ready::Batch(batch));
     }
 
-    /// Moves the open batches due by `horizon` (all of them when `None`) to the ready list,
-    /// oldest first.
-    fn make_ready(&mut self, horizon: Option<Instant>) {
-        if self.open.is_empty() {
-            return;
-        }
-        let due = |b: &Batch| horizon.is_none_or(|h| b.deadline <= h);
-        let mut expired: Vec<Batch> = Vec::new();
-        let keys: Vec<Option<Bytes>> =
-            self.open.iter().filter(|(_, b)| due(b)).map(|(k, _)| k.clone()).collect();
-        for k in keys {
-            if let Some(b) = self.open.remove(&k) {
-                expired.push(b);
+    /// The next item (see [`WorkerQueue::take_next`]). Per-key order holds: a ready batch of
+    /// a key was pushed no later than its open batch was created, so it became ready before that
+    /// batch's deadline, and so did every item ahead of it (each became ready no later than it
+    /// was pushed): the open batch never goes ahead of the ready list's front then.
+    fn next(&mut self, horizon: Option<Instant>) -> Option<Ready> {
+        let due = self
+            .open
+            .iter()
+            .filter(|(_, b)| horizon.is_none_or(|h| b.deadline <= h))
+            .min_by_key(|(_, b)| b.deadline)
+            .map(|(k, b)| (k.clone(), b.deadline));
+        let open_first = match (&due, self.ready.front()) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some((_, deadline)), Some(Ready::Batch(front))) => *deadline < front.ready_at(),
+            (Some(_), Some(Ready::Flush(_))) => false,
+        };
+        if open_first {
+            if let Some(mut batch) = due.and_then(|(key, _)| self.open.remove(&key)) {
+                batch.ready_at = Some(Instant::now().min(batch.deadline));
+                return Some(Ready::Batch(batch));
             }
         }
-        expired.sort_by_key(|b| b.deadline);
-        for b in expired {
+        self.ready.pop_front()
+    }
+
+    /// Moves every open batch to the ready list, oldest first (a flush).
+    fn make_all_ready(&mut self) {
+        let mut batches: Vec<Batch> = self.open.drain().map(|(_, b)| b).collect();
+        batches.sort_by_key(|b| b.deadline);
+        for b in batches {
             self.push_ready(b);
         }
     }
@@ -492,6 +507,17 @@ mod tests {
         Record::keyed(Bytes::from_static(key), Bytes::from(vec![v; 10]))
     }
 
+    /// Takes items as the worker does, until nothing is due.
+    fn take_all(q: &WorkerQueue) -> (Vec<Ready>, bool) {
+        let mut items = Vec::new();
+        loop {
+            match q.take_next() {
+                (Some(item), _) => items.push(item),
+                (None, closed) => return (items, closed),
+            }
+        }
+    }
+
     fn batches(items: Vec<Ready>) -> Vec<(Option<Bytes>, Vec<u8>)> {
         items
             .into_iter()
@@ -514,17 +540,59 @@ mod tests {
             q.push(keyed(b"a", v)).await.unwrap();
         }
         q.push(keyed(b"b", 9)).await.unwrap();
-        let (items, closed) = q.take_ready();
+        let (items, closed) = take_all(&q);
         assert!(!closed);
         let a = Some(Bytes::from_static(b"a"));
         assert_eq!(batches(items), vec![(a.clone(), vec![0, 1]), (a.clone(), vec![2, 3])]);
         // The lingering ones leave with a flush, oldest first, before the flush marker.
         let (tx, _rx) = oneshot::channel();
         q.flush(tx);
-        let (items, _) = q.take_ready();
+        let (items, _) = take_all(&q);
         assert!(matches!(items.last(), Some(Ready::Flush(_))));
         let b = Some(Bytes::from_static(b"b"));
         assert_eq!(batches(items), vec![(a, vec![4]), (b, vec![9])]);
+    }
+
+    #[tokio::test]
+    async fn a_due_batch_keeps_filling_until_the_worker_takes_it() {
+        let q = WorkerQueue::new(caps(10, 1));
+        q.push(keyed(b"a", 0)).await.unwrap();
+        q.push(keyed(b"b", 0)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        // Both are due; the worker takes one and is busy sending it...
+        let (first, _) = q.take_next();
+        let first = batches(first.into_iter().collect());
+        assert_eq!(first.len(), 1);
+        assert_eq!(first[0].1, vec![0]);
+        let other: &'static [u8] = if first[0].0.as_deref() == Some(b"a") { b"b" } else { b"a" };
+        // ...while the other key's due batch takes more records.
+        q.push(keyed(other, 1)).await.unwrap();
+        q.push(keyed(other, 2)).await.unwrap();
+        let (second, _) = q.take_next();
+        let other = Some(Bytes::from_static(other));
+        assert_eq!(batches(second.into_iter().collect()), vec![(other, vec![0, 1, 2])]);
+        assert!(q.take_next().0.is_none(), "nothing left");
+    }
+
+    #[tokio::test]
+    async fn the_older_of_the_ready_front_and_the_first_due_open_batch_goes_first() {
+        let q = WorkerQueue::new(caps(2, 1));
+        // A key's full batch leaves before its own later batch, whenever that is due.
+        for v in 0..3 {
+            q.push(keyed(b"a", v)).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        let a = Some(Bytes::from_static(b"a"));
+        let (items, _) = take_all(&q);
+        assert_eq!(batches(items), vec![(a.clone(), vec![0, 1]), (a.clone(), vec![2])]);
+        // An open batch due before a full one became ready goes ahead of it.
+        q.push(keyed(b"b", 9)).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(3)).await;
+        q.push(keyed(b"a", 3)).await.unwrap();
+        q.push(keyed(b"a", 4)).await.unwrap();
+        let b = Some(Bytes::from_static(b"b"));
+        let (items, _) = take_all(&q);
+        assert_eq!(batches(items), vec![(b, vec![9]), (a, vec![3, 4])]);
     }
 
     #[tokio::test]
@@ -540,7 +608,7 @@ mod tests {
         for t in &mut tickets {
             assert!(Pin::new(t).poll(&mut cx).is_pending());
         }
-        let (mut items, _) = q.take_ready();
+        let (mut items, _) = take_all(&q);
         let Some(Ready::Batch(batch)) = items.pop() else { panic!("no batch ready") };
         batch.completion.resolve(BatchResult::Acked { shard: ShardId(7), base: Offset(100) });
         assert_eq!(counter.0.load(std::sync::atomic::Ordering::Relaxed), 3, "each ticket woken");
@@ -574,7 +642,7 @@ mod tests {
         assert!(Pin::new(&mut clone).poll(&mut Context::from_waker(&w2)).is_pending());
         let (tx, _rx) = oneshot::channel();
         q.flush(tx);
-        let (mut items, _) = q.take_ready();
+        let (mut items, _) = take_all(&q);
         items.pop(); // the flush marker
         let Some(Ready::Batch(batch)) = items.pop() else { panic!("no batch ready") };
         batch.completion.resolve(BatchResult::Written);
@@ -600,7 +668,7 @@ mod tests {
         q.push(keyed(b"k", 1)).await.unwrap();
         // As the worker does: take, wait, take again (a wake-up may come before the deadline).
         let items = loop {
-            let (items, _) = q.take_ready();
+            let (items, _) = take_all(&q);
             if !items.is_empty() {
                 break items;
             }
@@ -629,7 +697,7 @@ mod tests {
         );
         let (tx, _rx) = oneshot::channel();
         q.flush(tx);
-        let _ = q.take_ready();
+        let _ = take_all(&q);
         blocked.await.unwrap().unwrap();
     }
 }

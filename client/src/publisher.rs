@@ -491,20 +491,20 @@ impl Worker {
     async fn run(mut self) {
         let mut timer = FineTimer::new();
         loop {
-            let (items, closed) = self.queue.take_ready();
-            let idle = items.is_empty();
-            for item in items {
-                match item {
-                    Ready::Batch(batch) => self.send_batch(batch).await,
-                    Ready::Flush(done) => {
-                        self.settle().await;
-                        let _ = done.send(());
-                    }
+            // One item at a time: what is not taken yet keeps filling while this one waits.
+            let (item, closed) = self.queue.take_next();
+            let idle = item.is_none();
+            match item {
+                Some(Ready::Batch(batch)) => self.send_batch(batch).await,
+                Some(Ready::Flush(done)) => {
+                    self.settle().await;
+                    let _ = done.send(());
                 }
-            }
-            if closed {
-                self.settle().await;
-                return;
+                None if closed => {
+                    self.settle().await;
+                    return;
+                }
+                None => {}
             }
             if self.has_lost() {
                 self.resend_lost().await;

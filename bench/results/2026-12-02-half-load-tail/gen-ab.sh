@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Half-load publish, one broker binary, two generator settings alternating.
 # usage: gen-ab.sh OUT RUNS RATE "argsA" "argsB"
+# (LOADGEN_A / LOADGEN_B: a felix-loadgen binary per side, LOADGEN for both by default)
 set -euo pipefail
 cd /work/main
 OUT=$1; RUNS=$2; RATE=$3; ARGS_A=$4; ARGS_B=$5
@@ -19,7 +20,7 @@ one_run() {
   for _ in $(seq 1 200); do
     [ -f "$data/dev-cert.pem" ] && curl -sf 127.0.0.1:$MPORT/health >/dev/null && break; sleep 0.05
   done
-  nice -n -15 taskset -c 1 "$LOADGEN" run --addr 127.0.0.1:$PORT --metrics 127.0.0.1:$MPORT \
+  nice -n -15 taskset -c 1 "${LG:-$LOADGEN}" run --addr 127.0.0.1:$PORT --metrics 127.0.0.1:$MPORT \
     --ca-file "$data/dev-cert.pem" --broker-pid "$bp" --label "$label" --warmup-s 1 \
     --json "$OUT/$label.json" --quiet --workload publish --stream bench/publish/s12 --shards 12 \
     --keys 12 --payload-bytes 4096 --batch-records 64 --ack durable --duration-s "$DURATION" \
@@ -30,7 +31,7 @@ one_run() {
   rm -rf "$data"
 }
 for run in $(seq 1 "$RUNS"); do
-  one_run "A-$run" $ARGS_A
-  BIN=${FELIX_B:-$FELIX} one_run "B-$run" $ARGS_B
+  LG=${LOADGEN_A:-$LOADGEN} one_run "A-$run" $ARGS_A
+  LG=${LOADGEN_B:-$LOADGEN} BIN=${FELIX_B:-$FELIX} one_run "B-$run" $ARGS_B
   echo "run $run done (load $(cut -d' ' -f1 /proc/loadavg))"
 done

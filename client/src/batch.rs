@@ -294,10 +294,10 @@ impl WorkerQueue {
     /// due once the queue is closed). Returns it, or `None` when nothing is due, and whether the
     /// queue is closed. The records taken leave room for as many new ones.
     ///
-    /// One at a time, so that a due batch stays open, and keeps filling, while the worker is
-    /// held up sending the one before it (a producer window, an in-flight slot, QUIC flow
-    /// control): under backpressure batches grow toward their limits instead of queueing
-    /// small, and each one sent carries more records per window slot and per ack.
+    /// One at a time, so that the worker always sends the oldest due records next: a due batch
+    /// it has not taken stays open, and keeps taking records, while the worker is held up
+    /// sending the one before it (a producer window, an in-flight slot, QUIC flow control),
+    /// instead of waiting behind a list taken earlier.
     pub(crate) fn take_next(&self) -> (Option<Ready>, bool) {
         let (item, closed) = {
             let mut state = self.lock();

@@ -459,9 +459,11 @@ scenario_soak() {
   local out=$RES/$DATE-soak
   mkdir -p "$out"
   start_broker 1 "$BROKER_CPU"
-  # 2000 records/s of 4 KiB (8 MB/s) with 2 fanout subscribers; retention keeps the disk bounded.
+  # 2000 records/s of 4 KiB (8 MB/s) with 2 fanout subscribers; 512 MiB of size retention
+  # keeps the disk bounded.
   loadgen "$GEN_CPU" "$out/soak.json" soak --workload mixed --soak --stream bench/soak/s \
-    --shards 12 --keys 12 --payload-bytes 4096 --batch-records 64 --ack durable --rate 2000 \
+    --shards 12 --retention-bytes $((512 << 20)) --keys 12 --payload-bytes 4096 \
+    --batch-records 64 --ack durable --rate 2000 \
     --subscribers 2 --duration-s "$SOAK_S" --workers 1 --cpus "$GEN_CPU" --plots "$out/plots"
   stop_broker
 }

@@ -60,6 +60,45 @@ impl std::str::FromStr for MinFreeBytes {
     }
 }
 
+/// Most CPUs one `--cpus` range may name (a typo like `0-40000000` is refused, not expanded).
+pub const CPU_RANGE_MAX: usize = 4096;
+
+/// The CPUs of `--cpus`: numbers and inclusive ranges, comma-separated (`1-15`, `0,2,4-7`), in
+/// the order given; core *i* is pinned to the *i*-th. Empty: core *i* to CPU *i*.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CpuList(pub Vec<usize>);
+
+impl std::str::FromStr for CpuList {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut cpus = Vec::new();
+        for item in s.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let number = |n: &str| {
+                n.trim()
+                    .parse::<usize>()
+                    .map_err(|_| format!("{item:?} is not a CPU number or a range a-b"))
+            };
+            match item.split_once('-') {
+                None => cpus.push(number(item)?),
+                Some((a, b)) => {
+                    let (a, b) = (number(a)?, number(b)?);
+                    if a > b {
+                        return Err(format!("CPU range {item:?} runs backwards"));
+                    }
+                    if b - a >= CPU_RANGE_MAX {
+                        return Err(format!(
+                            "CPU range {item:?} names more than {CPU_RANGE_MAX} CPUs"
+                        ));
+                    }
+                    cpus.extend(a..=b);
+                }
+            }
+        }
+        Ok(CpuList(cpus))
+    }
+}
+
 impl std::fmt::Display for MinFreeBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -78,9 +117,9 @@ pub struct ServeArgs {
     /// Cores (executors) to run; 0 means one per online CPU.
     #[arg(long, env = "FELIX_CORES", default_value_t = 0)]
     pub cores: usize,
-    /// CPUs to pin the cores to, comma-separated (core i gets the i-th); empty pins core i to CPU i.
-    #[arg(long, env = "FELIX_CPUS", value_delimiter = ',')]
-    pub cpus: Vec<usize>,
+    /// CPUs to pin the cores to: numbers and ranges, comma-separated (`1-15`, `0,2,4-7`; core i gets the i-th); empty pins core i to CPU i.
+    #[arg(long, env = "FELIX_CPUS", default_value = "", hide_default_value = true)]
+    pub cpus: CpuList,
     /// Do not pin cores to CPUs.
     #[arg(long, env = "FELIX_NO_PIN", default_value_t = false)]
     pub no_pin: bool,
@@ -93,7 +132,7 @@ pub struct ServeArgs {
     /// TLS private key (PEM).
     #[arg(long, env = "FELIX_KEY", requires = "cert")]
     pub key: Option<PathBuf>,
-    /// Metrics and health HTTP address (`/metrics`, `/health`); `off` disables it.
+    /// Metrics, histograms and health HTTP address (`/metrics`, `/histograms`, `/health`); `off` disables it.
     #[arg(long, env = "FELIX_METRICS", default_value = DEFAULT_METRICS)]
     pub metrics: String,
     /// Connection-ID steering: auto (eBPF, else classic BPF), ebpf, cbpf, off.
@@ -222,7 +261,7 @@ pub struct ServeArgs {
 struct FileConfig {
     listen: Option<SocketAddr>,
     cores: Option<usize>,
-    cpus: Option<Vec<usize>>,
+    cpus: Option<TomlCpus>,
     no_pin: Option<bool>,
     data_dir: Option<PathBuf>,
     cert: Option<PathBuf>,
@@ -259,6 +298,14 @@ struct FileConfig {
     min_insync: Option<usize>,
     peer_ca: Option<PathBuf>,
     peer_server_name: Option<String>,
+}
+
+/// `cpus` in the config file: an array of CPU numbers or a string as `--cpus` takes it.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum TomlCpus {
+    List(Vec<usize>),
+    Text(String),
 }
 
 /// `min_free_bytes` in the config file: a number of bytes or `"auto"`.
@@ -354,7 +401,6 @@ impl ServeArgs {
         take!(
             listen,
             cores,
-            cpus,
             no_pin,
             data_dir,
             metrics,
@@ -399,6 +445,16 @@ impl ServeArgs {
         }
         if f.key.is_some() && unset("key") {
             self.key = f.key;
+        }
+        if let Some(v) = f.cpus {
+            if unset("cpus") {
+                self.cpus = match v {
+                    TomlCpus::List(cpus) => CpuList(cpus),
+                    TomlCpus::Text(t) => {
+                        t.parse().map_err(|e| ConfigError::Invalid(format!("cpus: {e}")))?
+                    }
+                };
+            }
         }
         if let Some(v) = f.min_free_bytes {
             if unset("min_free_bytes") {
@@ -493,7 +549,7 @@ impl ServeArgs {
         [
             format!("listen = \"{}\"", self.listen),
             format!("cores = {}", self.cores),
-            format!("cpus = {:?}", self.cpus),
+            format!("cpus = {:?}", self.cpus.0),
             format!("no_pin = {}", self.no_pin),
             format!("data_dir = {:?}", self.data_dir.display().to_string()),
             format!("cert = {}", opt(&self.cert)),
@@ -626,6 +682,40 @@ mod tests {
         let rendered = parse_serve(&["felix"]).unwrap().render();
         assert!(rendered.contains("min_free_bytes = \"auto\""), "{rendered}");
         assert!(rendered.contains("max_streams_per_tenant = 1000"), "{rendered}");
+    }
+
+    #[test]
+    fn cpus_take_numbers_and_ranges_and_refuse_the_rest() {
+        assert_eq!(parse_serve(&["felix"]).unwrap().cpus, CpuList(Vec::new()));
+        let a = parse_serve(&["felix", "--cpus", "1-4"]).unwrap();
+        assert_eq!(a.cpus.0, vec![1, 2, 3, 4]);
+        let a = parse_serve(&["felix", "--cpus", "0, 2,5-6,3"]).unwrap();
+        assert_eq!(a.cpus.0, vec![0, 2, 5, 6, 3], "in the order given");
+        assert_eq!(parse_serve(&["felix", "--cpus", "7"]).unwrap().cpus.0, vec![7]);
+        for bad in ["4-1", "a", "1-", "-3", "1-2-3", "0-100000"] {
+            let err = parse_serve(&["felix", &format!("--cpus={bad}")]).unwrap_err();
+            assert!(err.contains("--cpus"), "{bad}: {err}");
+        }
+        let rendered = parse_serve(&["felix", "--cpus", "2-3"]).unwrap().render();
+        assert!(rendered.contains("cpus = [2, 3]"), "{rendered}");
+    }
+
+    #[test]
+    fn cpus_in_the_file_are_a_list_or_a_string() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("felix.toml");
+        for (text, want) in [("cpus = [3, 1]", vec![3, 1]), ("cpus = \"0,4-5\"", vec![0, 4, 5])] {
+            std::fs::write(&file, text).unwrap();
+            let a = parse_serve(&["felix", "--config", &file.display().to_string()]).unwrap();
+            assert_eq!(a.cpus.0, want, "{text}");
+            // A flag beats the file.
+            let path = file.display().to_string();
+            let a = parse_serve(&["felix", "--config", &path, "--cpus", "9"]).unwrap();
+            assert_eq!(a.cpus.0, vec![9]);
+        }
+        std::fs::write(&file, "cpus = \"3-1\"").unwrap();
+        let err = parse_serve(&["felix", "--config", &file.display().to_string()]).unwrap_err();
+        assert!(err.contains("cpus"), "{err}");
     }
 
     #[test]

@@ -94,6 +94,10 @@ pub struct RunArgs {
     /// Create the stream with this many shards first (else it must exist or be auto-created).
     #[arg(long, env = "FELIX_LOADGEN_SHARDS")]
     pub shards: Option<u32>,
+    /// Size retention of the stream `--shards` creates, in bytes per stream log (the shards one
+    /// broker core holds); whole segments go, never the active one. 0 keeps everything.
+    #[arg(long, env = "FELIX_LOADGEN_RETENTION_BYTES", default_value_t = 0)]
+    pub retention_bytes: u64,
     /// Worker threads, each with its own tokio runtime and client (endpoint, connections).
     #[arg(long, env = "FELIX_LOADGEN_WORKERS", default_value_t = 1)]
     pub workers: usize,
@@ -232,6 +236,8 @@ pub struct RunConfig {
     pub stream: String,
     /// Shards to create the stream with.
     pub shards: Option<u32>,
+    /// Size retention to create it with (`None`: keep everything).
+    pub retention_bytes: Option<u64>,
     /// Worker threads.
     pub workers: usize,
     /// CPU of each worker (`None`: not pinned).
@@ -358,6 +364,7 @@ impl RunArgs {
             workload: self.workload,
             stream: self.stream.clone(),
             shards: self.shards,
+            retention_bytes: (self.retention_bytes != 0).then_some(self.retention_bytes),
             workers: self.workers,
             worker_cpus,
             connections: self.connections,
@@ -433,6 +440,7 @@ impl RunConfig {
             ("workload", format!("{:?}", self.workload).to_lowercase()),
             ("stream", self.stream.clone()),
             ("shards", opt(self.shards.map(|s| s.to_string()))),
+            ("retention_bytes", self.retention_bytes.unwrap_or(0).to_string()),
             ("workers", self.workers.to_string()),
             ("worker_cpus", cpus.join(",")),
             ("connections_per_worker", opt(self.connections.map(|s| s.to_string()))),
@@ -504,6 +512,7 @@ mod tests {
             "--workload=mixed",
             "--stream=t/n/s1",
             "--shards=12",
+            "--retention-bytes=1048576",
             "--workers=2",
             "--cpus=0",
             "--connections=3",
@@ -535,6 +544,7 @@ mod tests {
         assert_eq!(c.workload, Workload::Mixed);
         assert_eq!(c.stream, "t/n/s1");
         assert_eq!(c.shards, Some(12));
+        assert_eq!(c.retention_bytes, Some(1 << 20));
         assert_eq!(c.workers, 2);
         assert_eq!(c.worker_cpus, vec![Some(0), Some(0)]);
         assert_eq!(c.connections, Some(3));

@@ -191,7 +191,11 @@ fn create_stream(config: &RunConfig, shards: u32) -> anyhow::Result<()> {
         c.connections = Some(1);
         let client = Client::connect(c).await.context("connect to create the stream")?;
         let d = client
-            .create_stream(&config.stream, shards, Retention::default())
+            .create_stream(
+                &config.stream,
+                shards,
+                Retention { bytes_max: config.retention_bytes, ..Retention::default() },
+            )
             .await
             .with_context(|| format!("create stream {} with {shards} shards", config.stream))?;
         client.close();

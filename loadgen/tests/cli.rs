@@ -30,6 +30,9 @@ fn every_env_var_takes_effect() {
         ("FELIX_LOADGEN_WORKLOAD", "mixed", "workload = mixed"),
         ("FELIX_LOADGEN_STREAM", "a/b/c", "stream = a/b/c"),
         ("FELIX_LOADGEN_SHARDS", "7", "shards = 7"),
+        ("FELIX_LOADGEN_RETENTION_BYTES", "65536", "retention_bytes = 65536"),
+        ("FELIX_LOADGEN_SEND_IN_WRITE_ORDER", "true", "send_in_write_order = true"),
+        ("FELIX_LOADGEN_IDEMPOTENT", "false", "idempotent = false"),
         ("FELIX_LOADGEN_WORKERS", "3", "workers = 3"),
         ("FELIX_LOADGEN_CPUS", "0", "worker_cpus = 0"),
         ("FELIX_LOADGEN_CONNECTIONS", "5", "connections_per_worker = 5"),
@@ -158,6 +161,7 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
     let pid = broker.child.id().to_string();
     let out = loadgen()
         .args(["run", "--workload", "mixed", "--stream", "t/lg/mixed", "--shards", "2"])
+        .args(["--retention-bytes", "1048576"])
         .args(["--addr", &broker.addr, "--metrics", &broker.metrics, "--broker-pid", &pid])
         .arg("--ca-file")
         .arg(broker.dir.path().join("dev-cert.pem"))
@@ -175,6 +179,15 @@ fn short_mixed_run_stores_what_it_sent_and_merges() {
     assert!(out.status.success(), "loadgen failed\n{stdout}\n{stderr}");
     assert!(stdout.contains("workload = mixed"), "configuration printed first");
     assert!(stderr.contains("stored"), "progress lines on stderr:\n{stderr}");
+    // The stream was created with the retention asked for (the broker's stream definition).
+    let defs: Vec<String> = std::fs::read_dir(broker.dir.path().join("streams"))
+        .expect("streams dir")
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .collect();
+    assert!(
+        defs.iter().any(|d| d.contains("t/lg/mixed") && d.contains("retention_bytes = 1048576")),
+        "{defs:?}"
+    );
     let r: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&json).expect("json")).expect("parse");
     let sent = r["sent_bytes"].as_u64().expect("sent_bytes");

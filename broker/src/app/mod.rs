@@ -327,10 +327,10 @@ fn net_config(args: &ServeArgs) -> NetConfig {
     let mut net = NetConfig::new(args.listen, args.cores, tls);
     net.cpus = if args.no_pin {
         Vec::new()
-    } else if args.cpus.is_empty() {
+    } else if args.cpus.0.is_empty() {
         (0..args.cores).collect()
     } else {
-        args.cpus.clone()
+        args.cpus.0.clone()
     };
     net.steering = args.steering;
     net.max_udp_payload = args.max_udp_payload;

@@ -85,6 +85,10 @@ pub struct NetConfig {
     pub max_conns_per_core: usize,
     /// Concurrent streams per direction a peer may open on one connection.
     pub max_streams_per_conn: u32,
+    /// Whether a peer may open unidirectional streams at all. The broker's application opens
+    /// its own (subscriptions) but accepts none, and a stream nobody accepts would hold its
+    /// data (and the receive buffers it points into) for the connection's life: off by default.
+    pub peer_uni_streams: bool,
     /// New handshakes per second one core accepts from unvalidated addresses; past it, the core
     /// answers with a stateless retry.
     pub handshakes_per_sec_per_core: u32,
@@ -105,6 +109,7 @@ impl NetConfig {
             idle_timeout: DEFAULT_IDLE_TIMEOUT,
             max_conns_per_core: DEFAULT_MAX_CONNS_PER_CORE,
             max_streams_per_conn: DEFAULT_MAX_STREAMS_PER_CONN,
+            peer_uni_streams: false,
             handshakes_per_sec_per_core: DEFAULT_HANDSHAKES_PER_SEC_PER_CORE,
             tls,
         }

@@ -164,6 +164,8 @@ impl Pair {
             cores,
             TlsSource::Dev { data_dir: "/nonexistent-felix-pair".into() },
         );
+        // The network layer's tests drive it with client-opened unidirectional streams.
+        config.peer_uni_streams = true;
         tweak(&mut config);
         config.validate().expect("test config is valid");
         let (identity, cert) = identity();

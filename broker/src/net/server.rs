@@ -228,7 +228,14 @@ pub(crate) fn quic_server_config(
     transport
         .max_idle_timeout(Some(idle))
         .max_concurrent_bidi_streams(VarInt::from_u32(config.max_streams_per_conn))
-        .max_concurrent_uni_streams(VarInt::from_u32(config.max_streams_per_conn))
+        .max_concurrent_uni_streams(match config.peer_uni_streams {
+            true => VarInt::from_u32(config.max_streams_per_conn),
+            false => VarInt::from_u32(0),
+        })
+        // No QUIC DATAGRAM support is advertised: nothing here reads datagrams, and quinn-proto
+        // would otherwise queue up to its default 1.25 MB of them per connection, each a
+        // slice of a receive slab. A peer that sends one anyway is closed (PROTOCOL_VIOLATION).
+        .datagram_receive_buffer_size(None)
         .stream_receive_window(VarInt::from_u32(config::STREAM_RECEIVE_WINDOW_BYTES))
         .receive_window(VarInt::from_u32(config::CONN_RECEIVE_WINDOW_BYTES))
         .send_window(config::CONN_SEND_WINDOW_BYTES);

@@ -459,3 +459,18 @@ fn read_chunks_takes_what_has_arrived_up_to_its_limit() {
     let r = poll_once(recv.read_chunks(usize::MAX, |_| panic!("no data after the end")));
     assert!(matches!(r, Poll::Ready(Ok(false))), "the end: {r:?}");
 }
+
+#[test]
+fn by_default_a_peer_may_open_no_unidirectional_streams_and_send_no_datagrams() {
+    // Nothing in the broker accepts a peer's unidirectional stream or reads a DATAGRAM frame:
+    // without these limits either would sit in the connection's buffers for its life.
+    let mut p = Pair::new(1, |c| c.peer_uni_streams = false);
+    let ch = p.connect_and_wait(client_addr(7200));
+    let _conn = p.cores[0].accept().expect("connection");
+    p.run_for(EXCHANGE);
+    assert!(p.client(ch).streams().open(Dir::Uni).is_none(), "no unidirectional credit");
+    assert!(p.client(ch).streams().open(Dir::Bi).is_some(), "bidirectional streams as before");
+    assert_eq!(p.client(ch).datagrams().max_size(), None, "DATAGRAM support not advertised");
+    let refused = p.client(ch).datagrams().send(bytes::Bytes::from_static(b"x"), false);
+    assert!(refused.is_err(), "the client's stack refuses to send one");
+}

@@ -35,6 +35,8 @@ pub fn transport() -> quinn_proto::TransportConfig {
     let idle = quinn_proto::VarInt::from_u32(PEER_IDLE_TIMEOUT_MS as u32);
     t.max_idle_timeout(Some(quinn_proto::IdleTimeout::from(idle)));
     t.keep_alive_interval(Some(Duration::from_millis(PEER_KEEP_ALIVE_MS)));
+    // Peers exchange streams only; no DATAGRAM frames are read, so none are accepted.
+    t.datagram_receive_buffer_size(None);
     t
 }
 

@@ -21,6 +21,8 @@ pub const DEFAULT_METRICS: &str = "127.0.0.1:9400";
 pub const DEFAULT_CLUSTER_NAME: &str = "felix";
 /// Default of `--max-streams-per-tenant`.
 pub const DEFAULT_MAX_STREAMS_PER_TENANT: u32 = 1000;
+/// Default of `--max-group-positions-per-core`.
+pub const DEFAULT_MAX_GROUP_POSITIONS_PER_CORE: usize = 100_000;
 /// `--min-free-bytes auto` keeps this share of the data file system free, in percent...
 pub const MIN_FREE_AUTO_PERCENT: u64 = 5;
 /// ...but never asks for more than this many bytes.
@@ -160,6 +162,10 @@ pub struct ServeArgs {
     /// Most streams one tenant may have; creating (or auto-creating) one more gets LimitReached.
     #[arg(long, env = "FELIX_MAX_STREAMS_PER_TENANT", default_value_t = DEFAULT_MAX_STREAMS_PER_TENANT)]
     pub max_streams_per_tenant: u32,
+    /// Most consumer-group positions (one per group, stream and shard) one core keeps; a
+    /// commit that would add one more gets LimitReached (moving a kept one always works).
+    #[arg(long, env = "FELIX_MAX_GROUP_POSITIONS_PER_CORE", default_value_t = DEFAULT_MAX_GROUP_POSITIONS_PER_CORE)]
+    pub max_group_positions_per_core: usize,
     /// Free-space floor of the data directory's file system, in bytes: below it new streams and
     /// appends get StorageFull while reads and consumer commits go on. `auto`: 5 % of the file
     /// system, at most 4 GiB; 0 turns it off.
@@ -275,6 +281,7 @@ struct FileConfig {
     handshakes_per_sec_per_core: Option<u32>,
     auto_create: Option<bool>,
     max_streams_per_tenant: Option<u32>,
+    max_group_positions_per_core: Option<usize>,
     min_free_bytes: Option<TomlMinFree>,
     default_shards: Option<u32>,
     segment_bytes: Option<u64>,
@@ -364,6 +371,11 @@ impl ServeArgs {
         if self.max_streams_per_tenant == 0 {
             return Err(ConfigError::Invalid("--max-streams-per-tenant must be at least 1".into()));
         }
+        if self.max_group_positions_per_core == 0 {
+            return Err(ConfigError::Invalid(
+                "--max-group-positions-per-core must be at least 1".into(),
+            ));
+        }
         if self.cores == 0 {
             self.cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
         }
@@ -411,6 +423,7 @@ impl ServeArgs {
             handshakes_per_sec_per_core,
             auto_create,
             max_streams_per_tenant,
+            max_group_positions_per_core,
             default_shards,
             segment_bytes,
             read_cache_bytes,
@@ -563,6 +576,7 @@ impl ServeArgs {
             format!("handshakes_per_sec_per_core = {}", self.handshakes_per_sec_per_core),
             format!("auto_create = {}", self.auto_create),
             format!("max_streams_per_tenant = {}", self.max_streams_per_tenant),
+            format!("max_group_positions_per_core = {}", self.max_group_positions_per_core),
             match self.min_free_bytes {
                 MinFreeBytes::Auto => "min_free_bytes = \"auto\"".to_owned(),
                 MinFreeBytes::Bytes(b) => format!("min_free_bytes = {b}"),

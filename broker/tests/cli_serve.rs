@@ -85,6 +85,7 @@ fn every_environment_twin_takes_effect() {
         ("FELIX_AUTH_KEYS", "/k1.pem,/k2.pem", "auth_keys = [\"/k1.pem\", \"/k2.pem\"]"),
         ("FELIX_MIN_FREE_BYTES", "12345", "min_free_bytes = 12345"),
         ("FELIX_MAX_STREAMS_PER_TENANT", "17", "max_streams_per_tenant = 17"),
+        ("FELIX_MAX_GROUP_POSITIONS_PER_CORE", "9", "max_group_positions_per_core = 9"),
         ("FELIX_CLUSTER_NAME", "blue", "cluster_name = \"blue\""),
         ("FELIX_LEASE_TTL_S", "7", "lease_ttl_s = 7"),
         ("FELIX_DEFAULT_REPLICAS", "2", "default_replicas = 2"),

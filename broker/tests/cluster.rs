@@ -331,6 +331,68 @@ async fn three_brokers_place_route_refuse_and_survive_a_kill() {
     drop(etcd);
 }
 
+/// A stream defined in the cluster by a broker with more cores can have more shards than
+/// another broker's logs can open. That broker refuses it with a typed error and keeps no copy
+/// of the definition: writing one would stop its next start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_too_wide_for_this_broker_is_refused_not_kept() {
+    let hosts = std::rc::Rc::new(Hosts::new(2));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let root = tempfile::tempdir().unwrap();
+    let extra = ["--default-replicas", "1", "--cores", "2"];
+    let wide_broker = Node::start_with(&hosts, 0, "b1", root.path(), &etcd.client_url, &extra);
+    let mut narrow = Node::start(&hosts, 1, "b2", root.path(), &etcd.client_url);
+    let mut wide_raw = Raw::open(&wide_broker, cluster_caps()).await;
+    let mut narrow_raw = Raw::open(&narrow, cluster_caps()).await;
+    // 400 shards: 200 per core on b1 (its logs hold 254 at most), 400 on b2's one core.
+    let wide = "acme/app/wide";
+    let created = wide_raw
+        .ask(Frame::CreateStream(CreateStream {
+            request_id: RequestId(1),
+            stream: wide.into(),
+            shards: 400,
+            retention: Retention::default(),
+            replicas: None,
+        }))
+        .await;
+    assert!(matches!(created, Frame::StreamInfo(ref i) if i.shards == 400), "{created:?}");
+    let ask = Frame::Publish(Publish {
+        ack: Some(AckRequest { request_id: RequestId(7), mode: AckMode::Durable }),
+        key: Some(Bytes::from_static(b"k")),
+        producer: None,
+        stream: wide.into(),
+        records: vec![Bytes::from_static(b"v").into()],
+    });
+    let deadline = Instant::now() + WAIT;
+    let refusal = loop {
+        match narrow_raw.ask(ask.clone()).await {
+            // b2 has not seen the definition in etcd yet.
+            Frame::PublishError(e)
+                if e.code == ErrorCode::StreamNotFound && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Frame::PublishError(e) => break e,
+            other => panic!("b2 answered {other:?}"),
+        }
+    };
+    assert_eq!(refusal.code, ErrorCode::InvalidArgument, "{refusal:?}");
+    assert!(refusal.message.contains("400 shards in the cluster"), "{refusal:?}");
+    let kept: Vec<String> = std::fs::read_dir(narrow.dir.join("streams"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+        .filter(|d| d.contains(wide))
+        .collect();
+    assert!(kept.is_empty(), "b2 kept a definition it cannot open: {kept:?}");
+    // b2 starts again (a kept definition would have stopped it here).
+    drop(narrow_raw);
+    narrow.kill9();
+    narrow.spawn();
+    let mut narrow_raw = Raw::open(&narrow, cluster_caps()).await;
+    assert_eq!(narrow_raw.ask(ask).await.request_id(), Some(RequestId(7)), "b2 answers again");
+    drop(etcd);
+}
+
 /// Records each broker stored, from its own metrics (`felix_broker_acks_total` counts acked
 /// batches; stored bytes per broker are what `felix cluster status` shows).
 fn stored_bytes(st: &serde_json::Value) -> std::collections::BTreeMap<String, u64> {

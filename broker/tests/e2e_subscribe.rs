@@ -150,6 +150,45 @@ async fn a_consumer_group_resumes_from_its_commits() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_group_positions_are_capped_per_core_and_kept_ones_still_move() {
+    use felix_client::ClientError;
+    use felix_proto::ErrorCode;
+    let limit = ["--max-group-positions-per-core", "3"];
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = TestBroker::start(dir.path(), 1, &limit);
+    let client = broker.client().await;
+    client.create_stream("acme/app/cap", 2, Default::default()).await.unwrap();
+    publish(&client, "acme/app/cap", 0, 4).await;
+    let group = |g: &str| {
+        SubscribeOptions::new("acme/app/cap").start(StartAt::Earliest).group(g.to_owned())
+    };
+    let g1 = client.subscribe(group("g1")).await.unwrap();
+    let g2 = client.subscribe(group("g2")).await.unwrap();
+    g1.commit(ShardId(0), Offset(1)).await.unwrap();
+    g1.commit(ShardId(1), Offset(1)).await.unwrap();
+    g2.commit(ShardId(0), Offset(1)).await.unwrap();
+    let refused = |r: Result<(), ClientError>| match r {
+        Err(ClientError::Broker { code: ErrorCode::LimitReached, message }) => {
+            assert!(message.contains("--max-group-positions-per-core"), "{message}");
+        }
+        other => panic!("a fourth position: {other:?}"),
+    };
+    refused(g2.commit(ShardId(1), Offset(1)).await);
+    // The three kept positions still move.
+    g1.commit(ShardId(0), Offset(2)).await.unwrap();
+    g2.commit(ShardId(0), Offset(2)).await.unwrap();
+    drop((g1, g2));
+    client.close();
+    broker.stop();
+    // After a restart the core counts the positions it read back.
+    let broker = TestBroker::start(dir.path(), 1, &limit);
+    let client = broker.client().await;
+    let g2 = client.subscribe(group("g2")).await.unwrap();
+    refused(g2.commit(ShardId(1), Offset(1)).await);
+    g2.commit(ShardId(0), Offset(3)).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_that_stops_reading_is_disconnected_as_slow() {
     use felix_proto::{Capabilities, Frame, Hello, RequestId, Subscribe, PROTOCOL_VERSION};
     let dir = tempfile::tempdir().unwrap();

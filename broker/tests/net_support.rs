@@ -37,6 +37,8 @@ pub fn config(dir: &Path, cores: usize) -> NetConfig {
         TlsSource::Dev { data_dir: dir.to_owned() },
     );
     c.idle_timeout = Duration::from_secs(10);
+    // These tests drive the network layer with client-opened unidirectional streams.
+    c.peer_uni_streams = true;
     c
 }
 

@@ -37,6 +37,16 @@ pub enum AppendError {
     /// a new batch. Not retryable.
     #[error("producer sequence older than the deduplication window")]
     SequenceTooOld,
+    /// A retry of a stored batch (same producer and sequence number) with another record
+    /// count: it is not the same batch, and acknowledging it would name offsets holding other
+    /// records. Not retryable.
+    #[error("retry of a batch stored with {stored} records carries {retry}")]
+    SequenceMismatch {
+        /// Records of the stored batch.
+        stored: u32,
+        /// Records of the retry.
+        retry: u32,
+    },
 }
 
 /// A batch that cannot extend a log.

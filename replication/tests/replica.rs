@@ -77,10 +77,21 @@ impl Harness {
     }
 
     fn append(&mut self, node: u32, request: u64, tag: Option<(u64, u32)>, mode: AckMode) {
+        self.append_records(node, request, tag, mode, 2);
+    }
+
+    fn append_records(
+        &mut self,
+        node: u32,
+        request: u64,
+        tag: Option<(u64, u32)>,
+        mode: AckMode,
+        records: u32,
+    ) {
         let append = AppendRequest {
             request: RequestId(request),
             producer: tag.map(|(p, s)| ProducerSeq { producer: ProducerId(p), seq: Seq(s) }),
-            records: 2,
+            records,
             payload: Bytes::from(format!("batch {request}")),
             mode,
         };
@@ -233,6 +244,23 @@ fn a_retry_gets_the_original_offsets_even_after_failover() {
     assert_eq!(h.acked(4), Some((Offset(2), 2)));
     h.append(1, 5, Some((9, 3)), AckMode::Durable);
     assert_eq!(h.rejected(5), Some(AppendError::OutOfOrderSequence));
+}
+
+#[test]
+fn a_retry_with_another_record_count_is_refused_not_acked() {
+    let mut h = Harness::new(3);
+    h.append(0, 1, Some((9, 0)), AckMode::Durable);
+    assert_eq!(h.acked(1), Some((Offset(0), 2)));
+    h.append(0, 2, Some((9, 1)), AckMode::Durable);
+    // Same producer and sequence as the first batch, but 3 records: acking it at offset 0
+    // would cover offset 2, which holds the second batch.
+    h.append_records(0, 3, Some((9, 0)), AckMode::Durable, 3);
+    assert_eq!(h.acked(3), None);
+    assert_eq!(h.rejected(3), Some(AppendError::SequenceMismatch { stored: 2, retry: 3 }));
+    assert_eq!(h.nodes[0].log().end(), Offset(4), "nothing stored for it");
+    // The faithful retry still gets the original offsets.
+    h.append(0, 4, Some((9, 0)), AckMode::Durable);
+    assert_eq!(h.acked(4), Some((Offset(0), 2)));
 }
 
 #[test]

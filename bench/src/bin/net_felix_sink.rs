@@ -28,6 +28,8 @@ fn main() -> anyhow::Result<()> {
     }
     cfg.steering = SteeringMode::Off;
     cfg.max_udp_payload = 1200;
+    // The upload client sends on unidirectional streams.
+    cfg.peer_uni_streams = true;
     let bytes = Arc::new(AtomicU64::new(0));
     let b = bytes.clone();
     let server = Server::start(cfg, move |ctx: CoreContext| {

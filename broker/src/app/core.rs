@@ -79,6 +79,8 @@ pub struct Settings {
     pub inflight_bytes_per_core: usize,
     /// How long a subscriber may block before it is disconnected.
     pub slow_consumer: Duration,
+    /// Consumer-group positions one core keeps at most (`--max-group-positions-per-core`).
+    pub max_group_positions: usize,
     /// Token verification; `None` when authentication is off. Immutable after start.
     pub auth: Option<Arc<super::auth::Authenticator>>,
     /// The cluster agent; `None` for a single-node broker.
@@ -235,6 +237,7 @@ impl CoreApp {
                         ))
                     }
                 };
+                self.check_adopted_shards(name, def.shards)?;
                 let m =
                     StreamMeta { name: parsed, shards: def.shards, retention: retention_of(def) };
                 self.define(&m)?.0
@@ -252,6 +255,24 @@ impl CoreApp {
             }
         };
         self.register(m).await
+    }
+
+    /// A definition from the cluster (written by another broker, maybe one with more cores)
+    /// is checked before this broker keeps a copy: a shard count its logs cannot open would
+    /// otherwise be written to its data directory and stop its next start.
+    fn check_adopted_shards(&self, name: &str, shards: u32) -> Result<(), WireError> {
+        let max = max_shards(self.settings.cores);
+        if shards == 0 || shards > max {
+            return Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "stream {name} has {shards} shards in the cluster; this broker ({} cores) \
+                     holds 1..={max}",
+                    self.settings.cores
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// Creates a stream explicitly, in a cluster with `replicas` replicas per shard (default
@@ -279,6 +300,7 @@ impl CoreApp {
                     // The cluster's definition wins; this broker keeps a copy to open its logs.
                     let wanted = cluster_def(m.shards, m.retention);
                     let def = link.define(m.name.as_str(), wanted, replicas).await?;
+                    self.check_adopted_shards(m.name.as_str(), def.shards)?;
                     let local = StreamMeta {
                         name: m.name.clone(),
                         shards: def.shards,
@@ -693,13 +715,28 @@ impl CoreApp {
         offset: Offset,
     ) -> Result<(), WireError> {
         self.owned_log(stream, shard).await?;
+        let position = (stream.to_owned(), group.to_owned(), shard.0);
+        let held = self.offsets.borrow().len();
+        if held >= self.settings.max_group_positions
+            && !self.offsets.borrow().contains_key(&position)
+        {
+            return Err(WireError::new(
+                ErrorCode::LimitReached,
+                format!(
+                    "core {} keeps {held} consumer-group positions, its limit \
+                     (--max-group-positions-per-core); group {group} on {shard} of {stream} \
+                     would add one",
+                    self.core.0
+                ),
+            ));
+        }
         let key = format!("{stream}\n{group}\n{}", shard.0);
         let rec = Record::keyed(Bytes::from(key), Bytes::copy_from_slice(&offset.0.to_be_bytes()));
         self.offsets_log
             .append(ShardId(0), &[rec], now_ms(), AckMode::Durable)
             .await
             .map_err(|e| storage_error(&e))?;
-        self.offsets.borrow_mut().insert((stream.to_owned(), group.to_owned(), shard.0), offset.0);
+        self.offsets.borrow_mut().insert(position, offset.0);
         stats::add(&self.stats.counters.commits, 1);
         Ok(())
     }

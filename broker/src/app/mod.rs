@@ -291,6 +291,7 @@ fn core_settings(
         inflight_bytes_per_conn: args.inflight_bytes_per_conn.max(1),
         inflight_bytes_per_core: args.inflight_bytes_per_core.max(1),
         slow_consumer: Duration::from_secs(args.slow_consumer_secs.max(1)),
+        max_group_positions: args.max_group_positions_per_core,
         auth: match args.auth_keys.is_empty() {
             true => None,
             false => Some(Arc::new(

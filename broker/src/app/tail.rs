@@ -4,8 +4,8 @@
 //! A batch enters the tail when its append completed (written, or durable for durable
 //! publishes), so a subscriber never sees a record before the publisher could. Batches are kept
 //! contiguous by offset; one that completes out of order (mixed ack modes) restarts the tail at
-//! itself. The tail of a shard holds at most [`TAIL_BYTES_PER_SHARD`] of payload; older batches
-//! are read from the log. The EventBatch frame of a cached batch is encoded the first time a
+//! itself. The tail of a shard holds at most [`TAIL_BYTES_PER_SHARD`] (payload and per-record
+//! overhead) and [`TAIL_BATCHES_PER_SHARD`] batches; older batches are read from the log. The EventBatch frame of a cached batch is encoded the first time a
 //! subscriber asks for it and shared (a `Bytes` clone) with every later one, across cores too.
 //!
 //! A batch's records point into the packet buffers they arrived in (nothing copied them), and
@@ -26,8 +26,14 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use felix_proto::{encode_event_batch, EventBatch, Offset, Record, ShardId};
 
-/// Payload bytes kept in memory per owned shard.
+use super::session::{BATCH_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES};
+
+/// Bytes kept in memory per owned shard: payloads and keys, plus each record's and batch's
+/// overhead (`session::RECORD_OVERHEAD_BYTES`, `BATCH_OVERHEAD_BYTES`), so batches of empty
+/// records count too.
 pub const TAIL_BYTES_PER_SHARD: usize = 4 << 20;
+/// Batches kept in memory per owned shard, whatever their size.
+pub const TAIL_BATCHES_PER_SHARD: usize = 8192;
 /// How long a batch no subscriber has read keeps its records (and the packet buffers they
 /// point into) before it leaves the tail.
 pub const TAIL_RAW_AGE_MS: u64 = 10;
@@ -163,8 +169,11 @@ impl ShardTail {
         timestamp_ms: u64,
         records: Vec<Record>,
     ) {
-        let bytes: usize =
-            records.iter().map(|r| r.value.len() + r.key.as_ref().map_or(0, Bytes::len)).sum();
+        let bytes: usize = records
+            .iter()
+            .map(|r| r.value.len() + r.key.as_ref().map_or(0, Bytes::len) + RECORD_OVERHEAD_BYTES)
+            .sum::<usize>()
+            + BATCH_OVERHEAD_BYTES;
         let end = base_offset.0 + records.len() as u64;
         if self.batches.back().is_some_and(|b| b.end() != base_offset.0) {
             // Completed out of order: restart the tail here.
@@ -184,7 +193,9 @@ impl ShardTail {
         self.raw.push_back((now, base_offset.0));
         self.bytes += bytes;
         self.next = Some(self.next.map_or(end, |n| n.max(end)));
-        while self.bytes > TAIL_BYTES_PER_SHARD && self.batches.len() > 1 {
+        while (self.bytes > TAIL_BYTES_PER_SHARD || self.batches.len() > TAIL_BATCHES_PER_SHARD)
+            && self.batches.len() > 1
+        {
             if let Some(old) = self.batches.pop_front() {
                 self.bytes -= old.bytes;
             }
@@ -352,6 +363,38 @@ mod tests {
         t.release_raw(t0 + age * 10);
         assert_eq!(t.raw_batches(), 0);
         assert!(matches!(t.read(Offset(4), 1 << 20, Offset(6)), TailRead::Batches(_)));
-        assert_eq!(t.bytes, 20);
+        assert_eq!(t.bytes, 20 + 2 * RECORD_OVERHEAD_BYTES + BATCH_OVERHEAD_BYTES);
+    }
+
+    #[test]
+    fn batches_of_empty_records_are_bounded_too() {
+        // Empty records weigh their overhead, and past the batch cap the oldest go: a
+        // subscriber reading at the tail (every batch encoded, none let go by age) cannot make
+        // the tail grow without limit.
+        let now = Instant::now();
+        let mut t = ShardTail::default();
+        let empty = || vec![Record::unkeyed(Vec::new()); 4096];
+        for i in 0..2_000u64 {
+            t.handle_append(now, ShardId(0), Offset(i * 4096), 0, empty());
+            assert!(matches!(
+                t.read(Offset(i * 4096), 1 << 20, Offset(i * 4096)),
+                TailRead::Batches(_)
+            ));
+        }
+        assert!(t.bytes <= TAIL_BYTES_PER_SHARD, "{}", t.bytes);
+        assert!(t.batches.len() < 100, "{} batches held", t.batches.len());
+        let one = || vec![Record::unkeyed(vec![1u8])];
+        let base = 2_000 * 4096;
+        for i in 0..(TAIL_BATCHES_PER_SHARD as u64 + 500) {
+            t.handle_append(now, ShardId(0), Offset(base + i), 0, one());
+            let _ = t.read(Offset(base + i), 1 << 20, Offset(base + i));
+        }
+        assert!(t.batches.len() <= TAIL_BATCHES_PER_SHARD, "{} batches held", t.batches.len());
+        // A read from the oldest held batch takes about max_bytes, not the whole tail.
+        let oldest = t.batches.front().map(|b| b.base_offset).unwrap();
+        let TailRead::Batches(got) = t.read(Offset(oldest), 64 << 10, Offset(base + 9000)) else {
+            panic!("miss");
+        };
+        assert!(got.len() < 300, "{} batches in one read", got.len());
     }
 }

@@ -267,8 +267,12 @@ impl Node {
             cmd.env_remove(k);
         }
         let addr = self.addr.to_string();
-        cmd.args(["serve", "--listen", &addr, "--advertise", &addr, "--node-id", &self.id])
-            .args(["--cores", "1", "--no-pin", "--metrics", &self.metrics, "--min-free-bytes", "0"])
+        cmd.args(["serve", "--listen", &addr, "--advertise", &addr, "--node-id", &self.id]);
+        // One core unless the test asks for more (`extra`).
+        if !self.extra.iter().any(|a| a == "--cores") {
+            cmd.args(["--cores", "1"]);
+        }
+        cmd.args(["--no-pin", "--metrics", &self.metrics, "--min-free-bytes", "0"])
             .args(["--cluster-etcd", &self.etcd, "--lease-ttl-s", &TTL_S.to_string()])
             .arg("--allow-anonymous")
             .args(&self.extra)

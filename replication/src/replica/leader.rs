@@ -145,6 +145,12 @@ impl Replica {
         let epoch = state.epoch;
         let (base, records) = match append.producer.map(|tag| self.log.check_seq(tag)) {
             Some(SeqCheck::Duplicate { base, records }) if !self.bugs.skip_dedup => {
+                if records != append.records {
+                    return Err(AppendError::SequenceMismatch {
+                        stored: records,
+                        retry: append.records,
+                    });
+                }
                 self.stats.duplicates += 1;
                 (base, records)
             }

@@ -180,7 +180,9 @@ impl Host {
     ) -> WireError {
         let code = match e {
             AppendError::Busy => ErrorCode::Overloaded,
-            AppendError::InvalidBatch(_) => ErrorCode::InvalidArgument,
+            AppendError::InvalidBatch(_) | AppendError::SequenceMismatch { .. } => {
+                ErrorCode::InvalidArgument
+            }
             AppendError::OutOfOrderSequence => ErrorCode::OutOfOrderSequence,
             AppendError::SequenceTooOld => ErrorCode::SequenceTooOld,
             AppendError::NotLeader { .. }

@@ -188,6 +188,88 @@ async fn consumer_group_positions_are_capped_per_core_and_kept_ones_still_move()
     g2.commit(ShardId(0), Offset(3)).await.unwrap();
 }
 
+/// Every commit appends a record to the core's offsets log; once about a segment of them has
+/// been written since the last snapshot, the positions are written again and the segments
+/// below deleted. Here ~1.6 segments of commits leave one segment, and every group resumes
+/// from its last commit after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_offsets_log_is_compacted_and_the_newest_positions_survive_a_restart() {
+    use felix_proto::{Capabilities, CommitOffset, Frame, Hello, RequestId, PROTOCOL_VERSION};
+    const GROUPS: usize = 60;
+    const ROUNDS: u64 = 400;
+    let segment = ["--segment-bytes", "4198400"];
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = TestBroker::start(dir.path(), 1, &segment);
+    let client = broker.client().await;
+    client.create_stream("acme/app/pos", 1, Default::default()).await.unwrap();
+    publish(&client, "acme/app/pos", 0, ROUNDS as usize + 10).await;
+    // Long group names, so that a segment fills in ~15,000 commits.
+    let group = |i: usize| format!("g{i:03}-{}", "x".repeat(196));
+    let conn = e2e_support::raw_connection(broker.addr, dir.path()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let hello = Hello { version: PROTOCOL_VERSION, capabilities: Capabilities::ALL, token: None };
+    send.write_all(&Frame::Hello(hello).to_bytes()).await.unwrap();
+    assert!(matches!(e2e_support::read_frames(&mut recv, 1).await[..], [Frame::HelloOk(_)]));
+    // One stream per group, all at once: each commits offsets 1..=ROUNDS in order.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..GROUPS {
+        let (mut send, mut recv) = conn.open_bi().await.unwrap();
+        let group = group(i);
+        tasks.spawn(async move {
+            for r in 1..=ROUNDS {
+                let commit = Frame::CommitOffset(CommitOffset {
+                    request_id: RequestId(r),
+                    stream: "acme/app/pos".into(),
+                    group: group.clone(),
+                    shard: ShardId(0),
+                    offset: Offset(r),
+                });
+                send.write_all(&commit.to_bytes()).await.unwrap();
+                match &e2e_support::read_frames(&mut recv, 1).await[..] {
+                    [Frame::CommitOk(id)] => assert_eq!(*id, RequestId(r)),
+                    other => panic!("{group} round {r}: {other:?}"),
+                }
+            }
+        });
+    }
+    while let Some(t) = tasks.join_next().await {
+        t.unwrap();
+    }
+    let segments = || {
+        let mut found = Vec::new();
+        let mut dirs = vec![dir.path().to_owned()];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    dirs.push(p);
+                } else if p.extension().is_some_and(|x| x == "log")
+                    && p.to_string_lossy().contains("offsets")
+                {
+                    found.push(p);
+                }
+            }
+        }
+        found
+    };
+    // 24,000 commits of ~300 bytes fill about two 4 MiB segments; the first went, and at
+    // most two are left.
+    let left = segments();
+    let first = left.iter().any(|p| p.ends_with("00000000000000000000.log"));
+    assert!(!first && left.len() <= 2, "offsets segments left: {left:?}");
+    drop(conn);
+    client.close();
+    broker.stop();
+    let broker = TestBroker::start(dir.path(), 1, &segment);
+    let client = broker.client().await;
+    for i in [0, GROUPS / 2, GROUPS - 1] {
+        let opts = SubscribeOptions::new("acme/app/pos").start(StartAt::Earliest).group(group(i));
+        let mut sub = client.subscribe(opts).await.unwrap();
+        let r = tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap().unwrap();
+        assert_eq!(r.offset, Offset(ROUNDS), "group {i} resumes after its last commit");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subscriber_that_stops_reading_is_disconnected_as_slow() {
     use felix_proto::{Capabilities, Frame, Hello, RequestId, Subscribe, PROTOCOL_VERSION};

@@ -115,7 +115,9 @@ pub struct Subscriber {
     buffered: VecDeque<ReceivedRecord>,
     /// The next offset to read per shard, from the records handed out.
     consumed: BTreeMap<ShardId, Offset>,
-    committed: BTreeMap<ShardId, Offset>,
+    /// What this subscriber committed per shard (`commit` takes `&self`, hence the lock; it is
+    /// never held across an await).
+    committed: std::sync::Mutex<BTreeMap<ShardId, Offset>>,
     resumes: u64,
 }
 
@@ -150,7 +152,7 @@ impl Subscriber {
             next_part: 0,
             buffered: VecDeque::new(),
             consumed: BTreeMap::new(),
-            committed: BTreeMap::new(),
+            committed: std::sync::Mutex::new(BTreeMap::new()),
             resumes: 0,
         };
         sub.update_shards();
@@ -188,11 +190,12 @@ impl Subscriber {
     /// When the connection is lost and `resume` is on, the subscription (in a cluster: the
     /// part on that connection, at its shards' current owners) is opened again on a fresh
     /// connection (with the client's reconnect backoff) and records already returned are
-    /// skipped, so nothing is returned twice and nothing is missed. It resumes from the
-    /// group's commits (with a group), from the next offset (a single shard), or from the
-    /// original start (earliest, an offset or a time). A subscription without a group over
-    /// several shards that started at `Latest` cannot resume without missing records: it
-    /// fails with `ConnectionLost` instead.
+    /// skipped, so nothing is returned twice and nothing is missed. It resumes from the next
+    /// offset (a single shard that returned records), from the group's commits (with a group),
+    /// or from the original start (earliest, an offset or a time). A subscription that started
+    /// at `Latest` over several shards, without a commit of this subscriber on each of them
+    /// (or on one shard before its first record), cannot resume without possibly missing
+    /// records: it fails with `ConnectionLost` instead.
     pub async fn next(&mut self) -> Result<Option<ReceivedRecord>, ClientError> {
         loop {
             if let Some(r) = self.buffered.pop_front() {
@@ -329,19 +332,28 @@ impl Subscriber {
     }
 
     /// Where a resumed part reading `shards` starts, when it can resume without missing
-    /// records.
+    /// records. The broker starts a group's shard at its commit where it has one, else at the
+    /// start asked for, and `Latest` then means the end of the log at the resume: records
+    /// stored during the outage would be skipped. So a resume from `Latest` needs a commit
+    /// (this subscriber's) for every shard it reads, or, for one shard, what was consumed.
     fn resume_start(&self, shards: &[ShardId]) -> Option<StartAt> {
         let o = &self.options;
         if !o.resume {
             return None;
         }
-        if o.group.is_some() {
+        if let [shard] = shards[..] {
+            if let Some(next) = self.consumed.get(&shard) {
+                // With a group the broker still prefers the group's commit (the records
+                // between it and here are skipped as returned before).
+                return Some(StartAt::Offset(*next));
+            }
+        }
+        if o.start != StartAt::Latest {
+            // Earliest, an offset or a time: read again, what was returned is skipped.
             return Some(o.start);
         }
-        if let [shard] = shards[..] {
-            return Some(self.consumed.get(&shard).map_or(o.start, |next| StartAt::Offset(*next)));
-        }
-        (o.start != StartAt::Latest).then_some(o.start)
+        let committed = self.committed_positions();
+        (o.group.is_some() && shards.iter().all(|s| committed.contains_key(s))).then_some(o.start)
     }
 
     fn update_shards(&mut self) {
@@ -381,9 +393,17 @@ impl Subscriber {
             answer = cluster.follow(stream, Some(shard), answer, None, commit).await;
         }
         match answer? {
-            Frame::CommitOk(_) => Ok(()),
+            Frame::CommitOk(_) => {
+                self.committed_positions().insert(shard, next_offset);
+                Ok(())
+            }
             other => Err(unexpected(&other, FrameType::CommitOk)),
         }
+    }
+
+    fn committed_positions(&self) -> std::sync::MutexGuard<'_, BTreeMap<ShardId, Offset>> {
+        // A panic elsewhere while it was held leaves a map that is still whole.
+        self.committed.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Commits, for every shard, the position after the last record [`Subscriber::next`]
@@ -392,12 +412,11 @@ impl Subscriber {
         let todo: Vec<(ShardId, Offset)> = self
             .consumed
             .iter()
-            .filter(|(s, o)| self.committed.get(s) != Some(o))
+            .filter(|(s, o)| self.committed_positions().get(s) != Some(o))
             .map(|(s, o)| (*s, *o))
             .collect();
         for (shard, offset) in todo {
             self.commit(shard, offset).await?;
-            self.committed.insert(shard, offset);
         }
         Ok(())
     }

@@ -265,12 +265,40 @@ async fn a_single_shard_subscription_resumes_at_its_next_offset() {
 }
 
 #[tokio::test]
+async fn a_group_from_latest_resumes_once_it_committed_every_shard() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream(STREAM, 2);
+    let client = Client::connect(patient(&broker)).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    let options = felix_client::SubscribeOptions::new(STREAM).group("g");
+    let mut sub = client.subscribe(options).await.unwrap();
+    // Keys over both shards; every record read, then committed.
+    for i in 0..16 {
+        publisher.publish(Record::keyed(format!("k{i}"), format!("{i}"))).await.unwrap();
+    }
+    for _ in 0..16 {
+        next_value(&mut sub).await.unwrap();
+    }
+    sub.commit_consumed().await.unwrap();
+    let broker = restart_later(broker).await.unwrap();
+    // Stored before the subscriber is back: not missed.
+    publisher.publish(Record::keyed("k0", "after")).await.unwrap();
+    assert_eq!(next_value(&mut sub).await.unwrap(), "after");
+    assert_eq!(sub.resumes(), 1);
+    drop(broker);
+}
+
+#[tokio::test]
 async fn subscriptions_that_cannot_resume_exactly_report_the_lost_connection() {
     let broker = TestBroker::start(BrokerOptions::default()).await;
     broker.create_stream(STREAM, 2);
     let client = Client::connect(patient(&broker)).await.unwrap();
     // Several shards from Latest without a group: a resume could miss records.
     let mut latest = client.subscribe(felix_client::SubscribeOptions::new(STREAM)).await.unwrap();
+    // A group from Latest that committed nothing: the broker would start its shards at the
+    // end of the log as of the resume.
+    let mut group_latest =
+        client.subscribe(felix_client::SubscribeOptions::new(STREAM).group("fresh")).await.unwrap();
     // Resuming turned off.
     let mut no_resume = client
         .subscribe(
@@ -281,7 +309,7 @@ async fn subscriptions_that_cannot_resume_exactly_report_the_lost_connection() {
         .await
         .unwrap();
     let broker = restart_later(broker).await.unwrap();
-    for sub in [&mut latest, &mut no_resume] {
+    for sub in [&mut latest, &mut group_latest, &mut no_resume] {
         let err = tokio::time::timeout(Duration::from_secs(20), sub.next()).await.unwrap();
         assert!(matches!(err, Err(ClientError::ConnectionLost(_))), "{err:?}");
         assert_eq!(sub.resumes(), 0);

@@ -1,12 +1,13 @@
-//! Retention: delete the oldest segments of a stream log by size and by age. The active
-//! segment is never deleted. `now_ms` is an input; the background task in `store` reads
-//! the clock.
+//! Retention: delete the oldest segments of a stream log by size and by age, or below offsets
+//! its owner no longer needs (`delete_below`). The active segment is never deleted. `now_ms` is
+//! an input; the background task in `store` reads the clock.
 
-use felix_proto::Offset;
+use felix_proto::{Offset, ShardId};
 
 use crate::error::Result;
 use crate::io;
 use crate::log::{RetentionOutcome, StreamLog};
+use crate::state::State;
 
 impl StreamLog {
     /// Delete segments, oldest first, while the log is over its byte limit or the oldest
@@ -14,21 +15,46 @@ impl StreamLog {
     /// `OffsetBeforeStart`; offsets are never reused (segment headers carry them).
     pub async fn enforce_retention(&self, now_ms: u64) -> Result<RetentionOutcome> {
         let retention = self.inner.retention;
+        self.delete_oldest_while(|st| {
+            let total: u64 = st.segments.iter().map(|s| s.end).sum();
+            let oldest = &st.segments[0];
+            let by_size = retention.bytes_max.is_some_and(|max| total > max);
+            let by_age = retention
+                .age_ms_max
+                .is_some_and(|max| oldest.last_timestamp_ms.saturating_add(max) < now_ms);
+            by_size || by_age
+        })
+        .await
+    }
+
+    /// Delete segments, oldest first, while everything they hold lies below `keep` for every
+    /// shard of the log; a shard `keep` does not name keeps all it has. For an owner that
+    /// knows what it no longer needs: the broker's offsets log, once a snapshot of its
+    /// positions is durable from `keep` on. The active segment is never deleted.
+    pub async fn delete_below(&self, keep: &[(ShardId, Offset)]) -> Result<RetentionOutcome> {
+        self.delete_oldest_while(|st| {
+            // The next segment's header says where each shard stood when it began: the oldest
+            // segment holds only offsets below that.
+            let next = &st.segments[1];
+            st.shards.keys().all(|id| {
+                let Some(&(_, below)) = keep.iter().find(|(k, _)| k == id) else { return false };
+                next.start_offsets.iter().any(|(sid, start)| sid == id && *start <= below)
+            })
+        })
+        .await
+    }
+
+    /// Deletes the oldest segment while there is more than one and `delete` says so.
+    async fn delete_oldest_while(
+        &self,
+        mut delete: impl FnMut(&State) -> bool,
+    ) -> Result<RetentionOutcome> {
         let mut outcome = RetentionOutcome::default();
         loop {
             let victim = {
                 let mut st = self.inner.state.borrow_mut();
                 let st = &mut *st;
-                if st.segments.len() <= 1 {
-                    break;
-                }
-                let total: u64 = st.segments.iter().map(|s| s.end).sum();
-                let oldest = &st.segments[0];
-                let by_size = retention.bytes_max.is_some_and(|max| total > max);
-                let by_age = retention
-                    .age_ms_max
-                    .is_some_and(|max| oldest.last_timestamp_ms.saturating_add(max) < now_ms);
-                if !by_size && !by_age {
+                if st.segments.len() <= 1 || !delete(st) {
                     break;
                 }
                 let victim = st.segments.remove(0);

@@ -1,5 +1,5 @@
 //! Fault injection: torn tails, bit flips before the tail (refuse / repair), a
-//! half-created segment, retention by size and age, and ENOSPC on a small file system (also
+//! half-created segment, retention by size and age and below offsets, and ENOSPC on a small file system (also
 //! for tagged batches and their retries).
 
 mod common;
@@ -253,6 +253,54 @@ fn retention_by_size_and_age_keeps_offsets_and_survives_reopen() {
         let out =
             log.append(ShardId(1), &records(1, n1, 1, 100), 1, AckMode::Durable).await.unwrap();
         assert_eq!(out.base_offset, Offset(n1));
+    });
+}
+
+#[test]
+fn delete_below_drops_only_segments_wholly_below_every_shards_keep_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = small_config(&path);
+        let (log, _) = open(&path, &config).await.unwrap();
+        let (mut n0, mut n1) = (0u64, 0u64);
+        for i in 0..120u64 {
+            fill(&log, 0, &mut n0, 1, 4, 30_000).await;
+            if i % 10 == 0 {
+                fill(&log, 1, &mut n1, 1, 1, 100).await;
+            }
+        }
+        let before = log.segment_count();
+        assert!(before >= 4, "{before} segments");
+        // A shard not named keeps everything: nothing goes.
+        let out = log.delete_below(&[(ShardId(0), Offset(n0))]).await.unwrap();
+        assert_eq!((out.segments_deleted, log.segment_count()), (0, before));
+        // Below the middle of shard 0 (and all of shard 1): the segments before the one
+        // holding offset n0 / 2 go, and not that one.
+        let keep0 = n0 / 2;
+        let keep = [(ShardId(0), Offset(keep0)), (ShardId(1), Offset(n1))];
+        let out = log.delete_below(&keep).await.unwrap();
+        assert!(out.segments_deleted >= 1, "{out:?}");
+        let start0 = log.start_offset(ShardId(0)).unwrap();
+        assert!(start0.0 > 0 && start0.0 <= keep0, "start {start0:?}, keep {keep0}");
+        check(&log, 0, keep0, n0, 30_000).await;
+        match log.read(ShardId(0), Offset(0), 100).await {
+            Err(StorageError::OffsetBeforeStart { start, .. }) => assert_eq!(start, start0),
+            other => panic!("expected OffsetBeforeStart, got {other:?}"),
+        }
+        // Everything below the end: all but the active segment, which is never deleted.
+        let all = [(ShardId(0), Offset(n0)), (ShardId(1), Offset(n1))];
+        log.delete_below(&all).await.unwrap();
+        assert_eq!(log.segment_count(), 1);
+        // Reopened, the log starts where the deletions left it and goes on at its end.
+        let start0 = log.start_offset(ShardId(0)).unwrap();
+        log.clone().close().await.unwrap();
+        drop(log);
+        let (log, _) = open(&path, &config).await.unwrap();
+        assert_eq!(log.start_offset(ShardId(0)).unwrap(), start0);
+        assert_eq!(log.next_offset(ShardId(0)).unwrap(), Offset(n0));
+        check(&log, 0, start0.0, n0, 30_000).await;
+        fill(&log, 0, &mut n0, 1, 4, 30_000).await;
     });
 }
 

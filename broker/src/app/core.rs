@@ -12,9 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use felix_proto::{
-    AckMode, CoreId, ErrorCode, Offset, Record, Retention, ShardId, StartAt, StreamName,
-};
+use felix_proto::{AckMode, CoreId, ErrorCode, Offset, Retention, ShardId, StartAt, StreamName};
 use felix_storage::{
     AppendOutcome, BatchMeta, CoreStore, RetentionConfig, StorageError, StreamLog,
 };
@@ -26,6 +24,7 @@ use super::error::{CoreOpenError, WireError};
 use super::frames::LogFrames;
 use super::mesh::{AppendBatch, CoreRequest, CoreResponse, Mesh};
 use super::meta::{self, StreamMeta, TenantQuota};
+use super::offsets::GroupPositions;
 use super::stats::{self, AppStats};
 use super::tail::{EncodedBatch, TailRead};
 
@@ -46,10 +45,8 @@ fn retention_of(def: felix_cluster::StreamDef) -> Retention {
     }
 }
 
-/// The internal log of consumer positions kept by each core (shard 0 only).
-pub const OFFSETS_LOG: &str = "felix-internal/offsets/v1";
-/// Bytes one read of a log asks for when the broker scans it itself (consumer positions at
-/// start-up, a timestamp lookup).
+pub use super::offsets::OFFSETS_LOG;
+/// Bytes one read of a log asks for when the broker scans it itself (a timestamp lookup).
 pub const SCAN_READ_BYTES_MAX: usize = 1 << 20;
 /// How long a tail read that found nothing in the log waits before it looks again.
 pub const LOG_POLL_MS: u64 = 1;
@@ -81,6 +78,9 @@ pub struct Settings {
     pub slow_consumer: Duration,
     /// Consumer-group positions one core keeps at most (`--max-group-positions-per-core`).
     pub max_group_positions: usize,
+    /// The segment size of the offsets log (`--segment-bytes`): snapshots of the positions
+    /// are written once about this much was committed since the last (`offsets`).
+    pub offsets_segment_bytes: u64,
     /// Token verification; `None` when authentication is off. Immutable after start.
     pub auth: Option<Arc<super::auth::Authenticator>>,
     /// The cluster agent; `None` for a single-node broker.
@@ -132,8 +132,7 @@ pub struct CoreApp {
     pub receive_span_us: RefCell<hdrhistogram::Histogram<u64>>,
     streams: RefCell<HashMap<String, Rc<StreamEntry>>>,
     opening: Semaphore,
-    offsets: RefCell<HashMap<(String, String, u32), u64>>,
-    offsets_log: StreamLog,
+    positions: GroupPositions,
     /// Set when shutdown starts: new publishes are refused.
     pub stopping: Cell<bool>,
     /// The cluster view of this core; `None` for a single-node broker.
@@ -156,6 +155,14 @@ impl CoreApp {
             .open_stream(OFFSETS_LOG, &[ShardId(0)], Some(RetentionConfig::default()))
             .await
             .map_err(|source| CoreOpenError::Offsets { core, source })?;
+        let positions = GroupPositions::load(
+            core,
+            offsets_log,
+            settings.max_group_positions,
+            settings.offsets_segment_bytes,
+        )
+        .await
+        .map_err(|source| CoreOpenError::Offsets { core, source })?;
         let disk =
             DiskFloor::open(&settings.data_dir, settings.min_free_bytes).map(Rc::new).map_err(
                 |source| CoreOpenError::FreeSpace { core, dir: settings.data_dir.clone(), source },
@@ -176,8 +183,7 @@ impl CoreApp {
             receive_span_us: RefCell::new(stats::new_histogram()),
             streams: RefCell::default(),
             opening: Semaphore::new(1),
-            offsets: RefCell::default(),
-            offsets_log,
+            positions,
             stopping: Cell::new(false),
             replication: std::cell::OnceCell::new(),
         });
@@ -186,7 +192,6 @@ impl CoreApp {
             let stop = move || weak.upgrade().is_none_or(|a| a.stopping.get());
             glommio::spawn_local(link.follow(stop)).detach();
         }
-        app.load_offsets().await.map_err(|source| CoreOpenError::Offsets { core, source })?;
         let metas = meta::load_all(&app.settings.data_dir).map_err(CoreOpenError::Definitions)?;
         for m in metas {
             // The full error (file and position of a corrupt log) is for the operator.
@@ -663,8 +668,8 @@ impl CoreApp {
         let next = log.next_offset(shard).map_err(|e| storage_error(&e))?;
         let visible = self.visible_next(&log, stream, shard)?;
         if let Some(g) = group {
-            if let Some(o) = self.offsets.borrow().get(&(stream.to_owned(), g, shard.0)) {
-                return Ok(Offset((*o).max(first.0).min(next.0)));
+            if let Some(o) = self.positions.get(stream, &g, shard) {
+                return Ok(Offset(o.max(first.0).min(next.0)));
             }
         }
         Ok(match start {
@@ -715,63 +720,9 @@ impl CoreApp {
         offset: Offset,
     ) -> Result<(), WireError> {
         self.owned_log(stream, shard).await?;
-        let position = (stream.to_owned(), group.to_owned(), shard.0);
-        let held = self.offsets.borrow().len();
-        if held >= self.settings.max_group_positions
-            && !self.offsets.borrow().contains_key(&position)
-        {
-            return Err(WireError::new(
-                ErrorCode::LimitReached,
-                format!(
-                    "core {} keeps {held} consumer-group positions, its limit \
-                     (--max-group-positions-per-core); group {group} on {shard} of {stream} \
-                     would add one",
-                    self.core.0
-                ),
-            ));
-        }
-        let key = format!("{stream}\n{group}\n{}", shard.0);
-        let rec = Record::keyed(Bytes::from(key), Bytes::copy_from_slice(&offset.0.to_be_bytes()));
-        self.offsets_log
-            .append(ShardId(0), &[rec], now_ms(), AckMode::Durable)
-            .await
-            .map_err(|e| storage_error(&e))?;
-        self.offsets.borrow_mut().insert(position, offset.0);
+        self.positions.commit(stream, group, shard, offset).await?;
         stats::add(&self.stats.counters.commits, 1);
         Ok(())
-    }
-
-    async fn load_offsets(&self) -> Result<(), StorageError> {
-        let mut at = self.offsets_log.start_offset(ShardId(0))?;
-        loop {
-            let batches = self.offsets_log.read(ShardId(0), at, SCAN_READ_BYTES_MAX).await?;
-            if batches.is_empty() {
-                return Ok(());
-            }
-            for b in batches {
-                for (i, r) in b.records.iter().enumerate() {
-                    if b.base_offset.0 + (i as u64) < at.0 {
-                        continue;
-                    }
-                    let (Some(key), Ok(v)) = (&r.key, <[u8; 8]>::try_from(&r.value.to_bytes()[..]))
-                    else {
-                        continue;
-                    };
-                    let key = String::from_utf8_lossy(key);
-                    let mut parts = key.splitn(3, '\n');
-                    if let (Some(s), Some(g), Some(Ok(shard))) =
-                        (parts.next(), parts.next(), parts.next().map(str::parse::<u32>))
-                    {
-                        self.offsets
-                            .borrow_mut()
-                            .insert((s.to_owned(), g.to_owned(), shard), u64::from_be_bytes(v));
-                    }
-                }
-                let end = Offset(b.base_offset.0 + b.records.len() as u64);
-                debug_assert!(end > at, "a scan's position advances");
-                at = end;
-            }
-        }
     }
 
     /// Flushes every log (shutdown).
@@ -783,7 +734,7 @@ impl CoreApp {
                 }
             }
         }
-        let _ = self.offsets_log.flush().await;
+        self.positions.flush().await;
     }
 
     /// Lets every tail on this core go of the records no subscriber read in time

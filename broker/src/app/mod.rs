@@ -24,6 +24,7 @@ pub mod error;
 pub mod frames;
 pub mod mesh;
 pub mod meta;
+pub mod offsets;
 pub mod replication;
 pub mod session;
 pub mod stats;
@@ -292,6 +293,7 @@ fn core_settings(
         inflight_bytes_per_core: args.inflight_bytes_per_core.max(1),
         slow_consumer: Duration::from_secs(args.slow_consumer_secs.max(1)),
         max_group_positions: args.max_group_positions_per_core,
+        offsets_segment_bytes: args.segment_bytes,
         auth: match args.auth_keys.is_empty() {
             true => None,
             false => Some(Arc::new(

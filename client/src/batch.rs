@@ -102,7 +102,10 @@ impl BatchResult {
     fn record(&self, index: u32) -> PublishResult {
         match self {
             Self::Acked { shard, base } => {
-                Ok(Some(Receipt { shard: *shard, offset: Offset(base.0 + u64::from(index)) }))
+                // A broker's base offset near u64::MAX (a bad one) gives a capped receipt, not
+                // an overflow.
+                let offset = Offset(base.0.saturating_add(u64::from(index)));
+                Ok(Some(Receipt { shard: *shard, offset }))
             }
             Self::Written => Ok(None),
             Self::Failed(e) => Err(e.clone()),

@@ -75,6 +75,17 @@ struct State {
     background: HashMap<String, Instant>,
 }
 
+impl State {
+    /// Counts `addr` as unreachable from now, forgetting the brokers whose failure is older
+    /// than [`POOL_RETRY_AFTER_MS`] (only the recent ones are ever consulted), so the map holds
+    /// no more than the brokers that failed within that time.
+    fn note_failed(&mut self, addr: SocketAddr, e: ClientError) {
+        let keep = Duration::from_millis(POOL_RETRY_AFTER_MS);
+        self.failed.retain(|_, (at, _)| at.elapsed() < keep);
+        self.failed.insert(addr, (Instant::now(), e));
+    }
+}
+
 /// Where each shard of a stream lives, as a broker answered `Metadata`.
 #[derive(Debug)]
 pub(crate) struct Placement {
@@ -354,7 +365,7 @@ impl Cluster {
     /// Counts the broker at `addr` as unreachable for [`POOL_RETRY_AFTER_MS`] (a request to it
     /// timed out: it may be paused or cut off), so retries look elsewhere meanwhile.
     pub(crate) fn mark_unreachable(&self, addr: SocketAddr, e: ClientError) {
-        self.lock().failed.insert(addr, (Instant::now(), e));
+        self.lock().note_failed(addr, e);
     }
 
     /// The pool of the broker at `address` (`host:port`), opened on first use. A broker that
@@ -396,7 +407,7 @@ impl Cluster {
             }
             Err(e) => {
                 tracing::warn!(broker = address, error = %e, "cannot reach broker");
-                self.lock().failed.insert(addr, (Instant::now(), e.clone()));
+                self.lock().note_failed(addr, e.clone());
                 Err(e)
             }
         }
@@ -502,7 +513,7 @@ impl Cluster {
         let conn = pool.conn_once(slot).await;
         if let Err(e) = &conn {
             if is_unreachable(e) {
-                self.lock().failed.insert(pool.addr(), (Instant::now(), e.clone()));
+                self.lock().note_failed(pool.addr(), e.clone());
             }
         }
         conn
@@ -602,5 +613,24 @@ async fn metadata(conn: &Conn, stream: &str) -> Result<Vec<ShardOwner>, ClientEr
         }),
         Frame::MetadataOk(m) => Ok(m.owners),
         other => Err(unexpected(&other, FrameType::MetadataOk)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_recent_failures_are_kept() {
+        let mut state = State::default();
+        let old = Instant::now() - Duration::from_millis(POOL_RETRY_AFTER_MS + 500);
+        for port in 1..=100u16 {
+            let addr = SocketAddr::from(([10, 0, 0, 1], port));
+            state.failed.insert(addr, (old, ClientError::Connect("gone".into())));
+        }
+        let fresh = SocketAddr::from(([10, 0, 0, 2], 7400));
+        state.note_failed(fresh, ClientError::Connect("down".into()));
+        assert_eq!(state.failed.len(), 1);
+        assert!(state.failed.contains_key(&fresh));
     }
 }

@@ -35,6 +35,24 @@ const ORPHAN_SUB_STREAMS_MAX: usize = 64;
 const SUBSCRIPTION_START_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes asked of quinn per read.
 const READ_CHUNK_BYTES: usize = 64 * 1024;
+/// The largest frame this client decodes, whatever a broker advertises (16 MiB; Felix brokers
+/// advertise about 4 MiB): what one stream may make it buffer.
+pub const DECODE_FRAME_BYTES_MAX: u32 = 16 << 20;
+/// The most records per batch this client decodes, whatever a broker advertises.
+pub const DECODE_BATCH_RECORDS_MAX: u32 = 65_536;
+/// A subscription stream's first frame, SubscriptionStart: a header and a u64. Until it
+/// arrived a stream is decoded with this as its frame limit, so a stream that names no
+/// subscription holds at most this much.
+const SUBSCRIPTION_START_FRAME_BYTES: u32 = (HEADER_LEN + 8) as u32;
+
+/// The limits this client decodes the broker's frames with: the broker's, capped.
+fn decode_limits(broker: Limits) -> Limits {
+    Limits {
+        max_frame_bytes: broker.max_frame_bytes.min(DECODE_FRAME_BYTES_MAX),
+        max_batch_records: broker.max_batch_records.min(DECODE_BATCH_RECORDS_MAX),
+        ..broker
+    }
+}
 
 /// An established connection.
 pub(crate) struct Conn {
@@ -148,9 +166,10 @@ impl Conn {
             }
         };
         let unacked_errors = Arc::new(AtomicU64::new(0));
-        let control = Lane::start(send, recv, hello.limits, unacked_errors.clone());
+        let decode = decode_limits(hello.limits);
+        let control = Lane::start(send, recv, decode, unacked_errors.clone());
         let subs = Arc::new(SubRegistry::default());
-        tokio::spawn(accept_subscription_streams(connection.clone(), hello.limits, subs.clone()));
+        tokio::spawn(accept_subscription_streams(connection.clone(), decode, subs.clone()));
         Ok(Arc::new(Self {
             connection,
             endpoint,
@@ -209,7 +228,7 @@ impl Conn {
     /// Opens another bidirectional stream for requests (publish lanes).
     pub(crate) async fn open_lane(&self) -> Result<Arc<Lane>, ClientError> {
         let (send, recv) = self.connection.open_bi().await.map_err(lost)?;
-        Ok(Lane::start(send, recv, self.hello.limits, self.unacked_errors.clone()))
+        Ok(Lane::start(send, recv, decode_limits(self.hello.limits), self.unacked_errors.clone()))
     }
 
     /// The unidirectional stream of subscription `id`, waiting for it if it has not arrived.
@@ -221,6 +240,14 @@ impl Conn {
             Ok(stream) => return Ok(stream),
             Err(rx) => rx,
         };
+        // A stream that never comes (timeout, or this future dropped) leaves no slot behind.
+        struct Forget<'a>(&'a SubRegistry, SubscriptionId);
+        impl Drop for Forget<'_> {
+            fn drop(&mut self) {
+                self.0.forget_waiting(self.1);
+            }
+        }
+        let _forget = Forget(&self.subs, id);
         let after_ms = self.ack_timeout.as_millis() as u64;
         match tokio::time::timeout(self.ack_timeout, rx).await {
             Ok(Ok(stream)) => Ok(stream),
@@ -408,13 +435,19 @@ async fn wait_answer(
     limit: Duration,
     what: &'static str,
 ) -> Result<Frame, ClientError> {
+    // However the wait ends (an answer, a timeout, the future dropped), the request is no
+    // longer waited for: an answer that never comes leaves no entry behind.
+    struct Forget<'a>(&'a Pending, RequestId);
+    impl Drop for Forget<'_> {
+        fn drop(&mut self) {
+            self.0.lock().waiting.remove(&self.1);
+        }
+    }
+    let _forget = Forget(pending, id);
     match tokio::time::timeout(limit, rx).await {
         Ok(Ok(answer)) => answer,
         Ok(Err(_)) => Err(ClientError::ConnectionLost("answer stream ended".into())),
-        Err(_) => {
-            pending.lock().waiting.remove(&id);
-            Err(ClientError::Timeout { what, after_ms: limit.as_millis() as u64 })
-        }
+        Err(_) => Err(ClientError::Timeout { what, after_ms: limit.as_millis() as u64 }),
     }
 }
 
@@ -571,6 +604,20 @@ impl SubRegistry {
         Err(rx)
     }
 
+    /// Removes the slot of `id` if a subscriber still waits there.
+    fn forget_waiting(&self, id: SubscriptionId) {
+        let mut slots = self.lock();
+        if matches!(slots.get(&id), Some(SubSlot::Waiting(_))) {
+            slots.remove(&id);
+        }
+    }
+
+    /// Slots held (waiting subscribers and unclaimed streams).
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+
     fn arrive(&self, id: SubscriptionId, stream: SubStream) {
         let mut slots = self.lock();
         match slots.remove(&id) {
@@ -598,13 +645,17 @@ async fn accept_subscription_streams(
     while let Ok(mut recv) = connection.accept_uni().await {
         let subs = subs.clone();
         tokio::spawn(async move {
-            let mut decoder = FrameDecoder::new(limits, Capabilities::NONE);
+            let first_limits = Limits { max_frame_bytes: SUBSCRIPTION_START_FRAME_BYTES, ..limits };
+            let mut decoder = FrameDecoder::new(first_limits, Capabilities::NONE);
             let first = tokio::time::timeout(SUBSCRIPTION_START_TIMEOUT, async {
                 loop {
                     if let Some(frame) = decoder.poll_frame() {
                         return Some(frame);
                     }
-                    match recv.read_chunk(READ_CHUNK_BYTES, true).await {
+                    // No more than the first frame still needs: what follows it is read once
+                    // the stream is known.
+                    let wanted = decoder.wanted_bytes().min(READ_CHUNK_BYTES);
+                    match recv.read_chunk(wanted, true).await {
                         Ok(Some(chunk)) => decoder.handle_chunk(chunk.bytes),
                         _ => return None,
                     }
@@ -613,6 +664,7 @@ async fn accept_subscription_streams(
             .await;
             match first {
                 Ok(Some(Ok(Frame::SubscriptionStart(id)))) => {
+                    decoder.set_limits(limits);
                     subs.arrive(id, SubStream { recv, decoder })
                 }
                 other => tracing::warn!(?other, "unidirectional stream without SubscriptionStart"),
@@ -652,6 +704,56 @@ pub(crate) fn unexpected(frame: &Frame, wanted: FrameType) -> ClientError {
 mod tests {
     use super::*;
     use felix_proto::{AckMode, AckRequest, Publish, Subscribe};
+
+    #[tokio::test]
+    async fn a_request_given_up_leaves_no_entry_behind() {
+        let pending = Pending::default();
+        let wait = |id: u64| {
+            let (tx, rx) = oneshot::channel();
+            pending.lock().waiting.insert(RequestId(id), tx);
+            rx
+        };
+        // Timed out.
+        let rx = wait(1);
+        let out = wait_answer(&pending, RequestId(1), rx, Duration::from_millis(5), "t").await;
+        assert!(matches!(out, Err(ClientError::Timeout { .. })), "{out:?}");
+        // Dropped while waiting (a cancelled request).
+        let rx = wait(2);
+        let fut = wait_answer(&pending, RequestId(2), rx, Duration::from_secs(60), "t");
+        let mut fut = Box::pin(fut);
+        assert!(tokio::time::timeout(Duration::from_millis(5), &mut fut).await.is_err());
+        assert_eq!(pending.lock().waiting.len(), 1, "still waited for while the future lives");
+        drop(fut);
+        assert!(pending.lock().waiting.is_empty(), "entries left behind");
+    }
+
+    #[test]
+    fn a_subscription_stream_given_up_leaves_no_slot_behind() {
+        let subs = SubRegistry::default();
+        let Err(rx) = subs.take_or_wait(SubscriptionId(5)) else { panic!("nothing arrived") };
+        assert_eq!(subs.len(), 1);
+        drop(rx);
+        subs.forget_waiting(SubscriptionId(5));
+        subs.forget_waiting(SubscriptionId(6));
+        assert_eq!(subs.len(), 0);
+    }
+
+    #[test]
+    fn a_brokers_advertised_limits_are_capped_for_decoding() {
+        let huge =
+            Limits { max_frame_bytes: u32::MAX, max_batch_records: u32::MAX, max_key_bytes: 9 };
+        let l = decode_limits(huge);
+        assert_eq!(
+            (l.max_frame_bytes, l.max_batch_records, l.max_key_bytes),
+            (DECODE_FRAME_BYTES_MAX, DECODE_BATCH_RECORDS_MAX, 9)
+        );
+        let felix = Limits::default();
+        assert_eq!(decode_limits(felix), felix, "a Felix broker's limits are under the caps");
+        assert_eq!(
+            SUBSCRIPTION_START_FRAME_BYTES as usize,
+            Frame::SubscriptionStart(felix_proto::SubscriptionId(u64::MAX)).to_bytes().len()
+        );
+    }
 
     fn publish(acked: bool, keyed: bool) -> Frame {
         Frame::Publish(Publish {

@@ -239,6 +239,14 @@ impl Subscriber {
             while let Some(item) = part.stream.decoder.poll_frame() {
                 match item {
                     Ok(Frame::EventBatch(b)) => {
+                        // Offsets end below u64::MAX (the next offset after each record is
+                        // computed unchecked below).
+                        if b.base_offset.0.checked_add(b.records.len() as u64).is_none() {
+                            return Err(ClientError::Protocol(format!(
+                                "EventBatch of {} at offset {} runs past the last offset",
+                                b.shard, b.base_offset.0
+                            )));
+                        }
                         for (i, rec) in b.records.into_iter().enumerate() {
                             self.buffered.push_back(ReceivedRecord {
                                 shard: b.shard,

@@ -66,6 +66,12 @@ impl FrameDecoder {
         self.accepted = accepted;
     }
 
+    /// Changes the limits, for the frames whose header is decoded from now on (a stream whose
+    /// first frame is known to be small can be read with tight limits until it arrived).
+    pub fn set_limits(&mut self, limits: Limits) {
+        self.limits = limits;
+    }
+
     /// The limits in force.
     pub fn limits(&self) -> &Limits {
         &self.limits
@@ -577,6 +583,31 @@ mod tests {
         d.handle_bytes(b"more");
         assert!(d.poll_frame().is_none());
         assert_eq!(d.buffered_bytes(), 0);
+    }
+
+    #[test]
+    fn tight_limits_for_a_first_frame_then_the_full_ones() {
+        // A stream read with a small limit until its first (small) frame arrived, then with
+        // the full limits: the large frame after it decodes.
+        let first = Frame::Pong(7);
+        let big = Frame::Publish(Publish {
+            ack: None,
+            key: None,
+            producer: None,
+            stream: "t/n/s".into(),
+            records: vec![vec![0u8; 1000].into()],
+        });
+        let tight = Limits { max_frame_bytes: first.to_bytes().len() as u32, ..Limits::default() };
+        let mut d = FrameDecoder::new(tight, Capabilities::ALL);
+        d.handle_bytes(&first.to_bytes());
+        d.handle_bytes(&big.to_bytes());
+        assert_eq!(d.poll_frame().unwrap().unwrap(), first);
+        d.set_limits(Limits::default());
+        assert_eq!(d.poll_frame().unwrap().unwrap(), big);
+        // Without the change, the large frame is refused by its header.
+        let mut d = FrameDecoder::new(tight, Capabilities::ALL);
+        d.handle_bytes(&big.to_bytes());
+        assert!(d.poll_frame().unwrap().is_err());
     }
 
     #[test]

@@ -361,6 +361,10 @@ pub fn verify_batch(batch: &[u8], batch_bytes_limit: usize) -> Result<BatchHeade
     if at != batch.len() || header.record_count == 0 {
         return Err(FormatError::BadRecords);
     }
+    // Offsets end below u64::MAX: every `base + count` past here is computed without a check.
+    if header.base_offset.0.checked_add(u64::from(header.record_count)).is_none() {
+        return Err(FormatError::BadRecords);
+    }
     Ok(header)
 }
 
@@ -493,6 +497,20 @@ mod tests {
         let decoded = decode_records(&Bytes::from(buf), &header).unwrap();
         assert_eq!(decoded, records);
         assert_eq!(decoded[1].key, Some(Bytes::new()));
+    }
+
+    #[test]
+    fn a_batch_whose_offsets_would_pass_u64_max_is_refused() {
+        let records = sample();
+        for (base, ok) in [(u64::MAX - 2, true), (u64::MAX - 1, false), (u64::MAX, false)] {
+            let mut out = vec![0u8; batch_encoded_len(&records, None, None)];
+            encode_batch(&mut out, ShardId(3), Offset(base), 1_000, None, None, &records);
+            let got = verify_batch(&out, 1 << 20);
+            assert_eq!(got.is_ok(), ok, "base {base}: {got:?}");
+            if !ok {
+                assert!(matches!(got, Err(FormatError::BadRecords)), "{got:?}");
+            }
+        }
     }
 
     #[test]

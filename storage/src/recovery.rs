@@ -337,7 +337,15 @@ impl Recovery<'_> {
         let mut valid_end = SEGMENT_HEADER_BYTES;
         let mut batches = 0u64;
         let mut gap = None;
+        let mut too_many = None;
         let end = scan_segment(file, SEGMENT_HEADER_BYTES, size, self.limit, |pos, h, _| {
+            // A log holds at most SHARDS_PER_LOG_MAX shards: a batch of one more is refused
+            // here, before the tables grow for it (no torn-tail cut: it is never written).
+            if tables.indexes.len() >= SHARDS_PER_LOG_MAX && !tables.indexes.contains_key(&h.shard)
+            {
+                too_many = Some(pos);
+                return ControlFlow::Break(());
+            }
             // Truncations at or before this batch's position happened before it was written.
             apply_markers_to(&mut tables, walk, base + pos, true);
             let ix = tables.indexes.entry(h.shard).or_insert_with(|| ShardIndex::new(0));
@@ -382,6 +390,13 @@ impl Recovery<'_> {
             ControlFlow::Continue(())
         })
         .await?;
+        if let Some(position) = too_many {
+            return Err(StorageError::Corrupt {
+                path: file.path().to_owned(),
+                position,
+                reason: format!("a batch of a shard past the {SHARDS_PER_LOG_MAX} one log holds"),
+            });
+        }
         let damage = match (end, gap) {
             (_, Some((pos, why))) => Some((pos, why)),
             (ScanEnd::Invalid(pos, e), None) => Some((pos, e.to_string())),

@@ -305,6 +305,57 @@ fn delete_below_drops_only_segments_wholly_below_every_shards_keep_offset() {
 }
 
 #[test]
+fn a_log_naming_more_shards_than_a_log_holds_is_refused_with_file_and_position() {
+    use felix_storage::format::{
+        batch_slot, BATCH_MAGIC, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    run(move || async move {
+        let config = small_config(&path);
+        let shards: Vec<ShardId> = (0..SHARDS_PER_LOG_MAX as u32).map(ShardId).collect();
+        let log_dir = path.join("log");
+        let open_all =
+            || StreamLog::open("t/ns/s", &log_dir, &shards, &config, RetentionConfig::default());
+        let (log, _) = open_all().await.unwrap();
+        for s in &shards {
+            log.append(*s, &records(s.0, 0, 1, 10), 1, AckMode::Durable).await.unwrap();
+        }
+        // Shard 0's second batch is the last in the file.
+        log.append(ShardId(0), &records(0, 1, 1, 10), 1, AckMode::Durable).await.unwrap();
+        log.clone().close().await.unwrap();
+        drop(log);
+        // Rewrite that batch as the first batch of one shard more (a CRC-valid batch no
+        // broker writes), so the file names SHARDS_PER_LOG_MAX + 1 shards.
+        let file = segments(&path).pop().unwrap();
+        let mut bytes = std::fs::read(&file).unwrap();
+        let u32_at = |b: &[u8], at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap());
+        let (mut at, mut last) = (SEGMENT_HEADER_BYTES as usize, None);
+        while at + 16 <= bytes.len() && u32_at(&bytes, at) == BATCH_MAGIC {
+            last = Some(at);
+            at += batch_slot(u64::from(u32_at(&bytes, at + 12))) as usize;
+        }
+        let last = last.expect("batches in the segment");
+        let len = u32_at(&bytes, last + 12) as usize;
+        let batch = &mut bytes[last..last + len];
+        batch[16..20].copy_from_slice(&(SHARDS_PER_LOG_MAX as u32).to_le_bytes());
+        batch[24..32].copy_from_slice(&0u64.to_le_bytes());
+        let crc = crc32c::crc32c_append(crc32c::crc32c(&batch[0..8]), &batch[12..]);
+        batch[8..12].copy_from_slice(&crc.to_le_bytes());
+        std::fs::write(&file, &bytes).unwrap();
+        match open_all().await {
+            Err(StorageError::Corrupt { path: p, position, reason }) => {
+                assert_eq!(p, file);
+                assert_eq!(position, last as u64);
+                assert!(reason.contains("shard"), "{reason}");
+            }
+            Err(e) => panic!("expected Corrupt naming the file, got {e}"),
+            Ok(_) => panic!("a log of {} shards opened", SHARDS_PER_LOG_MAX + 1),
+        }
+    });
+}
+
+#[test]
 fn background_retention_runs_in_a_low_share_queue() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().to_owned();

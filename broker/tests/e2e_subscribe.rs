@@ -188,6 +188,47 @@ async fn consumer_group_positions_are_capped_per_core_and_kept_ones_still_move()
     g2.commit(ShardId(0), Offset(3)).await.unwrap();
 }
 
+/// Commits of new positions in flight at once do not pass the cap between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_commits_of_new_positions_do_not_pass_the_cap() {
+    use felix_proto::{
+        Capabilities, CommitOffset, ErrorCode, Frame, Hello, RequestId, PROTOCOL_VERSION,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 1, &["--max-group-positions-per-core", "3"]);
+    let client = broker.client().await;
+    client.create_stream("acme/app/race", 1, Default::default()).await.unwrap();
+    let conn = e2e_support::raw_connection(broker.addr, dir.path()).await;
+    let (mut send, mut recv) = conn.open_bi().await.unwrap();
+    let hello = Hello { version: PROTOCOL_VERSION, capabilities: Capabilities::ALL, token: None };
+    send.write_all(&Frame::Hello(hello).to_bytes()).await.unwrap();
+    assert!(matches!(e2e_support::read_frames(&mut recv, 1).await[..], [Frame::HelloOk(_)]));
+    let mut streams = Vec::new();
+    for _ in 0..8 {
+        streams.push(conn.open_bi().await.unwrap());
+    }
+    // Eight new groups at once, each on a stream of its own.
+    for (i, (send, _)) in streams.iter_mut().enumerate() {
+        let commit = Frame::CommitOffset(CommitOffset {
+            request_id: RequestId(1),
+            stream: "acme/app/race".into(),
+            group: format!("g{i}"),
+            shard: ShardId(0),
+            offset: Offset(0),
+        });
+        send.write_all(&commit.to_bytes()).await.unwrap();
+    }
+    let (mut ok, mut refused) = (0, 0);
+    for (_, recv) in streams.iter_mut() {
+        match &e2e_support::read_frames(recv, 1).await[..] {
+            [Frame::CommitOk(_)] => ok += 1,
+            [Frame::Error(e)] if e.code == ErrorCode::LimitReached => refused += 1,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!((ok, refused), (3, 5));
+}
+
 /// Every commit appends a record to the core's offsets log; once about a segment of them has
 /// been written since the last snapshot, the positions are written again and the segments
 /// below deleted. Here ~1.6 segments of commits leave one segment, and every group resumes
@@ -252,9 +293,17 @@ async fn the_offsets_log_is_compacted_and_the_newest_positions_survive_a_restart
         }
         found
     };
-    // 24,000 commits of ~300 bytes fill about two 4 MiB segments; the first went, and at
-    // most two are left.
-    let left = segments();
+    // 24,000 commits of ~300 bytes fill about two 4 MiB segments; the first goes (the
+    // snapshot runs in a task of its own), and at most two are left.
+    let deadline = std::time::Instant::now() + WAIT;
+    let left = loop {
+        let left = segments();
+        let first = left.iter().any(|p| p.ends_with("00000000000000000000.log"));
+        if !first || std::time::Instant::now() > deadline {
+            break left;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     let first = left.iter().any(|p| p.ends_with("00000000000000000000.log"));
     assert!(!first && left.len() <= 2, "offsets segments left: {left:?}");
     drop(conn);

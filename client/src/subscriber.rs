@@ -194,8 +194,9 @@ impl Subscriber {
     /// offset (a single shard that returned records), from the group's commits (with a group),
     /// or from the original start (earliest, an offset or a time). A subscription that started
     /// at `Latest` over several shards, without a commit of this subscriber on each of them
-    /// (or on one shard before its first record), cannot resume without possibly missing
-    /// records: it fails with `ConnectionLost` instead.
+    /// (or on one shard before its first record; in a cluster, where positions are not
+    /// replicated, always), cannot resume without possibly missing records: it fails with
+    /// `ConnectionLost` instead.
     pub async fn next(&mut self) -> Result<Option<ReceivedRecord>, ClientError> {
         loop {
             if let Some(r) = self.buffered.pop_front() {
@@ -359,6 +360,11 @@ impl Subscriber {
         if o.start != StartAt::Latest {
             // Earliest, an offset or a time: read again, what was returned is skipped.
             return Some(o.start);
+        }
+        // In a cluster a group's positions live with each shard's leader and are not
+        // replicated: after a failover the new leader knows none, and would start at Latest.
+        if self.client.shared.cluster.is_some() {
+            return None;
         }
         let committed = self.committed_positions();
         (o.group.is_some() && shards.iter().all(|s| committed.contains_key(s))).then_some(o.start)

@@ -132,7 +132,7 @@ pub struct CoreApp {
     pub receive_span_us: RefCell<hdrhistogram::Histogram<u64>>,
     streams: RefCell<HashMap<String, Rc<StreamEntry>>>,
     opening: Semaphore,
-    positions: GroupPositions,
+    positions: Rc<GroupPositions>,
     /// Set when shutdown starts: new publishes are refused.
     pub stopping: Cell<bool>,
     /// The cluster view of this core; `None` for a single-node broker.
@@ -162,6 +162,7 @@ impl CoreApp {
             settings.offsets_segment_bytes,
         )
         .await
+        .map(Rc::new)
         .map_err(|source| CoreOpenError::Offsets { core, source })?;
         let disk =
             DiskFloor::open(&settings.data_dir, settings.min_free_bytes).map(Rc::new).map_err(

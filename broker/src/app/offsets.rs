@@ -5,14 +5,19 @@
 //! The log would grow by a record per commit for ever, and a start reads all of it back. So
 //! once a segment's worth of commits (and at least four snapshots' worth) has been appended
 //! since the last snapshot, the positions are written again as a snapshot and the segments
-//! wholly below it are deleted (`StreamLog::delete_below`). No commit is in flight while a
-//! snapshot is written (`gate`): a commit's record is always either before the snapshot (whose
-//! value is then at least as new) or after it, so a replay from the oldest segment kept ends at
-//! the newest value of every position. A crash during a snapshot leaves the previous one,
-//! whose segments were not deleted yet.
+//! wholly below it are deleted (`StreamLog::delete_below`), in a task of its own (no commit's
+//! answer waits for it). No commit is in flight while a snapshot is written: a snapshot first
+//! takes the `turnstile` every commit passes, so no new commit starts, then every permit of the
+//! `gate` each commit holds until its record is durable and in the map. A commit's record is
+//! therefore either before the snapshot (whose value is then at least as new) or after it, and
+//! a replay from the oldest segment kept ends at the newest value of every position. (The
+//! turnstile is what keeps the snapshot from waiting for ever: glommio's semaphore wakes a
+//! small waiter behind a large one it cannot serve yet.) A crash during a snapshot leaves the
+//! previous one, whose segments were not deleted yet.
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::rc::Rc;
 
 use bytes::Bytes;
 use felix_proto::{AckMode, CoreId, ErrorCode, Offset, Record, ShardId};
@@ -49,6 +54,11 @@ pub struct GroupPositions {
     /// Stored bytes the last snapshot took.
     snapshot_bytes: Cell<u64>,
     snapshotting: Cell<bool>,
+    /// New positions being written (counted against `max` before they are in the map).
+    adding: Cell<usize>,
+    /// One unit; every commit passes it, a snapshot holds it.
+    turnstile: Semaphore,
+    /// A permit per commit in flight; a snapshot takes them all.
     gate: Semaphore,
 }
 
@@ -69,6 +79,8 @@ impl GroupPositions {
             after_snapshot: Cell::new(0),
             snapshot_bytes: Cell::new(0),
             snapshotting: Cell::new(false),
+            adding: Cell::new(0),
+            turnstile: Semaphore::new(1),
             gate: Semaphore::new(COMMITS_IN_FLIGHT_MAX),
         };
         let mut at = this.log.start_offset(ShardId(0))?;
@@ -116,7 +128,7 @@ impl GroupPositions {
 
     /// Commits `offset` as `group`'s next offset on `shard` of `stream`, durably.
     pub async fn commit(
-        &self,
+        self: &Rc<Self>,
         stream: &str,
         group: &str,
         shard: ShardId,
@@ -124,10 +136,12 @@ impl GroupPositions {
     ) -> Result<(), WireError> {
         let position = (stream.to_owned(), group.to_owned(), shard.0);
         {
-            // The semaphore is never closed.
+            // Neither semaphore is ever closed.
+            drop(self.turnstile.acquire_permit(1).await.map_err(|_| closed())?);
             let _permit = self.gate.acquire_permit(1).await.map_err(|_| closed())?;
-            let held = self.positions.borrow().len();
-            if held >= self.max && !self.positions.borrow().contains_key(&position) {
+            let new = !self.positions.borrow().contains_key(&position);
+            let held = self.positions.borrow().len() + self.adding.get();
+            if new && held >= self.max {
                 return Err(WireError::new(
                     ErrorCode::LimitReached,
                     format!(
@@ -138,18 +152,25 @@ impl GroupPositions {
                     ),
                 ));
             }
-            self.log
+            self.adding.set(self.adding.get() + usize::from(new));
+            let appended = self
+                .log
                 .append(ShardId(0), &[record(&position, offset.0)], now_ms(), AckMode::Durable)
-                .await
-                .map_err(|e| storage_error(&e))?;
+                .await;
+            self.adding.set(self.adding.get() - usize::from(new));
+            appended.map_err(|e| storage_error(&e))?;
             self.positions.borrow_mut().insert(position, offset.0);
         }
         if self.snapshot_due() {
-            // The commit is durable whatever the snapshot does; a failed one is retried after
-            // the next commits.
-            if let Err(e) = self.snapshot().await {
-                tracing::warn!(core = self.core.0, error = %e, "consumer offsets snapshot failed");
-            }
+            self.snapshotting.set(true);
+            let this = self.clone();
+            glommio::spawn_local(async move {
+                // A failed snapshot is tried again a segment of commits later.
+                if let Err(e) = this.snapshot().await {
+                    tracing::warn!(core = this.core.0, error = %e, "consumer offsets snapshot failed");
+                }
+            })
+            .detach();
         }
         Ok(())
     }
@@ -162,10 +183,11 @@ impl GroupPositions {
 
     /// Writes every position again from the log's end, then deletes the segments below it.
     async fn snapshot(&self) -> Result<(), StorageError> {
-        self.snapshotting.set(true);
         let result = async {
             let start = {
                 // No commit in flight from here until the snapshot is durable.
+                let _turn =
+                    self.turnstile.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
                 let _all = self
                     .gate
                     .acquire_permit(COMMITS_IN_FLIGHT_MAX)

@@ -191,18 +191,12 @@ async fn consumer_group_positions_are_capped_per_core_and_kept_ones_still_move()
 /// Commits of new positions in flight at once do not pass the cap between them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_commits_of_new_positions_do_not_pass_the_cap() {
-    use felix_proto::{
-        Capabilities, CommitOffset, ErrorCode, Frame, Hello, RequestId, PROTOCOL_VERSION,
-    };
+    use felix_proto::{CommitOffset, ErrorCode, Frame, RequestId};
     let dir = tempfile::tempdir().unwrap();
     let broker = TestBroker::start(dir.path(), 1, &["--max-group-positions-per-core", "3"]);
     let client = broker.client().await;
     client.create_stream("acme/app/race", 1, Default::default()).await.unwrap();
-    let conn = e2e_support::raw_connection(broker.addr, dir.path()).await;
-    let (mut send, mut recv) = conn.open_bi().await.unwrap();
-    let hello = Hello { version: PROTOCOL_VERSION, capabilities: Capabilities::ALL, token: None };
-    send.write_all(&Frame::Hello(hello).to_bytes()).await.unwrap();
-    assert!(matches!(e2e_support::read_frames(&mut recv, 1).await[..], [Frame::HelloOk(_)]));
+    let (conn, _hello_send, _hello_recv) = e2e_support::raw_session(broker.addr, dir.path()).await;
     let mut streams = Vec::new();
     for _ in 0..8 {
         streams.push(conn.open_bi().await.unwrap());
@@ -235,7 +229,7 @@ async fn concurrent_commits_of_new_positions_do_not_pass_the_cap() {
 /// from its last commit after a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_offsets_log_is_compacted_and_the_newest_positions_survive_a_restart() {
-    use felix_proto::{Capabilities, CommitOffset, Frame, Hello, RequestId, PROTOCOL_VERSION};
+    use felix_proto::{CommitOffset, Frame, RequestId};
     const GROUPS: usize = 60;
     const ROUNDS: u64 = 400;
     let segment = ["--segment-bytes", "4198400"];
@@ -246,11 +240,7 @@ async fn the_offsets_log_is_compacted_and_the_newest_positions_survive_a_restart
     publish(&client, "acme/app/pos", 0, ROUNDS as usize + 10).await;
     // Long group names, so that a segment fills in ~15,000 commits.
     let group = |i: usize| format!("g{i:03}-{}", "x".repeat(196));
-    let conn = e2e_support::raw_connection(broker.addr, dir.path()).await;
-    let (mut send, mut recv) = conn.open_bi().await.unwrap();
-    let hello = Hello { version: PROTOCOL_VERSION, capabilities: Capabilities::ALL, token: None };
-    send.write_all(&Frame::Hello(hello).to_bytes()).await.unwrap();
-    assert!(matches!(e2e_support::read_frames(&mut recv, 1).await[..], [Frame::HelloOk(_)]));
+    let (conn, _hello_send, _hello_recv) = e2e_support::raw_session(broker.addr, dir.path()).await;
     // One stream per group, all at once: each commits offsets 1..=ROUNDS in order.
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..GROUPS {

@@ -133,6 +133,24 @@ pub async fn raw_connection(addr: std::net::SocketAddr, dir: &Path) -> quinn::Co
         .expect("handshake")
 }
 
+/// A raw connection whose first stream said Hello (every capability) and got HelloOk: the
+/// connection may send any request on any stream now. The stream is returned to keep it open.
+pub async fn raw_session(
+    addr: std::net::SocketAddr,
+    dir: &Path,
+) -> (quinn::Connection, quinn::SendStream, quinn::RecvStream) {
+    use felix_proto::{Capabilities, Frame, Hello, PROTOCOL_VERSION};
+    let conn = raw_connection(addr, dir).await;
+    let (mut send, mut recv) = conn.open_bi().await.expect("stream");
+    let hello = Hello { version: PROTOCOL_VERSION, capabilities: Capabilities::ALL, token: None };
+    send.write_all(&Frame::Hello(hello).to_bytes()).await.expect("write Hello");
+    match &read_frames(&mut recv, 1).await[..] {
+        [Frame::HelloOk(_)] => {}
+        other => panic!("Hello answered {other:?}"),
+    }
+    (conn, send, recv)
+}
+
 /// Reads frames from `recv` until `n` arrived or the stream ended.
 pub async fn read_frames(recv: &mut quinn::RecvStream, n: usize) -> Vec<felix_proto::Frame> {
     let mut decoder = felix_proto::FrameDecoder::new(

@@ -1,6 +1,8 @@
 //! kill -9 of the `felix` process during acked durable publishing: after a restart every acked
 //! record is there exactly once, in order per key, with dense offsets per shard. The odd
-//! trials run with `--preallocate zero` (zeros written ahead of the log writes).
+//! trials run with `--preallocate zero` (zeros written ahead of the log writes). And kill -9
+//! during consumer-group commits: every acked position survives, snapshots of the offsets log
+//! included.
 
 mod e2e_support;
 
@@ -103,5 +105,95 @@ async fn kill_9_during_durable_publishing_loses_no_acked_record() {
             acked.len(),
             back.all.len()
         );
+    }
+}
+
+/// kill -9 while consumer groups commit (and the offsets log is snapshotted and compacted,
+/// one 4 MiB segment of commits at a time): after a restart every group resumes at or past
+/// its last acknowledged commit, and not past the last one it sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_during_commits_keeps_every_acked_position() {
+    use felix_proto::{CommitOffset, Frame, RequestId, ShardId};
+    const GROUPS: usize = 40;
+    const OFFSET_MAX: u64 = 590;
+    let seed: u64 =
+        std::env::var("FELIX_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+                as u64
+        });
+    println!("kill -9 commit test seed {seed} (rerun with FELIX_TEST_SEED={seed})");
+    let mut rng = seed;
+    let segment = ["--segment-bytes", "4198400"];
+    for trial in 0..2 {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        // From about 10,000 commits (under a segment) to all of them (past the first snapshot).
+        let kill_after = Duration::from_millis(1500 + (rng >> 33) % 2500);
+        let dir = tempfile::tempdir().unwrap();
+        let addr = free_addr();
+        let child = spawn_felix(dir.path(), &addr, &segment);
+        let client = connect_when_up(&addr, dir.path(), client_config).await;
+        client.create_stream("acme/app/pos", 1, Default::default()).await.unwrap();
+        let publisher = client.publisher("acme/app/pos").await.unwrap();
+        for i in 0..OFFSET_MAX + 10 {
+            publisher.publish(Record::unkeyed(i.to_be_bytes().to_vec())).await.unwrap();
+        }
+        let (conn, _hello_send, _hello_recv) =
+            e2e_support::raw_session(addr.parse().unwrap(), dir.path()).await;
+        // Per group: (last acked, last sent).
+        let positions: Arc<Mutex<Vec<(u64, u64)>>> = Arc::new(Mutex::new(vec![(0, 0); GROUPS]));
+        let group = |g: usize| format!("g{g:02}-{}", "x".repeat(196));
+        let mut tasks = Vec::new();
+        for g in 0..GROUPS {
+            let (mut send, mut recv) = conn.open_bi().await.unwrap();
+            let (positions, group) = (positions.clone(), group(g));
+            tasks.push(tokio::spawn(async move {
+                for offset in 1..=OFFSET_MAX {
+                    let commit = Frame::CommitOffset(CommitOffset {
+                        request_id: RequestId(offset),
+                        stream: "acme/app/pos".into(),
+                        group: group.clone(),
+                        shard: ShardId(0),
+                        offset: felix_proto::Offset(offset),
+                    });
+                    positions.lock().unwrap()[g].1 = offset;
+                    if send.write_all(&commit.to_bytes()).await.is_err() {
+                        return;
+                    }
+                    let answer = tokio::time::timeout(
+                        Duration::from_secs(3),
+                        e2e_support::read_frames(&mut recv, 1),
+                    );
+                    match answer.await.as_deref() {
+                        Ok([Frame::CommitOk(_)]) => positions.lock().unwrap()[g].0 = offset,
+                        _ => return,
+                    }
+                }
+            }));
+        }
+        tokio::time::sleep(kill_after).await;
+        drop(child); // SIGKILL
+        for t in tasks {
+            let _ = tokio::time::timeout(WAIT, t).await;
+        }
+        drop(conn);
+        client.close();
+        let positions = positions.lock().unwrap().clone();
+        let acked: u64 = positions.iter().map(|p| p.0).sum();
+        assert!(acked > 0, "trial {trial}: no commit acked before the kill ({kill_after:?})");
+
+        let broker = TestBroker::start(dir.path(), 2, &segment);
+        let reader = broker.client().await;
+        for (g, (acked, sent)) in positions.iter().enumerate() {
+            let opts =
+                SubscribeOptions::new("acme/app/pos").start(StartAt::Earliest).group(group(g));
+            let mut sub = reader.subscribe(opts).await.unwrap();
+            let first = tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap().unwrap();
+            let at = first.offset.0;
+            assert!(
+                *acked <= at && at <= *sent,
+                "trial {trial} seed {seed}: group {g} resumes at {at}, acked {acked}, sent {sent}"
+            );
+        }
+        println!("trial {trial}: killed after {kill_after:?}, {acked} commits acked");
     }
 }

@@ -33,12 +33,7 @@ fn client_config(addr: &str, dir: &std::path::Path) -> felix_client::ClientConfi
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_durable_publishing_loses_no_acked_record() {
-    let seed: u64 =
-        std::env::var("FELIX_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
-                as u64
-        });
-    println!("kill -9 test seed {seed} (rerun with FELIX_TEST_SEED={seed})");
+    let seed = e2e_support::test_seed("kill -9 test");
     let mut rng = seed;
     for trial in 0..TRIALS {
         rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
@@ -113,15 +108,10 @@ async fn kill_9_during_durable_publishing_loses_no_acked_record() {
 /// its last acknowledged commit, and not past the last one it sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_during_commits_keeps_every_acked_position() {
-    use felix_proto::{CommitOffset, Frame, RequestId, ShardId};
+    use felix_proto::Frame;
     const GROUPS: usize = 40;
     const OFFSET_MAX: u64 = 590;
-    let seed: u64 =
-        std::env::var("FELIX_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
-            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
-                as u64
-        });
-    println!("kill -9 commit test seed {seed} (rerun with FELIX_TEST_SEED={seed})");
+    let seed = e2e_support::test_seed("kill -9 commit test");
     let mut rng = seed;
     let segment = ["--segment-bytes", "4198400"];
     for trial in 0..2 {
@@ -148,13 +138,7 @@ async fn kill_9_during_commits_keeps_every_acked_position() {
             let (positions, group) = (positions.clone(), group(g));
             tasks.push(tokio::spawn(async move {
                 for offset in 1..=OFFSET_MAX {
-                    let commit = Frame::CommitOffset(CommitOffset {
-                        request_id: RequestId(offset),
-                        stream: "acme/app/pos".into(),
-                        group: group.clone(),
-                        shard: ShardId(0),
-                        offset: felix_proto::Offset(offset),
-                    });
+                    let commit = e2e_support::commit_frame("acme/app/pos", &group, offset, offset);
                     positions.lock().unwrap()[g].1 = offset;
                     if send.write_all(&commit.to_bytes()).await.is_err() {
                         return;

@@ -191,7 +191,7 @@ async fn consumer_group_positions_are_capped_per_core_and_kept_ones_still_move()
 /// Commits of new positions in flight at once do not pass the cap between them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_commits_of_new_positions_do_not_pass_the_cap() {
-    use felix_proto::{CommitOffset, ErrorCode, Frame, RequestId};
+    use felix_proto::{ErrorCode, Frame};
     let dir = tempfile::tempdir().unwrap();
     let broker = TestBroker::start(dir.path(), 1, &["--max-group-positions-per-core", "3"]);
     let client = broker.client().await;
@@ -203,13 +203,7 @@ async fn concurrent_commits_of_new_positions_do_not_pass_the_cap() {
     }
     // Eight new groups at once, each on a stream of its own.
     for (i, (send, _)) in streams.iter_mut().enumerate() {
-        let commit = Frame::CommitOffset(CommitOffset {
-            request_id: RequestId(1),
-            stream: "acme/app/race".into(),
-            group: format!("g{i}"),
-            shard: ShardId(0),
-            offset: Offset(0),
-        });
+        let commit = e2e_support::commit_frame("acme/app/race", &format!("g{i}"), 1, 0);
         send.write_all(&commit.to_bytes()).await.unwrap();
     }
     let (mut ok, mut refused) = (0, 0);
@@ -229,7 +223,7 @@ async fn concurrent_commits_of_new_positions_do_not_pass_the_cap() {
 /// from its last commit after a restart.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_offsets_log_is_compacted_and_the_newest_positions_survive_a_restart() {
-    use felix_proto::{CommitOffset, Frame, RequestId};
+    use felix_proto::{Frame, RequestId};
     const GROUPS: usize = 60;
     const ROUNDS: u64 = 400;
     let segment = ["--segment-bytes", "4198400"];
@@ -248,13 +242,7 @@ async fn the_offsets_log_is_compacted_and_the_newest_positions_survive_a_restart
         let group = group(i);
         tasks.spawn(async move {
             for r in 1..=ROUNDS {
-                let commit = Frame::CommitOffset(CommitOffset {
-                    request_id: RequestId(r),
-                    stream: "acme/app/pos".into(),
-                    group: group.clone(),
-                    shard: ShardId(0),
-                    offset: Offset(r),
-                });
+                let commit = e2e_support::commit_frame("acme/app/pos", &group, r, r);
                 send.write_all(&commit.to_bytes()).await.unwrap();
                 match &e2e_support::read_frames(&mut recv, 1).await[..] {
                     [Frame::CommitOk(id)] => assert_eq!(*id, RequestId(r)),

@@ -151,6 +151,28 @@ pub async fn raw_session(
     (conn, send, recv)
 }
 
+/// A CommitOffset of `group` on shard 0 of `stream` at `offset`, correlated by `request`.
+pub fn commit_frame(stream: &str, group: &str, request: u64, offset: u64) -> felix_proto::Frame {
+    felix_proto::Frame::CommitOffset(felix_proto::CommitOffset {
+        request_id: felix_proto::RequestId(request),
+        stream: stream.into(),
+        group: group.into(),
+        shard: felix_proto::ShardId(0),
+        offset: felix_proto::Offset(offset),
+    })
+}
+
+/// A randomised test's seed: `FELIX_TEST_SEED`, else the clock; printed with how to rerun.
+pub fn test_seed(what: &str) -> u64 {
+    let seed =
+        std::env::var("FELIX_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+                as u64
+        });
+    println!("{what} seed {seed} (rerun with FELIX_TEST_SEED={seed})");
+    seed
+}
+
 /// Reads frames from `recv` until `n` arrived or the stream ended.
 pub async fn read_frames(recv: &mut quinn::RecvStream, n: usize) -> Vec<felix_proto::Frame> {
     let mut decoder = felix_proto::FrameDecoder::new(

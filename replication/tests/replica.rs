@@ -26,6 +26,8 @@ struct Harness {
     cut: Vec<bool>,
     /// Whether proposals to the controller are lost.
     drop_proposals: bool,
+    /// Whether the controller applies proposals without telling anyone (its answers lost).
+    silent_proposals: bool,
     messages: VecDeque<(NodeId, NodeId, Message)>,
     answers: Vec<Output>,
 }
@@ -50,6 +52,7 @@ impl Harness {
             auto_disk: vec![true; n as usize],
             cut: vec![false; n as usize],
             drop_proposals: false,
+            silent_proposals: false,
             messages: VecDeque::new(),
             answers: Vec::new(),
         };
@@ -155,7 +158,11 @@ impl Harness {
             }
             Output::Disk(op) => self.disk[i].push(op_id(&op)),
             Output::Propose(proposal) => {
-                if !self.cut[i] && !self.drop_proposals && self.group.apply_isr(&proposal).is_ok() {
+                if !self.cut[i]
+                    && !self.drop_proposals
+                    && self.group.apply_isr(&proposal).is_ok()
+                    && !self.silent_proposals
+                {
                     self.publish_group();
                 }
             }
@@ -371,6 +378,38 @@ fn a_follower_only_names_another_node_as_leader() {
     h.nodes[0].handle_controller(h.now, h.group.clone());
     h.append(0, 2, None, AckMode::Durable);
     assert_eq!(h.rejected(2), Some(AppendError::NotLeader { leader: None }));
+}
+
+/// Found by the simulator (seed 7084181): a leader whose expansion the controller applied
+/// without the answer reaching it, and whose lease changed and came back (it stepped down and
+/// led the same epoch again), committed on the old in-sync set alone, while the controller's
+/// set held a follower without the batch: that follower could be elected and lose it.
+#[test]
+fn a_proposal_stays_pending_across_a_leadership_of_the_same_epoch() {
+    let mut h = Harness::new(3);
+    h.cut[1] = true;
+    h.cut[2] = true;
+    h.advance(ReplicaConfig::default().isr_lag_max_ms + 100);
+    assert_eq!(h.group.isr.len(), 1, "shrunk to the leader");
+    // Node 1 comes back and catches up; the controller applies the expansion, silently.
+    h.cut[1] = false;
+    h.silent_proposals = true;
+    h.nodes[1].handle_controller(h.now, h.group.clone());
+    h.advance(600);
+    assert!(h.group.isr.contains(&NodeId(1)), "the controller applied the expansion");
+    assert!(!h.nodes[0].group().unwrap().isr.contains(&NodeId(1)), "the leader was not told");
+    // The leader's lease changes and comes back: it steps down, then leads epoch 1 again.
+    let epoch = h.group.epoch;
+    h.nodes[0].handle_lease(h.now, LeaseId(50), h.now.plus_ms(LEASE_MS));
+    assert_eq!(h.nodes[0].role(), RoleView::Idle);
+    h.nodes[0].handle_lease(h.now, LeaseId(1), h.now.plus_ms(LEASE_MS));
+    assert_eq!(h.nodes[0].role(), RoleView::Leader { epoch });
+    // Node 1, in the controller's in-sync set, gets nothing more.
+    h.cut[1] = true;
+    h.append(0, 1, None, AckMode::Written);
+    assert_eq!(h.acked(1), Some((Offset(0), 2)), "written locally");
+    assert_eq!(h.nodes[0].durable_end(), Offset(2));
+    assert_eq!(h.nodes[0].committed(), Offset(0), "committed without node 1, in sync");
 }
 
 #[test]

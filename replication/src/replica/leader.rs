@@ -16,9 +16,6 @@ pub(super) struct LeaderState {
     /// The log end when it became leader: every batch committed before this epoch lies below.
     epoch_start: Offset,
     followers: BTreeMap<NodeId, Progress>,
-    /// The in-sync-set change sent to the controller and not yet answered, with when it was
-    /// last sent. While it is pending, commits need both the old and the proposed set.
-    proposal: Option<(IsrProposal, Time)>,
     pub(super) waiters: Vec<Waiter>,
 }
 
@@ -95,13 +92,8 @@ impl Replica {
             .filter(|&&n| n != self.id)
             .map(|&n| (n, Progress::new(now, end)))
             .collect();
-        let state = LeaderState {
-            epoch: group.epoch,
-            epoch_start: end,
-            followers,
-            proposal: None,
-            waiters: Vec::new(),
-        };
+        let state =
+            LeaderState { epoch: group.epoch, epoch_start: end, followers, waiters: Vec::new() };
         self.step_down(Role::Leader(state));
         self.committed = self.committed.min(end);
         self.stats.leaderships += 1;
@@ -109,11 +101,6 @@ impl Replica {
 
     /// The group record changed while this replica still leads the same epoch.
     pub(super) fn leader_group_changed(&mut self, now: Time) {
-        let version = self.group.as_ref().map_or(0, |g| g.version);
-        let Role::Leader(state) = &mut self.role else { return };
-        if state.proposal.as_ref().is_some_and(|(p, _)| p.expected_version < version) {
-            state.proposal = None;
-        }
         self.advance_commit(now);
         self.process_waiters(now);
     }
@@ -256,9 +243,10 @@ impl Replica {
 
     /// The in-sync replicas a commit needs now: the confirmed set, plus the proposed one while a
     /// proposal is pending (a shrink takes effect only once confirmed, an expansion at once).
+    /// A pending proposal counts whichever leadership of this replica sent it.
     pub(super) fn quorum(&self) -> BTreeSet<NodeId> {
         let mut quorum = self.group.as_ref().map(|g| g.isr.clone()).unwrap_or_default();
-        if let Role::Leader(LeaderState { proposal: Some((p, _)), .. }) = &self.role {
+        if let Some((p, _)) = &self.proposal {
             quorum.extend(p.isr.iter().copied());
         }
         quorum.insert(self.id);
@@ -368,8 +356,8 @@ impl Replica {
     /// Sends an in-sync-set proposal unless one is pending.
     fn propose(&mut self, now: Time, isr: BTreeSet<NodeId>) {
         let Some(group) = &self.group else { return };
-        let Role::Leader(state) = &mut self.role else { return };
-        if state.proposal.is_some() {
+        let Role::Leader(state) = &self.role else { return };
+        if self.proposal.is_some() {
             return;
         }
         let proposal = IsrProposal {
@@ -378,16 +366,14 @@ impl Replica {
             epoch: state.epoch,
             isr,
         };
-        state.proposal = Some((proposal.clone(), now));
+        self.proposal = Some((proposal.clone(), now));
         self.stats.isr_proposals += 1;
         self.outbox.push_back(Output::Propose(proposal));
     }
 
     fn retry_proposal(&mut self, now: Time) {
         let retry_ms = self.config.propose_retry_ms;
-        let Role::Leader(LeaderState { proposal: Some((p, sent)), .. }) = &mut self.role else {
-            return;
-        };
+        let Some((p, sent)) = &mut self.proposal else { return };
         if now.since_ms(*sent) >= retry_ms {
             *sent = now;
             let again = p.clone();

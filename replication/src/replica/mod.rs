@@ -9,6 +9,7 @@ use bytes::Bytes;
 
 use crate::config::{InjectedBugs, ReplicaConfig, BATCH_PAYLOAD_BYTES_MAX, BATCH_RECORDS_MAX};
 use crate::controller::GroupState;
+use crate::controller::IsrProposal;
 use crate::disk::{DiskOpId, DiskTracker};
 use crate::error::AppendError;
 use crate::log::ReplicaLog;
@@ -101,6 +102,13 @@ pub struct Replica {
     lease_valid_until: Time,
     committed: Offset,
     role: Role,
+    /// The in-sync-set change last sent to the controller and not yet known to be applied or
+    /// refused (no group record newer than the version it expects has arrived), with when it
+    /// was last sent. While it is pending, a leader's commits need both the old and the
+    /// proposed set. It outlives the leadership that sent it: the controller may have applied
+    /// it, and a replica that steps down and leads the same epoch again (its lease changed
+    /// and came back) must not commit on the old set alone.
+    proposal: Option<(IsrProposal, Time)>,
     outbox: VecDeque<Output>,
     stats: ReplicaStats,
 }
@@ -121,6 +129,7 @@ impl Replica {
             lease_valid_until: Time(0),
             committed: Offset(0),
             role: Role::Idle,
+            proposal: None,
             outbox: VecDeque::new(),
             stats: ReplicaStats::default(),
         }
@@ -141,6 +150,10 @@ impl Replica {
     pub fn handle_controller(&mut self, now: Time, group: GroupState) {
         if self.group.as_ref().is_some_and(|g| g.version >= group.version) {
             return;
+        }
+        // A newer record than the proposal expected: it was applied or can no longer be.
+        if self.proposal.as_ref().is_some_and(|(p, _)| p.expected_version < group.version) {
+            self.proposal = None;
         }
         self.group = Some(group);
         self.follow_group(now);

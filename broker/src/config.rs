@@ -245,9 +245,10 @@ pub struct ServeArgs {
     /// 0: a majority of its replicas.
     #[arg(long, env = "FELIX_MIN_INSYNC", default_value_t = 0)]
     pub min_insync: usize,
-    /// Certificates (PEM) the other brokers' certificates are verified against when this
-    /// broker connects to them for replication. Default: this broker's own certificate
-    /// (--cert, or the development certificate), i.e. brokers sharing one certificate.
+    /// Certificates (PEM) the other brokers' certificates are verified against for
+    /// replication, both when this broker connects to them and when they connect to it with
+    /// their certificate as a TLS client certificate (mutual TLS). Default: this broker's own
+    /// certificate (--cert, or the development certificate), i.e. brokers sharing one.
     #[arg(long, env = "FELIX_PEER_CA")]
     pub peer_ca: Option<PathBuf>,
     /// The name the other brokers' certificates must carry.

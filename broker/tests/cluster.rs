@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cluster_support::{cluster_client, status, Hosts, Node, TTL_S};
-use e2e_support::{raw_connection, read_frames, WAIT};
+use e2e_support::{raw_connection, read_frames, try_raw_connection, WAIT};
 use felix_cluster::testing::Etcd;
 use felix_proto::{
     AckMode, AckRequest, Capabilities, CreateStream, ErrorCode, Frame, Hello, Metadata, Publish,
@@ -390,6 +390,67 @@ async fn a_definition_too_wide_for_this_broker_is_refused_not_kept() {
     narrow.spawn();
     let mut narrow_raw = Raw::open(&narrow, cluster_caps()).await;
     assert_eq!(narrow_raw.ask(ask).await.request_id(), Some(RequestId(7)), "b2 answers again");
+    drop(etcd);
+}
+
+/// Hello with `caps` on a fresh stream of `conn`: the first answer, or the connection's end.
+async fn hello_answer(conn: &quinn::Connection, caps: Capabilities) -> Result<Frame, String> {
+    let (mut send, mut recv) = conn.open_bi().await.map_err(|e| e.to_string())?;
+    let hello = Hello { version: PROTOCOL_VERSION, capabilities: caps, token: None };
+    send.write_all(&Frame::Hello(hello).to_bytes()).await.map_err(|e| e.to_string())?;
+    read_frames(&mut recv, 1).await.pop().ok_or_else(|| {
+        format!("no answer: {}", conn.close_reason().map_or("open".into(), |r| r.to_string()))
+    })
+}
+
+/// Only another broker speaks REPLICATION: a connection must present a client certificate
+/// that `--peer-ca` (here the broker's own development certificate) verifies. Without one,
+/// Hello with REPLICATION is refused (Unauthenticated); with another certificate the
+/// handshake fails; with the broker's own, HelloOk carries REPLICATION.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_needs_a_peer_certificate() {
+    let hosts = std::rc::Rc::new(Hosts::new(1));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let root = tempfile::tempdir().unwrap();
+    let node = Node::start(&hosts, 0, "b1", root.path(), &etcd.client_url);
+    // Up, as a client sees it (and its certificate written).
+    drop(Raw::open(&node, cluster_caps()).await);
+    let peer_caps = Capabilities(Capabilities::ALL.0 | Capabilities::REPLICATION.0);
+
+    let plain = raw_connection(node.addr, &node.dir).await;
+    match hello_answer(&plain, peer_caps).await {
+        Ok(Frame::Error(e)) => {
+            assert_eq!(e.code, ErrorCode::Unauthenticated, "{e:?}");
+            assert!(e.message.contains("client certificate"), "{e:?}");
+        }
+        other => panic!("REPLICATION without a certificate answered {other:?}"),
+    }
+    // The same connection is still a client's.
+    match hello_answer(&plain, cluster_caps()).await {
+        Ok(Frame::HelloOk(ok)) => assert!(!ok.capabilities.contains(Capabilities::REPLICATION)),
+        other => panic!("a client's Hello answered {other:?}"),
+    }
+
+    // Another self-signed certificate: not the cluster's.
+    let stranger = root.path().join("stranger");
+    let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    std::fs::create_dir_all(&stranger).unwrap();
+    let (cert, key) = (stranger.join("cert.pem"), stranger.join("key.pem"));
+    std::fs::write(&cert, generated.cert.pem()).unwrap();
+    std::fs::write(&key, generated.key_pair.serialize_pem()).unwrap();
+    // TLS 1.3: the client may count its handshake done before the broker refuses its
+    // certificate; then the connection closes before any answer.
+    if let Ok(conn) = try_raw_connection(node.addr, &node.dir, Some((&cert, &key))).await {
+        let answer = hello_answer(&conn, peer_caps).await;
+        assert!(answer.is_err(), "a stranger's certificate got {answer:?}");
+    }
+
+    let own = (node.dir.join("dev-cert.pem"), node.dir.join("dev-key.pem"));
+    let peer = try_raw_connection(node.addr, &node.dir, Some((&own.0, &own.1))).await.unwrap();
+    match hello_answer(&peer, peer_caps).await {
+        Ok(Frame::HelloOk(ok)) => assert!(ok.capabilities.contains(Capabilities::REPLICATION)),
+        other => panic!("a peer's Hello answered {other:?}"),
+    }
     drop(etcd);
 }
 

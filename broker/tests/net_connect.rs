@@ -26,7 +26,7 @@ async fn connect_and_echo(
     b_dir: &std::path::Path,
     b: std::net::SocketAddr,
 ) -> Result<u16, String> {
-    let config = quic_client_config(&b_dir.join(DEV_CERT_FILE)).map_err(|e| e.to_string())?;
+    let config = quic_client_config(&b_dir.join(DEV_CERT_FILE), None).map_err(|e| e.to_string())?;
     let conn = ctx.connect(config, b, "localhost", ctx.core()).map_err(|e| e.to_string())?;
     if conn.core() != ctx.core() {
         return Err(format!("the connection lives on {} of A", conn.core()));

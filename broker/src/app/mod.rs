@@ -270,11 +270,8 @@ fn core_settings(
         cluster: agent.as_ref().map(felix_cluster::AgentHandle::client),
         default_replicas: args.default_replicas,
         replication: agent.as_ref().map(|_| replication::ReplicationSettings {
-            peer_ca: args
-                .peer_ca
-                .clone()
-                .or_else(|| args.cert.clone())
-                .unwrap_or_else(|| args.data_dir.join(crate::net::tls::DEV_CERT_FILE)),
+            peer_ca: peer_ca(args),
+            identity: tls_source(args),
             server_name: args.peer_server_name.clone(),
             min_insync: args.min_insync,
         }),
@@ -321,13 +318,30 @@ fn storage_config(args: &ServeArgs, settings: &Settings) -> Result<StorageConfig
     Ok(storage)
 }
 
-/// The QUIC endpoint's configuration: certificate, CPUs, steering and limits.
-fn net_config(args: &ServeArgs) -> NetConfig {
-    let tls = match (&args.cert, &args.key) {
+/// The broker's certificate and key: `--cert`/`--key`, else the development certificate.
+fn tls_source(args: &ServeArgs) -> TlsSource {
+    match (&args.cert, &args.key) {
         (Some(cert), Some(key)) => TlsSource::Pem { cert: cert.clone(), key: key.clone() },
         _ => TlsSource::Dev { data_dir: args.data_dir.clone() },
-    };
-    let mut net = NetConfig::new(args.listen, args.cores, tls);
+    }
+}
+
+/// The certificates the other brokers of a cluster are verified against: `--peer-ca`, else
+/// this broker's own certificate.
+fn peer_ca(args: &ServeArgs) -> std::path::PathBuf {
+    args.peer_ca
+        .clone()
+        .or_else(|| args.cert.clone())
+        .unwrap_or_else(|| args.data_dir.join(crate::net::tls::DEV_CERT_FILE))
+}
+
+/// The QUIC endpoint's configuration: certificate, CPUs, steering and limits; in a cluster,
+/// the roots the other brokers' client certificates are verified against.
+fn net_config(args: &ServeArgs) -> NetConfig {
+    let mut net = NetConfig::new(args.listen, args.cores, tls_source(args));
+    if !args.cluster_etcd.is_empty() {
+        net.peer_client_roots = Some(peer_ca(args));
+    }
     net.cpus = if args.no_pin {
         Vec::new()
     } else if args.cpus.0.is_empty() {

@@ -333,6 +333,16 @@ impl Session {
             );
             return ready(error_frame(RequestId(0), e));
         }
+        // Only another broker: its connection presented a client certificate, which the
+        // handshake verified against `--peer-ca` (mutual TLS, `crate::net::tls`).
+        if !self.conn.peer_certified() {
+            stats::add(&app.stats.counters.rejected_frames, 1);
+            let e = WireError::new(
+                ErrorCode::Unauthenticated,
+                "REPLICATION needs a client certificate that --peer-ca verifies; this connection presented none",
+            );
+            return ready(error_frame(RequestId(0), e));
+        }
         self.hello.set(true);
         self.peer.set(true);
         ready(Some(Frame::HelloOk(HelloOk {

@@ -94,6 +94,10 @@ pub struct NetConfig {
     pub handshakes_per_sec_per_core: u32,
     /// Certificate source.
     pub tls: TlsSource,
+    /// In a cluster: the certificates (PEM) a connecting broker's client certificate is
+    /// verified against (`--peer-ca`). Connections may then present one (optional: clients do
+    /// not); `None` asks for none.
+    pub peer_client_roots: Option<PathBuf>,
 }
 
 impl NetConfig {
@@ -112,6 +116,7 @@ impl NetConfig {
             peer_uni_streams: false,
             handshakes_per_sec_per_core: DEFAULT_HANDSHAKES_PER_SEC_PER_CORE,
             tls,
+            peer_client_roots: None,
         }
     }
 

@@ -284,6 +284,13 @@ impl Connection {
         self.inner.with(|cs| cs.conn.rtt()).unwrap_or_default()
     }
 
+    /// Whether the peer presented a client certificate in the handshake. The server verifies
+    /// any it presents against `NetConfig::peer_client_roots` and refuses the handshake when
+    /// that fails, so a connection that has one has a verified one (a cluster's broker).
+    pub fn peer_certified(&self) -> bool {
+        self.inner.with(|cs| cs.conn.crypto_session().peer_identity().is_some()).unwrap_or(false)
+    }
+
     /// quinn-proto's statistics for this connection (packets, bytes, path).
     pub fn stats(&self) -> Option<quinn_proto::ConnectionStats> {
         self.inner.with(|cs| cs.conn.stats())

@@ -221,7 +221,10 @@ pub(crate) fn quic_server_config(
     config: &NetConfig,
     identity: &ServerIdentity,
 ) -> Result<quinn_proto::ServerConfig, StartError> {
-    let mut server = identity.quic_server_config()?;
+    if let Some(roots) = &config.peer_client_roots {
+        super::tls::check_peer_identity(identity, roots)?;
+    }
+    let mut server = identity.quic_server_config(config.peer_client_roots.as_deref())?;
     let mut transport = TransportConfig::default();
     let idle =
         IdleTimeout::try_from(config.idle_timeout).map_err(|e| StartError::Quic(e.to_string()))?;

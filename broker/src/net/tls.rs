@@ -2,6 +2,12 @@
 //!
 //! The certificate comes from PEM files, or, for development, from a self-signed certificate
 //! generated once into the data directory and reused on later starts.
+//!
+//! In a cluster the brokers authenticate each other with it too (mutual TLS): a broker asks
+//! every connecting peer for a client certificate, verified against the cluster's `--peer-ca`
+//! but optional (clients present none), and presents its own certificate when it connects to
+//! another broker. A connection without a verified client certificate cannot speak
+//! `REPLICATION` (`crate::app::session`).
 
 use std::fs;
 use std::io::Write;
@@ -63,13 +69,23 @@ impl ServerIdentity {
         Ok(Self { certs, key, fingerprint, generated })
     }
 
-    /// The quinn-proto server configuration (TLS 1.3 only, ALPN `felix/1`).
-    pub fn quic_server_config(&self) -> Result<quinn_proto::ServerConfig, TlsError> {
+    /// The quinn-proto server configuration (TLS 1.3 only, ALPN `felix/1`). With
+    /// `peer_roots`, a connecting peer is asked for a client certificate, verified against
+    /// those roots; one that presents none still connects (every client), and one whose
+    /// certificate fails verification is refused in the handshake.
+    pub fn quic_server_config(
+        &self,
+        peer_roots: Option<&Path>,
+    ) -> Result<quinn_proto::ServerConfig, TlsError> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut tls = rustls::ServerConfig::builder_with_provider(provider)
+        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
             .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(TlsError::Rustls)?
-            .with_no_client_auth()
+            .map_err(TlsError::Rustls)?;
+        let builder = match peer_roots {
+            None => builder.with_no_client_auth(),
+            Some(roots) => builder.with_client_cert_verifier(peer_verifier(roots, provider)?),
+        };
+        let mut tls = builder
             .with_single_cert(self.certs.clone(), self.key.clone_key())
             .map_err(TlsError::Rustls)?;
         tls.alpn_protocols = vec![ALPN.to_vec()];
@@ -82,8 +98,65 @@ impl ServerIdentity {
 
 /// A quinn-proto client configuration for connections from this broker to other brokers
 /// (TLS 1.3 only, ALPN `felix/1`), trusting the certificates in `roots` (PEM, e.g. the
-/// cluster's CA, or a peer's development certificate).
-pub fn quic_client_config(roots: &Path) -> Result<quinn_proto::ClientConfig, TlsError> {
+/// cluster's CA, or a peer's development certificate). With `identity`, the connection
+/// presents it as its client certificate (what a peer needs to speak `REPLICATION`).
+pub fn quic_client_config(
+    roots: &Path,
+    identity: Option<&ServerIdentity>,
+) -> Result<quinn_proto::ClientConfig, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(TlsError::Rustls)?
+        .with_root_certificates(root_store(roots)?);
+    let mut tls = match identity {
+        None => builder.with_no_client_auth(),
+        Some(id) => builder
+            .with_client_auth_cert(id.certs.clone(), id.key.clone_key())
+            .map_err(TlsError::Rustls)?,
+    };
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let crypto = quinn_proto::crypto::rustls::QuicClientConfig::try_from(tls)
+        .map_err(|e| TlsError::Quic(e.to_string()))?;
+    Ok(quinn_proto::ClientConfig::new(Arc::new(crypto)))
+}
+
+/// Checks at start that the other brokers of a cluster will accept `identity` as a peer:
+/// its chain verifies, for client authentication, against the roots in `roots` (the same
+/// `--peer-ca` every broker verifies its peers with). A certificate issued for servers only
+/// (an extended key usage without `clientAuth`) fails here, with the reason, rather than in
+/// every replication handshake.
+pub fn check_peer_identity(identity: &ServerIdentity, roots: &Path) -> Result<(), TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = peer_verifier(roots, provider)?;
+    let (leaf, intermediates) = identity
+        .certs
+        .split_first()
+        .ok_or_else(|| TlsError::PeerIdentity("no certificate".into()))?;
+    let now = rustls::pki_types::UnixTime::now();
+    verifier
+        .verify_client_cert(leaf, intermediates, now)
+        .map(|_| ())
+        .map_err(|e| TlsError::PeerIdentity(format!("{e} (verified against {})", roots.display())))
+}
+
+/// Verifies the client certificates of connecting brokers against `roots`; a connection with
+/// none is let through (a client), and the session decides what it may do.
+fn peer_verifier(
+    roots: &Path,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, TlsError> {
+    rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(root_store(roots)?),
+        provider,
+    )
+    .allow_unauthenticated()
+    .build()
+    .map_err(|e| TlsError::PeerIdentity(e.to_string()))
+}
+
+/// The certificates of a PEM file as trust roots (at least one).
+fn root_store(roots: &Path) -> Result<rustls::RootCertStore, TlsError> {
     let certs = CertificateDer::pem_file_iter(roots)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
         .map_err(|e| TlsError::Pem(roots.to_owned(), e.to_string()))?;
@@ -94,16 +167,7 @@ pub fn quic_client_config(roots: &Path) -> Result<quinn_proto::ClientConfig, Tls
     if store.is_empty() {
         return Err(TlsError::Pem(roots.to_owned(), "no certificate".into()));
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(TlsError::Rustls)?
-        .with_root_certificates(store)
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![ALPN.to_vec()];
-    let crypto = quinn_proto::crypto::rustls::QuicClientConfig::try_from(tls)
-        .map_err(|e| TlsError::Quic(e.to_string()))?;
-    Ok(quinn_proto::ClientConfig::new(Arc::new(crypto)))
+    Ok(store)
 }
 
 /// SHA-256 of a DER certificate, upper-case hex bytes joined by colons.
@@ -156,6 +220,10 @@ pub enum TlsError {
     /// The rustls configuration is not usable for QUIC.
     #[error("QUIC TLS config: {0}")]
     Quic(String),
+    /// This broker's certificate would not be accepted by its peers (mutual TLS), or the
+    /// peers' roots cannot make a verifier.
+    #[error("the certificate as a replication peer's: {0}")]
+    PeerIdentity(String),
 }
 
 #[cfg(test)]
@@ -176,7 +244,38 @@ mod tests {
         let mode = fs::metadata(dir.join(DEV_KEY_FILE)).unwrap().permissions();
         use std::os::unix::fs::PermissionsExt;
         assert_eq!(mode.mode() & 0o777, 0o600);
-        second.quic_server_config().unwrap();
+        second.quic_server_config(None).unwrap();
         fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_peer_identity_is_checked_against_the_peer_roots() {
+        let root = tempfile::tempdir().unwrap();
+        let (a, b) = (root.path().join("a"), root.path().join("b"));
+        let ours = ServerIdentity::load(&TlsSource::Dev { data_dir: a.clone() }).unwrap();
+        let other = ServerIdentity::load(&TlsSource::Dev { data_dir: b.clone() }).unwrap();
+        // The development certificate as its own root: accepted (a cluster sharing one).
+        check_peer_identity(&ours, &a.join(DEV_CERT_FILE)).unwrap();
+        ours.quic_server_config(Some(&a.join(DEV_CERT_FILE))).unwrap();
+        quic_client_config(&a.join(DEV_CERT_FILE), Some(&ours)).unwrap();
+        // Another broker's certificate as the root: refused, with the roots named.
+        let e = check_peer_identity(&other, &a.join(DEV_CERT_FILE)).unwrap_err().to_string();
+        assert!(e.contains("replication peer") && e.contains(DEV_CERT_FILE), "{e}");
+    }
+
+    #[test]
+    fn a_server_only_certificate_is_refused_as_a_peer() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".to_string()]).unwrap();
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let (cert_path, key_path) = (dir.path().join("c.pem"), dir.path().join("k.pem"));
+        fs::write(&cert_path, cert.pem()).unwrap();
+        fs::write(&key_path, key.serialize_pem()).unwrap();
+        let source = TlsSource::Pem { cert: cert_path.clone(), key: key_path };
+        let identity = ServerIdentity::load(&source).unwrap();
+        let e = check_peer_identity(&identity, &cert_path).unwrap_err().to_string();
+        assert!(e.contains("replication peer"), "{e}");
     }
 }

@@ -109,17 +109,37 @@ impl Drop for TestBroker {
 
 /// A raw QUIC connection (quinn) to the broker, for hand-made bytes.
 pub async fn raw_connection(addr: std::net::SocketAddr, dir: &Path) -> quinn::Connection {
+    try_raw_connection(addr, dir, None).await.expect("handshake")
+}
+
+/// [`raw_connection`] presenting, with `identity`, the certificate and key (PEM) as its client
+/// certificate, as a broker of a cluster does; the handshake's error otherwise.
+pub async fn try_raw_connection(
+    addr: std::net::SocketAddr,
+    dir: &Path,
+    identity: Option<(&Path, &Path)>,
+) -> Result<quinn::Connection, quinn::ConnectionError> {
+    use rustls::pki_types::pem::PemObject;
     let certs = felix_client::tls::read_ca_file(&dir.join("dev-cert.pem")).expect("dev cert");
     let mut roots = rustls::RootCertStore::empty();
     for c in certs {
         roots.add(c).expect("root");
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("tls13")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let mut tls = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let chain = rustls::pki_types::CertificateDer::pem_file_iter(cert)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .expect("client certificate");
+            let key = rustls::pki_types::PrivateKeyDer::from_pem_file(key).expect("client key");
+            builder.with_client_auth_cert(chain, key).expect("client auth")
+        }
+    };
     tls.alpn_protocols = vec![felix_proto::ALPN.to_vec()];
     let quic = quinn::crypto::rustls::QuicClientConfig::try_from(tls).expect("quic tls");
     let mut endpoint = quinn::Endpoint::client(
@@ -130,7 +150,6 @@ pub async fn raw_connection(addr: std::net::SocketAddr, dir: &Path) -> quinn::Co
     tokio::time::timeout(WAIT, endpoint.connect(addr, "localhost").expect("connect"))
         .await
         .expect("handshake timed out")
-        .expect("handshake")
 }
 
 /// A raw connection whose first stream said Hello (every capability) and got HelloOk: the

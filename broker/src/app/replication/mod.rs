@@ -56,6 +56,9 @@ pub const RECOVERY_READ_BYTES: usize = 1 << 20;
 pub struct ReplicationSettings {
     /// The certificates (PEM) other brokers' certificates are verified against.
     pub peer_ca: std::path::PathBuf,
+    /// This broker's certificate and key: presented as its client certificate when it
+    /// connects to another broker (mutual TLS; `crate::net::tls`).
+    pub identity: crate::net::TlsSource,
     /// The name their certificates must carry.
     pub server_name: String,
     /// In-sync replicas a durable append needs (0: a majority of the replicas).
@@ -95,7 +98,8 @@ impl Host {
         link: Rc<ClusterLink>,
         stats: Arc<AppStats>,
     ) -> Result<Rc<Host>, crate::net::tls::TlsError> {
-        let mut tls = crate::net::tls::quic_client_config(&settings.peer_ca)?;
+        let identity = crate::net::tls::ServerIdentity::load(&settings.identity)?;
+        let mut tls = crate::net::tls::quic_client_config(&settings.peer_ca, Some(&identity))?;
         tls.transport_config(Arc::new(peer::transport()));
         Ok(Rc::new(Host {
             me: agent.node().clone(),

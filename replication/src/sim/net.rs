@@ -52,7 +52,8 @@ pub enum Packet {
 /// Something that happens at a time.
 #[derive(Debug)]
 pub enum Event {
-    /// A packet arrives (`incarnation`: the destination process it was sent to).
+    /// A packet arrives (`incarnation`: the destination process it was sent to; for a packet
+    /// to etcd, the process that sent it, which etcd answers).
     Deliver { from: Addr, to: Addr, incarnation: u32, packet: Packet },
     /// A node's oldest disk operation completes.
     DiskDone { node: usize, incarnation: u32 },

@@ -244,7 +244,7 @@ impl World {
         }
         match to {
             Addr::Etcd => {
-                self.etcd_receive(from, packet);
+                self.etcd_receive(from, incarnation, packet);
                 Ok(())
             }
             Addr::Producer(p) => {
@@ -430,24 +430,39 @@ impl World {
         self.drain(n)
     }
 
-    fn etcd_receive(&mut self, from: Addr, packet: Packet) {
+    /// A request from the process `incarnation` of node `from`. It is served even if that
+    /// process has died since (it was on its way), but the answer goes to that process only:
+    /// a restarted broker opens a new connection and never reads its predecessor's answers
+    /// (without this, a restarted node adopted the lease its predecessor had just kept alive
+    /// and led its old epoch again with a log that had lost its unsynced batches; seed
+    /// 20,338,996).
+    fn etcd_receive(&mut self, from: Addr, incarnation: u32, packet: Packet) {
         let Addr::Node(node) = from else { return };
         match packet {
             Packet::KeepAlive { lease, sent_at } => {
                 let lease = self.etcd.keep_alive(self.now, node, lease);
-                self.send(Addr::Etcd, from, Packet::Lease { lease, sent_at });
+                self.reply(from, incarnation, Packet::Lease { lease, sent_at });
             }
             Packet::Propose(proposal) => {
                 if self.etcd.propose(&proposal) {
                     self.broadcast_group();
                 } else {
-                    self.send(Addr::Etcd, from, Packet::Group(self.etcd.group.clone()));
+                    self.reply(from, incarnation, Packet::Group(self.etcd.group.clone()));
                 }
             }
             Packet::ReadGroup => {
-                self.send(Addr::Etcd, from, Packet::Group(self.etcd.group.clone()))
+                self.reply(from, incarnation, Packet::Group(self.etcd.group.clone()))
             }
             _ => {}
+        }
+    }
+
+    /// Etcd's answer to process `incarnation` of `to`.
+    fn reply(&mut self, to: Addr, incarnation: u32, packet: Packet) {
+        for delay_ms in self.faults.delays(&mut self.rng) {
+            let event =
+                Event::Deliver { from: Addr::Etcd, to, incarnation, packet: packet.clone() };
+            self.schedule(self.now.plus_ms(delay_ms), event);
         }
     }
 
@@ -601,8 +616,12 @@ impl World {
 
     /// Sends `packet`, subject to drops, duplication, delay and partitions.
     fn send(&mut self, from: Addr, to: Addr, packet: Packet) {
-        let incarnation = match to {
-            Addr::Node(id) => self.nodes[id.0 as usize].incarnation,
+        // To a node: the process that runs there now. To etcd: the process that sent it
+        // (its answers go to that process only).
+        let incarnation = match (to, from) {
+            (Addr::Node(id), _) | (Addr::Etcd, Addr::Node(id)) => {
+                self.nodes[id.0 as usize].incarnation
+            }
             _ => 0,
         };
         for delay_ms in self.faults.delays(&mut self.rng) {

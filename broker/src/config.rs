@@ -251,7 +251,8 @@ pub struct ServeArgs {
     /// certificate (--cert, or the development certificate), i.e. brokers sharing one.
     #[arg(long, env = "FELIX_PEER_CA")]
     pub peer_ca: Option<PathBuf>,
-    /// The name the other brokers' certificates must carry.
+    /// The name the other brokers' certificates must carry (as servers and as clients), and
+    /// this broker's own.
     #[arg(long, env = "FELIX_PEER_SERVER_NAME", default_value = "localhost")]
     pub peer_server_name: String,
     /// A TOML file with any of these settings (names as the flags, with underscores).

@@ -440,16 +440,75 @@ async fn replication_needs_a_peer_certificate() {
     std::fs::write(&key, generated.key_pair.serialize_pem()).unwrap();
     // TLS 1.3: the client may count its handshake done before the broker refuses its
     // certificate; then the connection closes before any answer.
-    if let Ok(conn) = try_raw_connection(node.addr, &node.dir, Some((&cert, &key))).await {
+    if let Ok(conn) =
+        try_raw_connection(node.addr, &node.dir.join("dev-cert.pem"), Some((&cert, &key))).await
+    {
         let answer = hello_answer(&conn, peer_caps).await;
         assert!(answer.is_err(), "a stranger's certificate got {answer:?}");
     }
 
     let own = (node.dir.join("dev-cert.pem"), node.dir.join("dev-key.pem"));
-    let peer = try_raw_connection(node.addr, &node.dir, Some((&own.0, &own.1))).await.unwrap();
+    let peer = try_raw_connection(node.addr, &own.0, Some((&own.0, &own.1))).await.unwrap();
     match hello_answer(&peer, peer_caps).await {
         Ok(Frame::HelloOk(ok)) => assert!(ok.capabilities.contains(Capabilities::REPLICATION)),
         other => panic!("a peer's Hello answered {other:?}"),
+    }
+    drop(etcd);
+}
+
+/// Under a cluster CA (`--peer-ca`), a client certificate the CA issued for another name than
+/// `--peer-server-name` is not a broker's: REPLICATION is refused (Unauthenticated); the
+/// broker's own certificate, issued for that name, is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replication_needs_a_peer_certificate_for_the_peer_name() {
+    let hosts = std::rc::Rc::new(Hosts::new(1));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let root = tempfile::tempdir().unwrap();
+    let pki = root.path().join("pki");
+    std::fs::create_dir_all(&pki).unwrap();
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_cert = ca_params.self_signed(&ca_key).unwrap();
+    let ca = pki.join("ca.pem");
+    std::fs::write(&ca, ca_cert.pem()).unwrap();
+    let leaf = |name: &str| {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+        let cert = params.signed_by(&key, &ca_cert, &ca_key).unwrap();
+        let (c, k) = (pki.join(format!("{name}.pem")), pki.join(format!("{name}.key")));
+        std::fs::write(&c, cert.pem()).unwrap();
+        std::fs::write(&k, key.serialize_pem()).unwrap();
+        (c, k)
+    };
+    let broker = leaf("localhost");
+    let alice = leaf("alice");
+    let (cert, key, ca_arg) =
+        (broker.0.to_str().unwrap(), broker.1.to_str().unwrap(), ca.to_str().unwrap());
+    let extra = ["--default-replicas", "1", "--cert", cert, "--key", key, "--peer-ca", ca_arg];
+    let node = Node::start_with(&hosts, 0, "b1", root.path(), &etcd.client_url, &extra);
+    let peer_caps = Capabilities(Capabilities::ALL.0 | Capabilities::REPLICATION.0);
+    let deadline = Instant::now() + WAIT;
+    let stranger = loop {
+        match try_raw_connection(node.addr, &ca, Some((&alice.0, &alice.1))).await {
+            Ok(conn) => break conn,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "b1 not up ({e}): {}", node.log_text());
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    match hello_answer(&stranger, peer_caps).await {
+        Ok(Frame::Error(e)) => {
+            assert_eq!(e.code, ErrorCode::Unauthenticated, "{e:?}");
+            assert!(e.message.contains("not valid for"), "{e:?}");
+        }
+        other => panic!("REPLICATION with alice's certificate answered {other:?}"),
+    }
+    let peer = try_raw_connection(node.addr, &ca, Some((&broker.0, &broker.1))).await.unwrap();
+    match hello_answer(&peer, peer_caps).await {
+        Ok(Frame::HelloOk(ok)) => assert!(ok.capabilities.contains(Capabilities::REPLICATION)),
+        other => panic!("a broker's Hello answered {other:?}"),
     }
     drop(etcd);
 }

@@ -334,12 +334,20 @@ impl Session {
             return ready(error_frame(RequestId(0), e));
         }
         // Only another broker: its connection presented a client certificate, which the
-        // handshake verified against `--peer-ca` (mutual TLS, `crate::net::tls`).
-        if !self.conn.peer_certified() {
+        // handshake verified against `--peer-ca` (mutual TLS, `crate::net::tls`), issued for
+        // the name the brokers' certificates carry (`--peer-server-name`).
+        let certified = match (self.conn.peer_certificate(), app.replication.get()) {
+            (None, _) => Err("this connection presented none".to_owned()),
+            (Some(cert), Some(host)) => {
+                crate::net::tls::certificate_names(&cert, host.server_name())
+            }
+            (Some(_), None) => Err("no replication on this core".to_owned()),
+        };
+        if let Err(why) = certified {
             stats::add(&app.stats.counters.rejected_frames, 1);
             let e = WireError::new(
                 ErrorCode::Unauthenticated,
-                "REPLICATION needs a client certificate that --peer-ca verifies; this connection presented none",
+                format!("REPLICATION needs a client certificate that --peer-ca verifies, for --peer-server-name: {why}"),
             );
             return ready(error_frame(RequestId(0), e));
         }

@@ -284,11 +284,29 @@ impl Connection {
         self.inner.with(|cs| cs.conn.rtt()).unwrap_or_default()
     }
 
-    /// Whether the peer presented a client certificate in the handshake. The server verifies
-    /// any it presents against `NetConfig::peer_client_roots` and refuses the handshake when
-    /// that fails, so a connection that has one has a verified one (a cluster's broker).
+    /// Whether this connection was accepted from a peer that presented a client certificate
+    /// in the handshake. The server verifies any it presents against
+    /// `NetConfig::peer_client_roots` and refuses the handshake when that fails, so a
+    /// connection that has one has a verified one (a cluster's broker). Always false for a
+    /// connection this core opened (its peer identity is the server's certificate).
     pub fn peer_certified(&self) -> bool {
-        self.inner.with(|cs| cs.conn.crypto_session().peer_identity().is_some()).unwrap_or(false)
+        self.peer_certificate().is_some()
+    }
+
+    /// The leaf of the client certificate chain the peer presented (and the handshake
+    /// verified), on a connection accepted by this core; `None` otherwise.
+    pub fn peer_certificate(&self) -> Option<rustls::pki_types::CertificateDer<'static>> {
+        self.inner
+            .with(|cs| {
+                if !cs.conn.side().is_server() {
+                    return None;
+                }
+                let identity = cs.conn.crypto_session().peer_identity()?;
+                let chain =
+                    identity.downcast::<Vec<rustls::pki_types::CertificateDer<'static>>>().ok()?;
+                chain.into_iter().next()
+            })
+            .flatten()
     }
 
     /// quinn-proto's statistics for this connection (packets, bytes, path).

@@ -140,6 +140,17 @@ pub fn check_peer_identity(identity: &ServerIdentity, roots: &Path) -> Result<()
         .map_err(|e| TlsError::PeerIdentity(format!("{e} (verified against {})", roots.display())))
 }
 
+/// Whether `cert` (a peer's verified client certificate) is valid for `name`, the name every
+/// broker's certificate carries (`--peer-server-name`): a certificate `--peer-ca` verifies
+/// but issued for another name (a user's, under an organisation's CA) is not a broker's.
+pub fn certificate_names(cert: &CertificateDer<'_>, name: &str) -> Result<(), String> {
+    let server_name = rustls::pki_types::ServerName::try_from(name)
+        .map_err(|e| format!("--peer-server-name {name:?}: {e}"))?;
+    let leaf = webpki::EndEntityCert::try_from(cert).map_err(|e| e.to_string())?;
+    leaf.verify_is_valid_for_subject_name(&server_name)
+        .map_err(|e| format!("the client certificate is not valid for {name:?}: {e}"))
+}
+
 /// Verifies the client certificates of connecting brokers against `roots`; a connection with
 /// none is let through (a client), and the session decides what it may do.
 fn peer_verifier(
@@ -261,6 +272,36 @@ mod tests {
         // Another broker's certificate as the root: refused, with the roots named.
         let e = check_peer_identity(&other, &a.join(DEV_CERT_FILE)).unwrap_err().to_string();
         assert!(e.contains("replication peer") && e.contains(DEV_CERT_FILE), "{e}");
+    }
+
+    /// Under a cluster CA, every leaf verifies; only one issued for `--peer-server-name` is a
+    /// broker's.
+    #[test]
+    fn a_peer_certificate_must_carry_the_peer_server_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let ca_path = dir.path().join("ca.pem");
+        fs::write(&ca_path, ca.pem()).unwrap();
+        let leaf = |name: &str| {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let params = rcgen::CertificateParams::new(vec![name.to_string()]).unwrap();
+            let cert = params.signed_by(&key, &ca, &ca_key).unwrap();
+            let (c, k) =
+                (dir.path().join(format!("{name}.pem")), dir.path().join(format!("{name}.key")));
+            fs::write(&c, cert.pem()).unwrap();
+            fs::write(&k, key.serialize_pem()).unwrap();
+            ServerIdentity::load(&TlsSource::Pem { cert: c, key: k }).unwrap()
+        };
+        let (broker, alice) = (leaf("broker.felix.internal"), leaf("alice"));
+        check_peer_identity(&broker, &ca_path).unwrap();
+        check_peer_identity(&alice, &ca_path).unwrap();
+        certificate_names(&broker.certs[0], "broker.felix.internal").unwrap();
+        let e = certificate_names(&alice.certs[0], "broker.felix.internal").unwrap_err();
+        assert!(e.contains("not valid for"), "{e}");
+        assert!(certificate_names(&broker.certs[0], "other.felix.internal").is_err());
     }
 
     #[test]

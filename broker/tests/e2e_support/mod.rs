@@ -109,18 +109,19 @@ impl Drop for TestBroker {
 
 /// A raw QUIC connection (quinn) to the broker, for hand-made bytes.
 pub async fn raw_connection(addr: std::net::SocketAddr, dir: &Path) -> quinn::Connection {
-    try_raw_connection(addr, dir, None).await.expect("handshake")
+    try_raw_connection(addr, &dir.join("dev-cert.pem"), None).await.expect("handshake")
 }
 
-/// [`raw_connection`] presenting, with `identity`, the certificate and key (PEM) as its client
-/// certificate, as a broker of a cluster does; the handshake's error otherwise.
+/// A raw connection trusting the certificates in `ca` (PEM), presenting, with `identity`, the
+/// certificate and key (PEM) as its client certificate, as a broker of a cluster does; the
+/// handshake's error otherwise.
 pub async fn try_raw_connection(
     addr: std::net::SocketAddr,
-    dir: &Path,
+    ca: &Path,
     identity: Option<(&Path, &Path)>,
 ) -> Result<quinn::Connection, quinn::ConnectionError> {
     use rustls::pki_types::pem::PemObject;
-    let certs = felix_client::tls::read_ca_file(&dir.join("dev-cert.pem")).expect("dev cert");
+    let certs = felix_client::tls::read_ca_file(ca).expect("CA file");
     let mut roots = rustls::RootCertStore::empty();
     for c in certs {
         roots.add(c).expect("root");

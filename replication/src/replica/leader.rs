@@ -373,6 +373,9 @@ impl Replica {
 
     fn retry_proposal(&mut self, now: Time) {
         let retry_ms = self.config.propose_retry_ms;
+        if !matches!(self.role, Role::Leader(_)) {
+            return;
+        }
         let Some((p, sent)) = &mut self.proposal else { return };
         if now.since_ms(*sent) >= retry_ms {
             *sent = now;

@@ -98,7 +98,14 @@ impl Host {
         link: Rc<ClusterLink>,
         stats: Arc<AppStats>,
     ) -> Result<Rc<Host>, crate::net::tls::TlsError> {
+        // Loaded again here (the network layer checked its own copy at start): checked again,
+        // so the certificate presented is one the peers accept, even if the files changed.
         let identity = crate::net::tls::ServerIdentity::load(&settings.identity)?;
+        crate::net::tls::check_peer_identity(&identity, &settings.peer_ca)?;
+        if let Some(leaf) = identity.certs.first() {
+            crate::net::tls::certificate_names(leaf, &settings.server_name)
+                .map_err(crate::net::tls::TlsError::PeerIdentity)?;
+        }
         let mut tls = crate::net::tls::quic_client_config(&settings.peer_ca, Some(&identity))?;
         tls.transport_config(Arc::new(peer::transport()));
         Ok(Rc::new(Host {
@@ -119,6 +126,11 @@ impl Host {
             last_report: std::cell::Cell::new(0),
             stats,
         }))
+    }
+
+    /// The name every broker's certificate carries (`--peer-server-name`).
+    pub fn server_name(&self) -> &str {
+        &self.server_name
     }
 
     /// The state machines' clock: milliseconds since this host started.

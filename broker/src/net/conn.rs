@@ -284,17 +284,11 @@ impl Connection {
         self.inner.with(|cs| cs.conn.rtt()).unwrap_or_default()
     }
 
-    /// Whether this connection was accepted from a peer that presented a client certificate
-    /// in the handshake. The server verifies any it presents against
-    /// `NetConfig::peer_client_roots` and refuses the handshake when that fails, so a
-    /// connection that has one has a verified one (a cluster's broker). Always false for a
+    /// The leaf of the client certificate chain the peer presented, on a connection accepted
+    /// by this core. The server verifies any it presents against
+    /// `NetConfig::peer_client_roots` and refuses the handshake when that fails, so one that
+    /// is here was verified (a cluster's broker). `None` without one, and always on a
     /// connection this core opened (its peer identity is the server's certificate).
-    pub fn peer_certified(&self) -> bool {
-        self.peer_certificate().is_some()
-    }
-
-    /// The leaf of the client certificate chain the peer presented (and the handshake
-    /// verified), on a connection accepted by this core; `None` otherwise.
     pub fn peer_certificate(&self) -> Option<rustls::pki_types::CertificateDer<'static>> {
         self.inner
             .with(|cs| {

@@ -348,3 +348,74 @@ async fn a_subscriber_that_stops_reading_is_disconnected_as_slow() {
     };
     assert_eq!(code, felix_proto::ErrorCode::SlowConsumer as u64);
 }
+
+/// A client whose pool reaches both of the broker's cores (its connections land by the
+/// kernel's hash; a client that covered one core is replaced, at most 8 times).
+async fn client_on_both_cores(broker: &TestBroker, per_core: bool) -> Client {
+    for _ in 0..8 {
+        let mut config = broker.client_config();
+        config.subscribe_per_core = per_core;
+        let client = broker.client_with(config).await;
+        if client.cores_reached().len() == 2 {
+            return client;
+        }
+        client.close();
+    }
+    panic!("no client reached both cores in 8 tries");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_core_sends_its_own_shards_to_a_subscription_split_by_core() {
+    let dir = tempfile::tempdir().unwrap();
+    // Small segments (4 MiB): the subscriptions read 16 MB of log across its segment rolls.
+    let broker = TestBroker::start(dir.path(), 2, &["--segment-bytes", "4198400"]);
+    let stream = "acme/app/split";
+    let (keys, per_key) = (16u32, 1000u32);
+    {
+        let client = broker.client().await;
+        client.create_stream(stream, 4, Default::default()).await.unwrap();
+        let p = client.publisher(stream).await.unwrap();
+        let mut tickets = Vec::new();
+        for seq in 0..per_key {
+            for key in 0..keys {
+                let mut value = seq.to_be_bytes().to_vec();
+                value.resize(1000, key as u8);
+                tickets.push(p.send(Record::keyed(format!("key-{key}"), value)).await.unwrap());
+            }
+        }
+        for t in tickets {
+            tokio::time::timeout(WAIT, t).await.unwrap().unwrap().expect("acked");
+        }
+    }
+    let total = (keys * per_key) as usize;
+    for per_core in [true, false] {
+        let client = client_on_both_cores(&broker, per_core).await;
+        let before = broker.counter_per_core("event_bytes");
+        let options = SubscribeOptions::new(stream).start(StartAt::Earliest);
+        let mut sub = client.subscribe(options).await.unwrap();
+        assert_eq!(sub.parts(), if per_core { 2 } else { 1 });
+        assert_eq!(sub.shards(), (0..4).map(ShardId).collect::<Vec<_>>());
+        let mut read = e2e_support::ReadBack::default();
+        for _ in 0..total {
+            match tokio::time::timeout(WAIT, sub.next()).await {
+                Ok(Ok(Some(r))) => read.add(&r, "split"),
+                other => panic!("per_core {per_core}: {other:?}"),
+            }
+        }
+        read.assert_ordered_and_dense(&format!("per_core {per_core}"));
+        nothing_more(&mut sub).await;
+        let sent: Vec<u64> = broker
+            .counter_per_core("event_bytes")
+            .iter()
+            .zip(&before)
+            .map(|(after, before)| after - before)
+            .collect();
+        match per_core {
+            // Each core sent its own two shards' records.
+            true => assert!(sent.iter().all(|&b| b > 1_000_000), "sent per core {sent:?}"),
+            // One connection: its core sent every shard's records, the other core none.
+            false => assert!(sent.iter().filter(|&&b| b > 0).count() == 1, "{sent:?}"),
+        }
+        client.close();
+    }
+}

@@ -57,7 +57,7 @@ pub const MAX_UDP_PAYLOAD_MIN: u16 = 1200;
 pub const MAX_UDP_PAYLOAD_MAX: u16 = 65_527;
 
 /// Every environment variable [`ClientConfig::from_env_map`] reads.
-pub const ENV_KEYS: [&str; 24] = [
+pub const ENV_KEYS: [&str; 25] = [
     "FELIX_ADDR",
     "FELIX_SERVER_NAME",
     "FELIX_CA_FILE",
@@ -67,6 +67,7 @@ pub const ENV_KEYS: [&str; 24] = [
     "FELIX_CONNECTIONS",
     "FELIX_STREAMS_PER_CONNECTION",
     "FELIX_COVER_CORES",
+    "FELIX_SUBSCRIBE_PER_CORE",
     "FELIX_CONNECT_TIMEOUT_MS",
     "FELIX_ACK_TIMEOUT_MS",
     "FELIX_CLIENT_IDLE_TIMEOUT_MS",
@@ -212,6 +213,11 @@ pub struct ClientConfig {
     /// Whether to reopen connections that landed on an already covered core, until every core
     /// is reached or the bounded attempts are spent (see `docs/client.md`).
     pub cover_cores: bool,
+    /// Whether a subscription to several shards of one broker is split into one part per
+    /// broker core that owns some of them, each on the pool's connection owned by that core,
+    /// so every core encrypts and sends its own shards' records (see `docs/client.md`). Off:
+    /// one Subscribe on one connection, whose core sends every shard's records.
+    pub subscribe_per_core: bool,
     /// The limit on the QUIC handshake plus Hello/HelloOk, in milliseconds.
     pub connect_timeout_ms: u64,
     /// The limit on waiting for an ack or any answer, in milliseconds.
@@ -252,6 +258,7 @@ impl Default for ClientConfig {
             connections: None,
             streams_per_connection: 4,
             cover_cores: true,
+            subscribe_per_core: true,
             connect_timeout_ms: 5_000,
             ack_timeout_ms: 30_000,
             idle_timeout_ms: 10_000,
@@ -344,6 +351,9 @@ impl ClientConfig {
         }
         if let Some((key, v)) = get("FELIX_COVER_CORES") {
             c.cover_cores = parse_bool(key, &v)?;
+        }
+        if let Some((key, v)) = get("FELIX_SUBSCRIBE_PER_CORE") {
+            c.subscribe_per_core = parse_bool(key, &v)?;
         }
         if let Some((key, v)) = get("FELIX_CONNECT_TIMEOUT_MS") {
             c.connect_timeout_ms = parse_num(key, &v)?;
@@ -497,6 +507,7 @@ impl fmt::Display for ClientConfig {
         writeln!(f, "connections={connections}")?;
         writeln!(f, "streams_per_connection={}", self.streams_per_connection)?;
         writeln!(f, "cover_cores={}", self.cover_cores)?;
+        writeln!(f, "subscribe_per_core={}", self.subscribe_per_core)?;
         writeln!(f, "connect_timeout_ms={}", self.connect_timeout_ms)?;
         writeln!(f, "ack_timeout_ms={}", self.ack_timeout_ms)?;
         writeln!(f, "idle_timeout_ms={}", self.idle_timeout_ms)?;
@@ -604,6 +615,7 @@ mod tests {
             ("FELIX_CONNECTIONS", "0"),
             ("FELIX_ACK_MODE", "sometimes"),
             ("FELIX_COVER_CORES", "maybe"),
+            ("FELIX_SUBSCRIBE_PER_CORE", "sometimes"),
             ("FELIX_LINGER_US", "-1"),
             ("FELIX_CERT_FINGERPRINT", "zz"),
             ("FELIX_RECONNECT_BACKOFF_MIN_MS", "999999"),

@@ -8,13 +8,21 @@
 //! subscription's QUIC stream, so a slow reader slows the broker's sending (flow control), and
 //! nothing is buffered beyond one decoded batch per part.
 //!
+//! With `ClientConfig::subscribe_per_core` (the default), the shards of one broker are grouped
+//! by the core that owns them (`s % core_count`), and each group is a part of its own, on the
+//! pool's connection owned by that core: every core of the broker encrypts and sends its own
+//! shards' records and reads them from its own logs, instead of one connection's core sending
+//! them all (and reading the other cores' shards over the core mesh). A subscription to every
+//! shard of a stream asks the broker how many shards it has first (DescribeStream); when that
+//! fails, or the pool reaches one core, the subscription is one part as without the option.
+//!
 //! In a cluster, the shards to read (all of the placement's, or those asked for) are grouped by
-//! owner, and each owner gets a Subscribe naming its shards; a part refused with `NotOwner` is
-//! grouped again after a fresh placement, and an unavailable shard is retried within
-//! `cluster::SHARD_UNAVAILABLE_DEADLINE_MS`. Commits go to the part that reads the shard, on
-//! its owner, following `NotOwner` like the publisher.
+//! owner (and by the owner's core, as above), and each group gets a Subscribe naming its
+//! shards; a part refused with `NotOwner` is grouped again after a fresh placement, and an
+//! unavailable shard is retried within `cluster::SHARD_UNAVAILABLE_DEADLINE_MS`. Commits go to
+//! the part that reads the shard, on its owner, following `NotOwner` like the publisher.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
@@ -106,8 +114,12 @@ pub struct ReceivedRecord {
 pub struct Subscriber {
     client: Client,
     options: SubscribeOptions,
-    /// One per broker the subscription reads from; one on a single-node broker.
+    /// One per broker core the subscription reads from (see the module); one when it is not
+    /// split.
     parts: Vec<Part>,
+    /// Whether the parts name their shards (split by core, or in a cluster): a resumed part
+    /// then asks for its own shards again.
+    split: bool,
     /// The shards read, over every part, sorted.
     shards: Vec<ShardId>,
     /// The part read first next time (the parts take turns).
@@ -135,19 +147,19 @@ impl Subscriber {
         client: Client,
         options: SubscribeOptions,
     ) -> Result<Self, ClientError> {
-        let parts = match client.shared.cluster.clone() {
+        let per_core = client.shared.config.subscribe_per_core;
+        let (parts, split) = match client.shared.cluster.clone() {
             Some(cluster) => {
-                open_in_cluster(&cluster, &options, options.shards.clone(), options.start).await?
+                let shards = options.shards.clone();
+                (open_in_cluster(&cluster, &options, shards, options.start, per_core).await?, true)
             }
-            None => {
-                let conn = client.shared.conn(client.shared.home.next_slot()).await?;
-                vec![open_part(conn, &options, options.shards.clone(), options.start).await?]
-            }
+            None => open_at_home(&client, &options, options.shards.clone(), options.start).await?,
         };
         let mut sub = Self {
             client,
             options,
             parts,
+            split,
             shards: Vec::new(),
             next_part: 0,
             buffered: VecDeque::new(),
@@ -174,7 +186,8 @@ impl Subscriber {
         &self.shards
     }
 
-    /// How many brokers the subscription reads from (one on a single-node broker).
+    /// How many parts the subscription is made of: one per broker core it reads from (see the
+    /// module), or one when it is not split.
     pub fn parts(&self) -> usize {
         self.parts.len()
     }
@@ -326,12 +339,12 @@ impl Subscriber {
         let fresh = match self.client.shared.cluster.clone() {
             Some(cluster) => {
                 cluster.invalidate(&self.options.stream);
-                open_in_cluster(&cluster, &self.options, Some(shards), start).await?
+                let per_core = self.client.shared.config.subscribe_per_core;
+                open_in_cluster(&cluster, &self.options, Some(shards), start, per_core).await?
             }
             None => {
-                let shared = &self.client.shared;
-                let conn = shared.conn(shared.home.next_slot()).await?;
-                vec![open_part(conn, &self.options, self.options.shards.clone(), start).await?]
+                let shards = if self.split { Some(shards) } else { self.options.shards.clone() };
+                open_at_home(&self.client, &self.options, shards, start).await?.0
             }
         };
         self.parts.splice(i..=i, fresh);
@@ -436,6 +449,69 @@ impl Subscriber {
     }
 }
 
+/// Opens a subscription to `shards` (`None`: all) on the home broker: one part per group of
+/// [`per_core_groups`], each on its core's connection, or one part on the next connection.
+/// Returns the parts and whether they name their shards.
+async fn open_at_home(
+    client: &Client,
+    options: &SubscribeOptions,
+    shards: Option<Vec<ShardId>>,
+    start: StartAt,
+) -> Result<(Vec<Part>, bool), ClientError> {
+    let shared = &client.shared;
+    let Some(groups) = per_core_groups(client, options, shards.as_deref()).await else {
+        let conn = shared.conn(shared.home.next_slot()).await?;
+        return Ok((vec![open_part(conn, options, shards, start).await?], false));
+    };
+    let mut parts = Vec::with_capacity(groups.len());
+    for (slot, group) in groups {
+        let conn = shared.conn(slot).await?;
+        parts.push(open_part(conn, options, Some(group), start).await?);
+    }
+    Ok((parts, true))
+}
+
+/// The home pool's slots and the shards each should read, when the subscription is split by
+/// core (`subscribe_per_core`): each shard goes to the slot whose connection the shard's core
+/// owns ([`crate::pool::Pool::slot_for_shard`]). `None` (one part, on the next connection, as
+/// asked) when the option is off, or for every shard (`shards` is `None`) when the pool reaches
+/// one core, the stream cannot be described (the broker then answers the Subscribe itself:
+/// created, not found, not allowed), or the shards would make one group anyway.
+async fn per_core_groups(
+    client: &Client,
+    options: &SubscribeOptions,
+    shards: Option<&[ShardId]>,
+) -> Option<BTreeMap<usize, Vec<ShardId>>> {
+    let home = &client.shared.home;
+    if !client.shared.config.subscribe_per_core {
+        return None;
+    }
+    let all: Vec<ShardId> = match shards {
+        Some(list) => list.to_vec(),
+        None => {
+            let cores: BTreeSet<u16> = (0..home.len()).filter_map(|i| home.slot_core(i)).collect();
+            if cores.len() < 2 {
+                return None;
+            }
+            match client.describe_stream(&options.stream).await {
+                Ok(d) if (d.shards as usize) <= felix_proto::limits::MAX_SUBSCRIBE_SHARDS => {
+                    (0..d.shards).map(ShardId).collect()
+                }
+                Ok(_) => return None,
+                Err(e) => {
+                    tracing::debug!(stream = %options.stream, error = %e, "not split by core");
+                    return None;
+                }
+            }
+        }
+    };
+    let mut groups: BTreeMap<usize, Vec<ShardId>> = BTreeMap::new();
+    for s in all {
+        groups.entry(home.slot_for_shard(s)).or_default().push(s);
+    }
+    (shards.is_some() || groups.len() > 1).then_some(groups)
+}
+
 /// Sends Subscribe for `shards` (`None`: all) on `conn` and takes the subscription's stream.
 async fn open_part(
     conn: Arc<Conn>,
@@ -459,15 +535,38 @@ async fn open_part(
     Ok(Part { conn, id: ok.subscription_id, shards: ok.shards, stream, ended: false })
 }
 
+/// `group`, the shards owned by the broker at `address`, split by the slot of that broker's
+/// pool that each shard's core owns (with `per_core`; whole without it, or when the pool
+/// cannot be opened now: the connection attempt then reports why).
+async fn split_by_core(
+    cluster: &Cluster,
+    address: String,
+    group: Vec<ShardId>,
+    per_core: bool,
+) -> Vec<(String, Vec<ShardId>)> {
+    let pool = match per_core {
+        true => cluster.pool_for(&address).await.ok(),
+        false => None,
+    };
+    let Some(pool) = pool else { return vec![(address, group)] };
+    let mut by_slot: BTreeMap<usize, Vec<ShardId>> = BTreeMap::new();
+    for s in group {
+        by_slot.entry(pool.slot_for_shard(s)).or_default().push(s);
+    }
+    by_slot.into_values().map(|g| (address.clone(), g)).collect()
+}
+
 /// Opens the parts of a subscription to `shards` (`None`: every shard of the placement) in a
-/// cluster: one Subscribe per owner, naming its shards. A part refused with `NotOwner` is
-/// grouped again after a fresh placement (at most [`NOT_OWNER_REDIRECTS_MAX`] times); shards
-/// whose owner is down are retried until the deadline, then `ShardUnavailable`.
+/// cluster: one Subscribe per owner (with `per_core`, per owner and core), naming its shards.
+/// A part refused with `NotOwner` is grouped again after a fresh placement (at most
+/// [`NOT_OWNER_REDIRECTS_MAX`] times); shards whose owner is down are retried until the
+/// deadline, then `ShardUnavailable`.
 async fn open_in_cluster(
     cluster: &Cluster,
     options: &SubscribeOptions,
     shards: Option<Vec<ShardId>>,
     start: StartAt,
+    per_core: bool,
 ) -> Result<Vec<Part>, ClientError> {
     let stream = &options.stream;
     let mut parts = Vec::new();
@@ -511,13 +610,18 @@ async fn open_in_cluster(
         }
         let mut retry = Vec::new();
         let mut waiting = false;
+        let mut by_core = Vec::new();
         for (owner, group) in groups {
             let Some(address) = owner else {
                 retry.extend(group);
                 waiting = true;
                 continue;
             };
-            let opened = match cluster.conn_at(&address, None).await {
+            by_core.extend(split_by_core(cluster, address, group, per_core).await);
+        }
+        for (address, group) in by_core {
+            let slot_of = per_core.then(|| group[0]);
+            let opened = match cluster.conn_at(&address, slot_of).await {
                 Ok(conn) => open_part(conn, options, Some(group.clone()), start).await,
                 Err(e) => Err(e),
             };

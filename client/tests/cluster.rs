@@ -183,30 +183,46 @@ async fn a_stale_placement_is_corrected_by_not_owner_without_loss_or_duplicates(
 
 #[tokio::test]
 async fn a_subscription_over_all_shards_reads_from_every_owner() {
-    let cluster = MockCluster::start(3).await;
-    let owners = [0, 1, 2, 0, 1, 2];
-    cluster.create_stream(STREAM, &owners);
-    let client = Client::connect(cluster.client_config(&[2])).await.unwrap();
-    let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
-    let receipts = publish_all(&client, &keys, 5).await;
+    // Each mock broker has 2 cores and the client's pools reach both (core_sequence 0, 1):
+    // split by core (the default), each owner is asked once per core for that core's shards;
+    // without the split, once for all its shards.
+    for per_core in [true, false] {
+        let cluster = MockCluster::start(3).await;
+        let owners = [0, 1, 2, 0, 1, 2];
+        cluster.create_stream(STREAM, &owners);
+        let mut config = cluster.client_config(&[2]);
+        config.subscribe_per_core = per_core;
+        let client = Client::connect(config).await.unwrap();
+        let keys: Vec<String> = (0..12).map(|i| format!("k{i}")).collect();
+        let receipts = publish_all(&client, &keys, 5).await;
 
-    let mut sub =
-        client.subscribe(SubscribeOptions::new(STREAM).start(StartAt::Earliest)).await.unwrap();
-    assert_eq!(sub.parts(), 3);
-    assert_eq!(sub.shards(), (0..6).map(ShardId).collect::<Vec<_>>());
-    let mut seen = BTreeMap::new();
-    while seen.len() < receipts.len() {
-        let r = tokio::time::timeout(WAIT, sub.next()).await.expect("stalled").unwrap().unwrap();
-        let value = String::from_utf8(r.value.to_vec()).unwrap();
-        assert!(seen.insert(value.clone(), Receipt { shard: r.shard, offset: r.offset }).is_none());
-    }
-    assert_eq!(seen, receipts);
-    // Each owner was asked for exactly its own shards.
-    for m in 0..3 {
-        let o = cluster.broker(m).state.lock();
-        let mine: Vec<ShardId> = (0..6).filter(|s| owners[*s as usize] == m).map(ShardId).collect();
-        assert_eq!(o.subscribes, vec![Some(mine)], "b{m}");
-        assert!(o.violations.is_empty(), "{:?}", o.violations);
+        let options = SubscribeOptions::new(STREAM).start(StartAt::Earliest);
+        let mut sub = client.subscribe(options).await.unwrap();
+        assert_eq!(sub.parts(), if per_core { 6 } else { 3 });
+        assert_eq!(sub.shards(), (0..6).map(ShardId).collect::<Vec<_>>());
+        let mut seen = BTreeMap::new();
+        while seen.len() < receipts.len() {
+            let r =
+                tokio::time::timeout(WAIT, sub.next()).await.expect("stalled").unwrap().unwrap();
+            let value = String::from_utf8(r.value.to_vec()).unwrap();
+            let receipt = Receipt { shard: r.shard, offset: r.offset };
+            assert!(seen.insert(value.clone(), receipt).is_none());
+        }
+        assert_eq!(seen, receipts);
+        // Each owner was asked for exactly its own shards (per core: one Subscribe each).
+        for m in 0..3 {
+            let o = cluster.broker(m).state.lock();
+            let mine: Vec<ShardId> =
+                (0..6).filter(|s| owners[*s as usize] == m).map(ShardId).collect();
+            let mut asked = o.subscribes.clone();
+            asked.sort();
+            let want = match per_core {
+                true => mine.iter().map(|s| Some(vec![*s])).collect(),
+                false => vec![Some(mine)],
+            };
+            assert_eq!(asked, want, "b{m}, per_core {per_core}");
+            assert!(o.violations.is_empty(), "{:?}", o.violations);
+        }
     }
 }
 
@@ -372,24 +388,37 @@ async fn seeds_are_tried_in_order_and_a_lost_broker_is_refreshed_from_another() 
 
 #[tokio::test]
 async fn a_single_node_broker_gets_no_cluster_frames() {
-    let broker = support::TestBroker::start(support::BrokerOptions::default()).await;
-    broker.create_stream(STREAM, 2);
-    let client = Client::connect(broker.client_config()).await.unwrap();
-    assert!(!client.is_cluster());
-    assert_eq!(client.placement(STREAM).await, Err(ClientError::Unsupported("cluster metadata")));
-    publish_all(&client, &["a".to_owned(), "b".to_owned()], 3).await;
-    let options = SubscribeOptions::new(STREAM).start(StartAt::Earliest).group("g");
-    let mut sub = client.subscribe(options).await.unwrap();
-    assert_eq!(sub.parts(), 1);
-    for _ in 0..6 {
-        tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap().unwrap();
+    // Split by core (the default) the subscription names each core's shards; without the
+    // split the shard list is left to the broker, as before.
+    for per_core in [true, false] {
+        let broker = support::TestBroker::start(support::BrokerOptions::default()).await;
+        broker.create_stream(STREAM, 2);
+        let mut config = broker.client_config();
+        config.subscribe_per_core = per_core;
+        let client = Client::connect(config).await.unwrap();
+        assert!(!client.is_cluster());
+        let placement = client.placement(STREAM).await;
+        assert_eq!(placement, Err(ClientError::Unsupported("cluster metadata")));
+        publish_all(&client, &["a".to_owned(), "b".to_owned()], 3).await;
+        let options = SubscribeOptions::new(STREAM).start(StartAt::Earliest).group("g");
+        let mut sub = client.subscribe(options).await.unwrap();
+        assert_eq!(sub.parts(), if per_core { 2 } else { 1 });
+        for _ in 0..6 {
+            tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap().unwrap();
+        }
+        sub.commit_consumed().await.unwrap();
+        let o = broker.state.lock();
+        assert_eq!(o.metadata_requests, 0);
+        let mut asked = o.subscribes.clone();
+        asked.sort();
+        let want = match per_core {
+            true => vec![Some(vec![ShardId(0)]), Some(vec![ShardId(1)])],
+            false => vec![None],
+        };
+        assert_eq!(asked, want, "per_core {per_core}");
+        drop(o);
+        broker.assert_no_unadvertised_bits();
     }
-    sub.commit_consumed().await.unwrap();
-    let o = broker.state.lock();
-    assert_eq!(o.metadata_requests, 0);
-    assert_eq!(o.subscribes, vec![None], "the shard list is left to the broker, as before");
-    drop(o);
-    broker.assert_no_unadvertised_bits();
 }
 
 #[tokio::test]

@@ -31,6 +31,7 @@ fn table() -> Vec<(&'static str, &'static str, Check)> {
         ("FELIX_CONNECTIONS", "7", |c| c.connections == Some(7)),
         ("FELIX_STREAMS_PER_CONNECTION", "9", |c| c.streams_per_connection == 9),
         ("FELIX_COVER_CORES", "false", |c| !c.cover_cores),
+        ("FELIX_SUBSCRIBE_PER_CORE", "false", |c| !c.subscribe_per_core),
         ("FELIX_CONNECT_TIMEOUT_MS", "1234", |c| c.connect_timeout_ms == 1234),
         ("FELIX_ACK_TIMEOUT_MS", "4321", |c| c.ack_timeout_ms == 4321),
         ("FELIX_CLIENT_IDLE_TIMEOUT_MS", "2500", |c| c.idle_timeout_ms == 2500),

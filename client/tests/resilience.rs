@@ -316,3 +316,46 @@ async fn subscriptions_that_cannot_resume_exactly_report_the_lost_connection() {
     }
     drop(broker);
 }
+
+#[tokio::test]
+async fn each_part_of_a_subscription_split_by_core_resumes_on_its_own() {
+    // 2 cores, one connection on each: the subscription is one part per core.
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream(STREAM, 2);
+    let mut config = patient(&broker);
+    config.connections = None;
+    let client = Client::connect(config).await.unwrap();
+    assert_eq!(client.cores_reached(), vec![CoreId(0), CoreId(1)]);
+    let publisher = client.publisher(STREAM).await.unwrap();
+    for i in 0..8 {
+        publisher.publish(Record::keyed(format!("k{i}"), format!("{i}"))).await.unwrap();
+    }
+    let options = felix_client::SubscribeOptions::new(STREAM)
+        .start(felix_client::StartAt::Earliest)
+        .group("g");
+    let mut sub = client.subscribe(options).await.unwrap();
+    assert_eq!(sub.parts(), 2);
+    let mut seen = Vec::new();
+    for _ in 0..4 {
+        seen.push(next_value(&mut sub).await.unwrap());
+    }
+    let broker = restart_later(broker).await.unwrap();
+    // After the restart both shards get records: both parts must come back.
+    for i in 8..16 {
+        publisher.publish(Record::keyed(format!("k{i}"), format!("{i}"))).await.unwrap();
+    }
+    while seen.len() < 16 {
+        seen.push(next_value(&mut sub).await.unwrap());
+    }
+    seen.sort_by_key(|v| v.parse::<u32>().unwrap());
+    assert_eq!(seen, (0..16).map(|i| i.to_string()).collect::<Vec<_>>(), "lost or twice");
+    assert_eq!((sub.parts(), sub.resumes()), (2, 2), "each part resumed once");
+    let o = broker.state.lock();
+    let mut asked: Vec<_> = o.subscribes.iter().flatten().cloned().collect();
+    asked.sort();
+    let own = |s| vec![felix_client::ShardId(s)];
+    // The broker's state outlives the restart: the first Subscribes, then the resumes.
+    assert_eq!(asked, [own(0), own(0), own(1), own(1)], "each part asked for its own shard");
+    drop(o);
+    drop(broker);
+}

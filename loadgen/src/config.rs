@@ -143,6 +143,12 @@ pub struct RunArgs {
     /// client's `send_in_write_order`, off by default).
     #[arg(long, env = "FELIX_LOADGEN_SEND_IN_WRITE_ORDER")]
     pub send_in_write_order: bool,
+    /// Split each subscription into one part per broker core, on that core's connection (the
+    /// client's `subscribe_per_core`, on by default); `false` reads every shard through one
+    /// connection.
+    #[arg(long, env = "FELIX_LOADGEN_SUBSCRIBE_PER_CORE", default_value_t = true,
+          action = clap::ArgAction::Set)]
+    pub subscribe_per_core: bool,
     /// Batches in flight per connection.
     #[arg(long, env = "FELIX_LOADGEN_IN_FLIGHT_BATCHES", default_value_t = 64)]
     pub in_flight_batches: usize,
@@ -270,6 +276,10 @@ pub struct RunConfig {
     /// read as `false`, the behaviour then).
     #[serde(default)]
     pub send_in_write_order: bool,
+    /// Subscriptions split by broker core (results written before the flag existed read as
+    /// `false`, the behaviour then).
+    #[serde(default)]
+    pub subscribe_per_core: bool,
     /// In-flight batches per connection.
     pub in_flight_batches: usize,
     /// Idempotent batches (results written before the flag existed read as `false`: the
@@ -380,6 +390,7 @@ impl RunArgs {
             linger_us: self.linger_us,
             max_udp_payload: self.max_udp_payload,
             send_in_write_order: self.send_in_write_order,
+            subscribe_per_core: self.subscribe_per_core,
             in_flight_batches: self.in_flight_batches,
             idempotent: self.idempotent,
             outstanding: self.outstanding,
@@ -410,6 +421,7 @@ impl RunConfig {
         c.connections = self.connections;
         c.max_udp_payload = self.max_udp_payload;
         c.send_in_write_order = self.send_in_write_order;
+        c.subscribe_per_core = self.subscribe_per_core;
         c.publish = PublishSettings {
             ack_mode: self.ack_mode(),
             linger_us: self.linger_us,
@@ -455,6 +467,7 @@ impl RunConfig {
             ("linger_us", self.linger_us.to_string()),
             ("max_udp_payload", self.max_udp_payload.to_string()),
             ("send_in_write_order", self.send_in_write_order.to_string()),
+            ("subscribe_per_core", self.subscribe_per_core.to_string()),
             ("in_flight_batches", self.in_flight_batches.to_string()),
             ("batch_bytes_max", c.publish.batch_bytes_max.to_string()),
             ("idempotent", c.publish.idempotent.to_string()),

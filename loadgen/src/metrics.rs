@@ -62,6 +62,10 @@ pub struct BrokerSample {
     /// `felix_net_quic_congestion_events` per core.
     #[serde(default)]
     pub quic_congestion_events: Vec<u64>,
+    /// `felix_broker_event_bytes_total` per core: EventBatch bytes the core's connections sent
+    /// to subscribers.
+    #[serde(default)]
+    pub event_bytes: Vec<u64>,
 }
 
 impl BrokerSample {
@@ -105,6 +109,7 @@ impl BrokerSample {
                 &s.quic_packets_sent,
                 &s.quic_packets_lost,
                 &s.quic_congestion_events,
+                &s.event_bytes,
             ];
             let cores = series.iter().map(|v| v.len()).max().unwrap_or(0);
             let put = |dst: &mut Vec<u64>, src: &[u64]| {
@@ -124,6 +129,7 @@ impl BrokerSample {
             put(&mut out.quic_packets_sent, &s.quic_packets_sent);
             put(&mut out.quic_packets_lost, &s.quic_packets_lost);
             put(&mut out.quic_congestion_events, &s.quic_congestion_events);
+            put(&mut out.event_bytes, &s.event_bytes);
         }
         out
     }
@@ -353,6 +359,7 @@ pub fn parse(text: &str) -> BrokerSample {
             ("felix_net_quic_packets_sent", None) => "quic_packets_sent",
             ("felix_net_quic_packets_lost", None) => "quic_packets_lost",
             ("felix_net_quic_congestion_events", None) => "quic_congestion_events",
+            ("felix_broker_event_bytes_total", None) => "event_bytes",
             _ => continue,
         };
         let Ok(v) = value.trim().parse::<f64>() else { continue };
@@ -380,6 +387,7 @@ pub fn parse(text: &str) -> BrokerSample {
         flush_p99_us: take("flush_p99_us"),
         write_p99_us: take("write_p99_us"),
         quic_packets_sent: take("quic_packets_sent"),
+        event_bytes: take("event_bytes"),
         quic_packets_lost: take("quic_packets_lost"),
         quic_congestion_events: take("quic_congestion_events"),
     }

@@ -335,6 +335,10 @@ pub struct BrokerResult {
     /// Congestion events on the broker's connections during the window.
     #[serde(default)]
     pub quic_congestion_events: u64,
+    /// EventBatch bytes each broker core sent to subscribers over the window (which cores
+    /// did the delivering; empty from a broker without the counter).
+    #[serde(default)]
+    pub event_bytes_per_core: Vec<u64>,
     /// The broker's publish-to-ack p50 and p99 per core: over the window when
     /// `latency_span_ms_per_core` is set (the difference of its published histograms, see
     /// there), else its histogram since it started, read at the window's end.

@@ -482,6 +482,7 @@ impl<'a> Sampler<'a> {
                     quic_congestion_events: BrokerSample::total(
                         &e.delta(s, |s| &s.quic_congestion_events),
                     ),
+                    event_bytes_per_core: e.delta(s, |s| &s.event_bytes),
                     ack_p50_us_per_core: pick(w.map(|w| &w.ack_p50_us), &e.ack_p50_us),
                     ack_p99_us_per_core: pick(w.map(|w| &w.ack_p99_us), &e.ack_p99_us),
                     ack_record_p99_us_per_core: w

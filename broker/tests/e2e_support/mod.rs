@@ -78,11 +78,16 @@ impl TestBroker {
 
     /// The sum over cores of a broker counter.
     pub fn counter(&self, name: &str) -> u64 {
+        self.counter_per_core(name).iter().sum()
+    }
+
+    /// A broker counter of each core, in core order.
+    pub fn counter_per_core(&self, name: &str) -> Vec<u64> {
         let b = self.broker.as_ref().expect("running");
         b.stats
             .iter()
             .map(|s| s.counters.fields().iter().find(|f| f.0 == name).map_or(0, |f| f.2))
-            .sum()
+            .collect()
     }
 
     /// The sum over cores of a network counter (`felix_net_*`), read now.

@@ -442,3 +442,20 @@ async fn receive_span_is_the_time_a_publish_frame_took_to_arrive() {
     assert_eq!(per_record.max(), per_batch.max(), "the same latencies, each four times");
     assert_eq!(per_record.min(), per_batch.min());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_reaches_every_core_with_one_handshake_each() {
+    // Each connection after the first names the core it wants in its Initial's destination
+    // connection ID, so 4 handshakes cover 4 cores (the kernel's hash alone covers them in
+    // 4!/4^4 = 9 % of tries, and each miss costs another handshake).
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 4, &[]);
+    for _ in 0..3 {
+        let before = broker.counter("connections_accepted");
+        let client = broker.client().await;
+        assert_eq!(client.cores_reached(), (0..4).map(felix_proto::CoreId).collect::<Vec<_>>());
+        assert_eq!(client.connection_count(), 4);
+        assert_eq!(broker.counter("connections_accepted") - before, 4, "extra handshakes");
+        client.close();
+    }
+}

@@ -349,19 +349,14 @@ async fn a_subscriber_that_stops_reading_is_disconnected_as_slow() {
     assert_eq!(code, felix_proto::ErrorCode::SlowConsumer as u64);
 }
 
-/// A client whose pool reaches both of the broker's cores (its connections land by the
-/// kernel's hash; a client that covered one core is replaced, at most 8 times).
+/// A client whose pool reaches both of the broker's cores (its second connection asks for the
+/// core the first did not land on).
 async fn client_on_both_cores(broker: &TestBroker, per_core: bool) -> Client {
-    for _ in 0..8 {
-        let mut config = broker.client_config();
-        config.subscribe_per_core = per_core;
-        let client = broker.client_with(config).await;
-        if client.cores_reached().len() == 2 {
-            return client;
-        }
-        client.close();
-    }
-    panic!("no client reached both cores in 8 tries");
+    let mut config = broker.client_config();
+    config.subscribe_per_core = per_core;
+    let client = broker.client_with(config).await;
+    assert_eq!(client.cores_reached().len(), 2);
+    client
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use felix_proto::{
-    decode_frame, Capabilities, Frame, FrameDecoder, FrameType, Hello, HelloOk, Limits, RequestId,
-    SubscriptionId, HEADER_LEN, PROTOCOL_VERSION,
+    decode_frame, Capabilities, CoreId, Frame, FrameDecoder, FrameType, Hello, HelloOk, Limits,
+    RequestId, SubscriptionId, HEADER_LEN, PROTOCOL_VERSION,
 };
 use tokio::sync::oneshot;
 
@@ -79,6 +79,15 @@ pub const SOCKET_RECV_BUFFER_BYTES: usize = 8 << 20;
 /// broker it takes datagrams of up to `max_udp_payload` bytes (QUIC's `max_udp_payload_size`),
 /// so that the broker's path MTU discovery may grow what it sends to that, and its GSO sends stay
 /// within the kernel's limit for datagrams that large ([`GsoCapped`]).
+/// An Initial destination connection ID naming broker core `core`, its other bits random
+/// (from the TLS provider's generator, as quinn's own Initial IDs are); `None` when the core
+/// cannot be named or no random bytes could be had (the connection then takes quinn's own).
+fn initial_dcid_for(core: CoreId) -> Option<[u8; felix_proto::cid::CID_LEN]> {
+    let mut random = [0u8; felix_proto::cid::CID_LEN];
+    rustls::crypto::ring::default_provider().secure_random.fill(&mut random).ok()?;
+    felix_proto::cid::cid_for_core(core, random)
+}
+
 fn client_endpoint(bind: SocketAddr, max_udp_payload: u16) -> std::io::Result<quinn::Endpoint> {
     let socket = std::net::UdpSocket::bind(bind)?;
     let state = quinn::udp::UdpSocketState::new((&socket).into())?;
@@ -120,14 +129,25 @@ impl Conn {
     /// connect timeout. Each connection gets its own endpoint, so no task carries the packets of
     /// more than one connection and each connection has its own 4-tuple.
     pub(crate) async fn open(p: &ConnParams) -> Result<Arc<Self>, ClientError> {
+        Self::open_on(p, None).await
+    }
+
+    /// [`Conn::open`], asking for broker core `core`: the Initial's destination connection ID
+    /// names it (`felix_proto::cid`), and the broker hands the handshake to that core, which
+    /// then owns the connection (`docs/connection-ids.md`). Where the broker does not, the
+    /// connection lands where the kernel's hash puts it: `hello().core` says where.
+    pub(crate) async fn open_on(
+        p: &ConnParams,
+        core: Option<CoreId>,
+    ) -> Result<Arc<Self>, ClientError> {
         let limit_ms = p.connect_timeout.as_millis() as u64;
-        match tokio::time::timeout(p.connect_timeout, Self::open_inner(p)).await {
+        match tokio::time::timeout(p.connect_timeout, Self::open_inner(p, core)).await {
             Ok(r) => r,
             Err(_) => Err(ClientError::Timeout { what: "connect", after_ms: limit_ms }),
         }
     }
 
-    async fn open_inner(p: &ConnParams) -> Result<Arc<Self>, ClientError> {
+    async fn open_inner(p: &ConnParams, core: Option<CoreId>) -> Result<Arc<Self>, ClientError> {
         let bind: SocketAddr = if p.addr.is_ipv6() {
             (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
         } else {
@@ -135,8 +155,12 @@ impl Conn {
         };
         let endpoint = client_endpoint(bind, p.max_udp_payload)
             .map_err(|e| ClientError::Connect(e.to_string()))?;
+        let mut quic = p.quic.clone();
+        if let Some(dcid) = core.and_then(initial_dcid_for) {
+            quic.initial_dst_cid_provider(Arc::new(move || quinn::ConnectionId::new(&dcid)));
+        }
         let connecting = endpoint
-            .connect_with(p.quic.clone(), p.addr, &p.server_name)
+            .connect_with(quic, p.addr, &p.server_name)
             .map_err(|e| ClientError::Connect(e.to_string()))?;
         let connection = match connecting.await {
             Ok(c) => c,

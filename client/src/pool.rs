@@ -7,17 +7,20 @@
 //! (`crate::cluster`).
 //!
 //! The pool opens `connections` connections (default: the broker's `core_count` from its first
-//! HelloOk, at most [`CONNECTIONS_MAX`]), each on its own endpoint. The broker assigns a
-//! connection's owning core by the kernel's hash of the 4-tuple, so with `cover_cores` the pool
-//! replaces connections that landed on an already covered core with fresh ones, for at most
-//! [`COVER_ATTEMPTS_PER_CONNECTION`] x `connections` extra handshakes.
+//! HelloOk, at most [`CONNECTIONS_MAX`]), each on its own endpoint. The first lands where the
+//! kernel's hash of its 4-tuple puts it; with `cover_cores` each of the others asks for the
+//! next core in turn (its Initial's destination connection ID names the core, and the broker
+//! hands the handshake to it), and a slot that reconnects asks for the core it had. A broker
+//! that places connections by the hash alone is covered by replacing connections that landed
+//! on an already covered core with fresh ones, each asking for a core still missing, for at
+//! most [`COVER_ATTEMPTS_PER_CONNECTION`] x `connections` extra handshakes.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use felix_proto::{HelloOk, ShardId};
+use felix_proto::{CoreId, HelloOk, ShardId};
 
 use crate::config::{ClientConfig, CONNECTIONS_MAX};
 use crate::conn::{Conn, ConnParams};
@@ -79,11 +82,14 @@ impl Pool {
         let hello = first.hello().clone();
         let core_count = usize::from(hello.core_count.max(1));
         let target = config.connections.unwrap_or(core_count).clamp(1, CONNECTIONS_MAX);
+        let first_core = usize::from(first.hello().core.0);
         let mut conns = vec![first];
         let mut opening = tokio::task::JoinSet::new();
-        for _ in 1..target {
+        for k in 1..target {
             let p = params.clone();
-            opening.spawn(async move { Conn::open(&p).await });
+            // The cores after the first one's, in turn.
+            let core = config.cover_cores.then(|| core_id((first_core + k) % core_count));
+            opening.spawn(async move { Conn::open_on(&p, core).await });
         }
         while let Some(joined) = opening.join_next().await {
             match joined {
@@ -162,7 +168,8 @@ impl Pool {
             return Ok(c);
         }
         let policy = ReconnectPolicy { attempts_max: attempts, ..self.reconnect };
-        let c = reconnect(&self.params, policy).await?;
+        let core = self.slot_core(index % self.slots.len()).map(CoreId);
+        let c = reconnect(&self.params, core, policy).await?;
         slot.core.store(u32::from(c.hello().core.0), Ordering::Relaxed);
         *slot.current.write().unwrap_or_else(|p| p.into_inner()) = Some(c.clone());
         Ok(c)
@@ -214,13 +221,17 @@ impl Slot {
     }
 }
 
-/// Opens a connection, retrying with exponential backoff. Refusals that a retry cannot fix
-/// (certificate, token, version) are returned at once.
-async fn reconnect(p: &ConnParams, policy: ReconnectPolicy) -> Result<Arc<Conn>, ClientError> {
+/// Opens a connection (asking for `core`, see [`Conn::open_on`]), retrying with exponential
+/// backoff. Refusals that a retry cannot fix (certificate, token, version) are returned at once.
+async fn reconnect(
+    p: &ConnParams,
+    core: Option<CoreId>,
+    policy: ReconnectPolicy,
+) -> Result<Arc<Conn>, ClientError> {
     let mut delay = policy.backoff_min;
     let mut last = ClientError::Connect("no attempt".into());
     for attempt in 1..=policy.attempts_max {
-        match Conn::open(p).await {
+        match Conn::open_on(p, core).await {
             Ok(c) => {
                 tracing::info!(attempt, core = c.hello().core.0, addr = %p.addr, "reconnected");
                 return Ok(c);
@@ -256,7 +267,8 @@ async fn cover_cores(p: &ConnParams, conns: &mut [Arc<Conn>], core_count: usize)
         if covered.len() >= wanted {
             return;
         }
-        let Ok(fresh) = Conn::open(p).await else { return };
+        let missing = (0..core_count).find(|c| !covered.contains(&(*c as u16)));
+        let Ok(fresh) = Conn::open_on(p, missing.map(core_id)).await else { return };
         let core = fresh.hello().core.0;
         if covered.contains(&core) {
             fresh.close();
@@ -275,6 +287,11 @@ async fn cover_cores(p: &ConnParams, conns: &mut [Arc<Conn>], core_count: usize)
             None => fresh.close(),
         }
     }
+}
+
+/// Core `index` (below the broker's `core_count`, a `u16`).
+fn core_id(index: usize) -> CoreId {
+    CoreId(u16::try_from(index).unwrap_or(u16::MAX))
 }
 
 fn close_all(conns: &[Arc<Conn>], e: ClientError) -> ClientError {

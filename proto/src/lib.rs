@@ -1,11 +1,12 @@
 //! felix-proto: the Felix wire protocol.
 //!
-//! Owns: frame layouts, their encoding and decoding, limits, wire error codes, stream names and
-//! the key-to-shard hash. Never does: any I/O, clock reads, or allocation beyond what a decoded
+//! Owns: frame layouts, their encoding and decoding, limits, wire error codes, stream names,
+//! the key-to-shard hash and the connection-ID layout (`cid`). Never does: any I/O, clock reads, or allocation beyond what a decoded
 //! frame needs. `docs/protocol.md` is the byte-exact description; the vectors under
 //! `proto/tests/vectors` keep the two in step.
 #![forbid(unsafe_code)]
 
+pub mod cid;
 pub mod cluster;
 pub mod codec;
 pub mod correlation;

@@ -1,7 +1,8 @@
 //! Connection-ID layout: every CID the broker issues names the core that owns the connection.
 //!
-//! The layout follows the QUIC-LB draft's idea of config-rotation bits in the first octet
-//! (byte-exact description with examples in `docs/connection-ids.md`):
+//! The layout (`felix_proto::cid`, shared with the client, which may name the core it wants
+//! in its Initial) follows the QUIC-LB draft's idea of config-rotation bits in the first
+//! octet (byte-exact description with examples in `docs/connection-ids.md`):
 //!
 //! ```text
 //! byte 0      bits 7..5  config rotation id (Felix: CONFIG_ID = 0b000; 0b111 = unroutable)
@@ -24,40 +25,15 @@ use quinn_proto::{ConnectionId, ConnectionIdGenerator, InvalidCid};
 use rand::rngs::StdRng;
 use rand::{RngCore, SeedableRng};
 
-/// Length in bytes of every connection ID the broker issues.
-pub const CID_LEN: usize = 8;
-
-/// The config rotation id Felix writes into bits 7..5 of the first CID octet.
-pub const CONFIG_ID: u8 = 0b000;
-
-/// The config rotation id that QUIC-LB reserves for "unroutable" CIDs; Felix never issues it.
-pub const CONFIG_ID_UNROUTABLE: u8 = 0b111;
-
-/// Shift of the config rotation id within the first CID octet.
-pub const CONFIG_ID_SHIFT: u32 = 5;
-
-/// Mask of the random bits within the first CID octet (bits 4..0).
-pub const FIRST_OCTET_RANDOM_MASK: u8 = 0b0001_1111;
-
-/// Index of the CID byte that names the owning core.
-pub const CORE_BYTE_INDEX: usize = 1;
-
-/// Core byte value that is reserved (never issued, decodes to `None`).
-pub const CORE_BYTE_RESERVED: u8 = 0xFF;
-
-/// The most cores whose connections can be steered: the core byte is one octet and 0xFF is
-/// reserved, so cores `0..=254`.
-pub const MAX_STEERABLE_CORES: usize = 255;
+pub use felix_proto::cid::{
+    core_of, CID_LEN, CONFIG_ID, CONFIG_ID_SHIFT, CONFIG_ID_UNROUTABLE, CORE_BYTE_INDEX,
+    CORE_BYTE_RESERVED, FIRST_OCTET_RANDOM_MASK, MAX_STEERABLE_CORES,
+};
 
 /// First-byte bit that marks a QUIC long header (RFC 9000 §17.2).
 pub const LONG_HEADER_BIT: u8 = 0x80;
 
-const _: () = assert!(CID_LEN <= 20, "QUIC limits connection IDs to 20 bytes");
-const _: () = assert!(CID_LEN == 8, "generate_bytes builds the CID in one u64");
-const _: () = assert!(CORE_BYTE_INDEX < CID_LEN);
-const _: () = assert!(CONFIG_ID != CONFIG_ID_UNROUTABLE);
-const _: () = assert!(CONFIG_ID >> 3 == 0, "the config id has three bits");
-const _: () = assert!(MAX_STEERABLE_CORES == CORE_BYTE_RESERVED as usize);
+const _: () = assert!(CID_LEN == 8, "generate_bytes takes its random bytes from one u64");
 
 /// Errors of the CID layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -124,16 +100,10 @@ impl CoreCidGenerator {
     }
 
     /// Produces the raw bytes of a new CID.
-    ///
-    /// Built in one 64-bit word: byte i of the CID is bits 8i..8i+8 of `word`.
     pub fn generate_bytes(&mut self) -> [u8; CID_LEN] {
-        const CONFIG_MASK: u64 = !(FIRST_OCTET_RANDOM_MASK as u64) & 0xFF;
-        const CORE_SHIFT: u32 = 8 * CORE_BYTE_INDEX as u32;
-        let random = self.rng.next_u64();
-        let word = (random & !(CONFIG_MASK | (0xFF << CORE_SHIFT)))
-            | (u64::from(CONFIG_ID) << CONFIG_ID_SHIFT)
-            | (u64::from(self.core_byte) << CORE_SHIFT);
-        word.to_le_bytes()
+        let random = self.rng.next_u64().to_le_bytes();
+        // `with_rng` admitted only cores a CID can name, so this is always `Some`.
+        felix_proto::cid::cid_for_core(self.core(), random).unwrap_or(random)
     }
 }
 
@@ -159,22 +129,6 @@ impl ConnectionIdGenerator for CoreCidGenerator {
     fn cid_lifetime(&self) -> Option<Duration> {
         self.lifetime
     }
-}
-
-/// The core named by a destination CID, or `None` when the CID is shorter than [`CID_LEN`],
-/// carries other config bits than [`CONFIG_ID`], or has the reserved core byte.
-pub fn core_of(dcid: &[u8]) -> Option<CoreId> {
-    if dcid.len() < CID_LEN {
-        return None;
-    }
-    if dcid[0] >> CONFIG_ID_SHIFT != CONFIG_ID {
-        return None;
-    }
-    let core_byte = dcid[CORE_BYTE_INDEX];
-    if core_byte == CORE_BYTE_RESERVED {
-        return None;
-    }
-    Some(CoreId(u16::from(core_byte)))
 }
 
 /// Byte of a long header that holds the destination CID's length (after the first byte and

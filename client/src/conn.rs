@@ -74,11 +74,6 @@ pub(crate) struct Conn {
 /// for a millisecond or two, and every datagram dropped there halves the broker's window.
 pub const SOCKET_RECV_BUFFER_BYTES: usize = 8 << 20;
 
-/// A client endpoint bound to `bind`, its socket's receive buffer raised to
-/// [`SOCKET_RECV_BUFFER_BYTES`] (best effort: a smaller buffer is not an error). It tells the
-/// broker it takes datagrams of up to `max_udp_payload` bytes (QUIC's `max_udp_payload_size`),
-/// so that the broker's path MTU discovery may grow what it sends to that, and its GSO sends stay
-/// within the kernel's limit for datagrams that large ([`GsoCapped`]).
 /// An Initial destination connection ID naming broker core `core`, its other bits random
 /// (from the TLS provider's generator, as quinn's own Initial IDs are); `None` when the core
 /// cannot be named or no random bytes could be had (the connection then takes quinn's own).
@@ -88,6 +83,11 @@ fn initial_dcid_for(core: CoreId) -> Option<[u8; felix_proto::cid::CID_LEN]> {
     felix_proto::cid::cid_for_core(core, random)
 }
 
+/// A client endpoint bound to `bind`, its socket's receive buffer raised to
+/// [`SOCKET_RECV_BUFFER_BYTES`] (best effort: a smaller buffer is not an error). It tells the
+/// broker it takes datagrams of up to `max_udp_payload` bytes (QUIC's `max_udp_payload_size`),
+/// so that the broker's path MTU discovery may grow what it sends to that, and its GSO sends stay
+/// within the kernel's limit for datagrams that large ([`GsoCapped`]).
 fn client_endpoint(bind: SocketAddr, max_udp_payload: u16) -> std::io::Result<quinn::Endpoint> {
     let socket = std::net::UdpSocket::bind(bind)?;
     let state = quinn::udp::UdpSocketState::new((&socket).into())?;

@@ -231,7 +231,9 @@ async fn reconnect(
     let mut delay = policy.backoff_min;
     let mut last = ClientError::Connect("no attempt".into());
     for attempt in 1..=policy.attempts_max {
-        match Conn::open_on(p, core).await {
+        // The core asked for on the first attempt only: one that is gone (a broker restarted
+        // with fewer cores) or full must not hold the slot's every retry.
+        match Conn::open_on(p, core.filter(|_| attempt == 1)).await {
             Ok(c) => {
                 tracing::info!(attempt, core = c.hello().core.0, addr = %p.addr, "reconnected");
                 return Ok(c);

@@ -1,6 +1,6 @@
-//! The subscriber: one subscription on one connection (in a cluster: one part per broker that
-//! owns some of its shards, merged), records with their shard and offset, consumer-group
-//! commits.
+//! The subscriber: one subscription made of parts (one per broker core that owns some of its
+//! shards, below; in a cluster per broker and core), merged, records with their shard and
+//! offset, consumer-group commits.
 //!
 //! Call order: [`crate::Client::subscribe`] with [`SubscribeOptions`], then [`Subscriber::next`]
 //! in a loop; with a group, [`Subscriber::commit_consumed`] (or [`Subscriber::commit`]) whenever
@@ -176,7 +176,7 @@ impl Subscriber {
         self.resumes
     }
 
-    /// The broker's id for this subscription (in a cluster: of its first part).
+    /// The broker's id for this subscription (of its first part, when it has several).
     pub fn id(&self) -> SubscriptionId {
         self.parts.first().map_or(SubscriptionId(0), |p| p.id)
     }
@@ -197,11 +197,13 @@ impl Subscriber {
         &self.options
     }
 
-    /// The next record; `Ok(None)` once the broker (every broker, in a cluster) has finished
-    /// the subscription's stream. Cancel-safe: dropping the future loses no record.
+    /// The next record; `Ok(None)` once the broker has finished every part's stream.
+    /// Cancel-safe: dropping the future loses no record. An error that ends one part (its
+    /// stream reset, or a lost connection it cannot resume from) is returned once; the other
+    /// parts go on, and their records come on later calls.
     ///
-    /// When the connection is lost and `resume` is on, the subscription (in a cluster: the
-    /// part on that connection, at its shards' current owners) is opened again on a fresh
+    /// When the connection is lost and `resume` is on, the part on that connection (in a
+    /// cluster: at its shards' current owners) is opened again on a fresh
     /// connection (with the client's reconnect backoff) and records already returned are
     /// skipped, so nothing is returned twice and nothing is missed. It resumes from the next
     /// offset (a single shard that returned records), from the group's commits (with a group),
@@ -344,7 +346,12 @@ impl Subscriber {
             }
             None => {
                 let shards = if self.split { Some(shards) } else { self.options.shards.clone() };
-                open_at_home(&self.client, &self.options, shards, start).await?.0
+                let (parts, split) =
+                    open_at_home(&self.client, &self.options, shards, start).await?;
+                // A part opened whole may come back split (its stream could not be described
+                // before): from then on each part asks for its own shards.
+                self.split |= split;
+                parts
             }
         };
         self.parts.splice(i..=i, fresh);

@@ -71,11 +71,14 @@ pub struct InjectedBugs {
     pub skip_dedup: bool,
     /// The leader accepts and acks appends without a confirmed lease.
     pub ignore_lease: bool,
+    /// Readers may read the stored log up to the commit point even where a truncation has not
+    /// reached storage yet ([`crate::Replica::visible_end`] ignores the written end).
+    pub visible_past_written: bool,
 }
 
 impl InjectedBugs {
     /// Parses a comma-separated list of flag names (`commit_without_quorum`, `skip_truncation`,
-    /// `skip_dedup`, `ignore_lease`); the empty string is no bug.
+    /// `skip_dedup`, `ignore_lease`, `visible_past_written`); the empty string is no bug.
     pub fn parse(names: &str) -> Result<InjectedBugs, String> {
         let mut bugs = InjectedBugs::default();
         for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -84,6 +87,7 @@ impl InjectedBugs {
                 "skip_truncation" => bugs.skip_truncation = true,
                 "skip_dedup" => bugs.skip_dedup = true,
                 "ignore_lease" => bugs.ignore_lease = true,
+                "visible_past_written" => bugs.visible_past_written = true,
                 other => return Err(format!("unknown injected bug {other:?}")),
             }
         }

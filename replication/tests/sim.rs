@@ -99,3 +99,8 @@ fn checker_catches_skipped_dedup() {
 fn checker_catches_acks_without_a_lease() {
     find_violation(InjectedBugs { ignore_lease: true, ..InjectedBugs::default() }, 2_000);
 }
+
+#[test]
+fn checker_catches_reads_past_a_truncation_not_yet_stored() {
+    find_violation(InjectedBugs { visible_past_written: true, ..InjectedBugs::default() }, 2_000);
+}

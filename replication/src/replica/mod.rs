@@ -231,9 +231,11 @@ impl Replica {
 
     /// Releases the in-memory payloads of committed batches that end at or below `below`
     /// ([`ReplicaLog::release_payloads`]); never those above the commit point, which a
-    /// truncation could still need to replay. Returns the bytes released.
+    /// truncation could still need to replay, nor those not yet written (storage, where a
+    /// released payload is read back from, may still hold a truncated batch at that offset).
+    /// Returns the bytes released.
     pub fn release_payloads(&mut self, below: Offset) -> u64 {
-        self.log.release_payloads(below.min(self.committed))
+        self.log.release_payloads(below.min(self.visible_end()))
     }
 
     /// On a leader, what it knows of each follower (for lag metrics); empty otherwise.
@@ -248,6 +250,17 @@ impl Replica {
     /// replica and are the only ones subscribers may read.
     pub fn committed(&self) -> Offset {
         self.committed
+    }
+
+    /// Readers of the stored log (subscribers) may read below this: the committed offset, but
+    /// no further than the disk operations have completed. A follower cuts its log in memory at
+    /// once and learns a commit point past the cut in the same round trip, while the truncation
+    /// is still queued for storage, which holds the old, never committed suffix until then.
+    pub fn visible_end(&self) -> Offset {
+        if self.bugs.visible_past_written {
+            return self.committed;
+        }
+        self.committed.min(self.disk.written_end())
     }
 
     /// Its log is fdatasync'd up to here.

@@ -14,7 +14,9 @@
 //! 4. an acked durable batch is committed at the acking leader and is in `truth` as acked;
 //! 5. no acked (committed) batch is lost: every in-sync replica's durable image (what a crash
 //!    leaves) holds all of `truth`;
-//! 6. at most one node acks per epoch.
+//! 6. at most one node acks per epoch;
+//! 7. what a reader of a replica's stored log may read (below `Replica::visible_end`) is the
+//!    committed history: a truncation not yet applied to storage is never read as committed.
 
 use std::collections::{HashMap, HashSet};
 
@@ -37,6 +39,7 @@ pub struct Checker {
     ack_epochs: HashMap<Epoch, NodeId>,
     logs: Vec<Verified>,
     images: Vec<Verified>,
+    readable: Vec<Verified>,
 }
 
 impl Checker {
@@ -49,6 +52,7 @@ impl Checker {
             ack_epochs: HashMap::new(),
             logs: vec![Verified::default(); nodes],
             images: vec![Verified::default(); nodes],
+            readable: vec![Verified::default(); nodes],
         }
     }
 
@@ -90,6 +94,36 @@ impl Checker {
                     ))
                 }
                 None => extend(&mut self.truth, &mut self.truth_tags, batch, node)?,
+            }
+        }
+        seen.batches = seen.batches.max(k);
+        Ok(())
+    }
+
+    /// Invariant 7 for `node`'s stored image (call after
+    /// [`check_committed`](Self::check_committed) for `node`, which extends `truth` to its
+    /// commit point): the batches that end at or below `visible` are the committed history's.
+    pub fn check_readable(
+        &mut self,
+        node: NodeId,
+        stored: &[Batch],
+        generation: u64,
+        visible: Offset,
+    ) -> Result<(), String> {
+        let seen = &mut self.readable[node.0 as usize];
+        if seen.generation != generation {
+            *seen = Verified { generation, batches: 0 };
+        }
+        let k = stored.partition_point(|b| b.end() <= visible);
+        for (i, got) in stored.iter().enumerate().take(k).skip(seen.batches) {
+            match self.truth.get(i) {
+                Some(want) if want == got => {}
+                want => {
+                    return Err(format!(
+                        "{node}: a reader of its stored log below {visible} reads batch {i} as \
+                         {got:?}, the committed history has {want:?}"
+                    ))
+                }
             }
         }
         seen.batches = seen.batches.max(k);

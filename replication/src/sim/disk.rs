@@ -1,6 +1,7 @@
 //! A replica's disk: operations complete in order; a sync makes everything before it durable;
 //! a crash keeps the durable image plus a random prefix of what completed after the last sync
-//! (a torn tail, as storage's recovery leaves it), and loses everything in flight.
+//! (a torn tail, as storage's recovery leaves it), and loses everything in flight. Readers of
+//! the log (subscribers) see the stored image: every completed operation applied.
 
 use std::collections::VecDeque;
 
@@ -28,6 +29,10 @@ pub struct SimDisk {
     busy_until: Time,
     /// Incremented whenever `durable` loses batches (a synced truncation or a crash).
     generation: u64,
+    /// What a reader of the log sees: `durable` with `completed` applied.
+    stored: Vec<Batch>,
+    /// Incremented whenever `stored` loses batches (a truncation or a crash).
+    stored_generation: u64,
 }
 
 impl SimDisk {
@@ -48,6 +53,7 @@ impl SimDisk {
     pub fn complete_next(&mut self) -> Result<Option<DiskOpId>, String> {
         let Some(op) = self.in_flight.pop_front() else { return Ok(None) };
         let id = op.id();
+        apply(&mut self.stored, &op, &mut self.stored_generation)?;
         if let DiskOp::Sync { .. } = op {
             for done in std::mem::take(&mut self.completed) {
                 apply(&mut self.durable, &done, &mut self.generation)?;
@@ -67,7 +73,19 @@ impl SimDisk {
             apply(&mut self.durable, &op, &mut self.generation)?;
         }
         self.generation += 1;
+        self.stored = self.durable.clone();
+        self.stored_generation += 1;
         Ok(self.durable.clone())
+    }
+
+    /// The stored image: what a reader of the log sees (completed operations, synced or not).
+    pub fn stored(&self) -> &[Batch] {
+        &self.stored
+    }
+
+    /// Changes whenever the stored image may have lost or replaced batches.
+    pub fn stored_generation(&self) -> u64 {
+        self.stored_generation
     }
 
     /// The durable image.

@@ -254,6 +254,7 @@ fn bug_env(bugs: InjectedBugs) -> String {
         (bugs.skip_truncation, "skip_truncation"),
         (bugs.skip_dedup, "skip_dedup"),
         (bugs.ignore_lease, "ignore_lease"),
+        (bugs.visible_past_written, "visible_past_written"),
     ];
     let names: Vec<&str> = flags.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
     if names.is_empty() {

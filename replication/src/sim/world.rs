@@ -362,6 +362,8 @@ impl World {
         let node = &self.nodes[n];
         if let Some(replica) = &node.replica {
             self.checker.check_committed(node.id, replica.log(), replica.committed())?;
+            let (stored, generation) = (node.disk.stored(), node.disk.stored_generation());
+            self.checker.check_readable(node.id, stored, generation, replica.visible_end())?;
         }
         if self.checker.committed_batches() != before {
             return self.check_isr_images();

@@ -119,9 +119,11 @@ impl ShardReplica {
         self.replica.borrow()
     }
 
-    /// Subscribers may read below this offset (the commit point).
+    /// Subscribers may read below this offset: the commit point, where storage holds it
+    /// (`Replica::visible_end`; a truncation still queued for storage leaves the old suffix
+    /// there).
     pub fn visible_end(&self) -> Offset {
-        self.fed.get()
+        self.fed.get().min(self.replica.borrow().visible_end())
     }
 
     /// Appends a client's batch; resolves to its base offset once the ack mode is met
@@ -236,10 +238,11 @@ impl ShardReplica {
         .detach();
     }
 
-    /// Gives the subscribers' tail every batch that became committed.
+    /// Gives the subscribers' tail every batch that became committed and is in storage (a
+    /// reader that misses the tail reads storage up to `fed`).
     fn feed_tail(&self) {
         let replica = self.replica.borrow();
-        let committed = replica.committed().min(replica.log().end());
+        let committed = replica.visible_end().min(replica.log().end());
         let fed = self.fed.get();
         if committed <= fed {
             return;
@@ -465,7 +468,16 @@ async fn fill_from_storage(log: &StreamLog, shard: ShardId, message: Message) ->
                 }
             };
             match read.into_iter().next() {
-                Some(s) if s.base_offset == b.base && s.records.len() as u32 == b.records => {
+                // The same batch: offsets, epoch and producer tag (storage below the written
+                // end holds the log's batches; a mismatch ends the reply, the follower asks
+                // again).
+                Some(s)
+                    if s.base_offset == b.base
+                        && s.records.len() as u32 == b.records
+                        && s.epoch.unwrap_or(0) == b.epoch.0
+                        && s.producer.map(|t| (t.producer.0, t.seq))
+                            == b.producer.map(|p| (p.producer.0, p.seq.0)) =>
+                {
                     b.payload = payload::encode(s.first_timestamp_ms, &s.records);
                 }
                 _ => break,

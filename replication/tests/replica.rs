@@ -294,6 +294,31 @@ fn a_follower_truncates_what_the_new_leader_does_not_have() {
 }
 
 #[test]
+fn readers_of_a_follower_stop_at_a_truncation_storage_has_not_applied() {
+    let mut h = Harness::new(3);
+    h.append(0, 1, None, AckMode::Durable);
+    h.cut[1] = true;
+    h.cut[2] = true;
+    h.append(0, 2, None, AckMode::Durable);
+    h.cut = vec![true, false, false];
+    h.elect(NodeId(1));
+    h.append(1, 3, None, AckMode::Durable);
+    assert_eq!(h.acked(3), Some((Offset(2), 2)));
+    // Node 0 comes back with its disk stalled: it truncates to 2 in memory and refetches, but
+    // storage still holds its own epoch-1 batch at 2 until the truncation completes.
+    h.auto_disk[0] = false;
+    h.cut[0] = false;
+    h.nodes[0].handle_controller(h.now, h.group.clone());
+    h.pump();
+    h.advance(200);
+    assert_eq!(h.nodes[0].log().batches(), h.nodes[1].log().batches());
+    assert_eq!(h.nodes[0].committed(), Offset(4), "the leader's commit point, learned in memory");
+    assert_eq!(h.nodes[0].visible_end(), Offset(2), "readers stop where storage is the log's");
+    h.complete_disk(0);
+    assert_eq!(h.nodes[0].visible_end(), Offset(4));
+}
+
+#[test]
 fn a_lagging_follower_is_shrunk_out_then_rejoins() {
     let mut h = Harness::new(3);
     h.cut[2] = true;

@@ -245,6 +245,12 @@ pub struct ServeArgs {
     /// 0: a majority of its replicas.
     #[arg(long, env = "FELIX_MIN_INSYNC", default_value_t = 0)]
     pub min_insync: usize,
+    /// Payload bytes of each replicated shard's newest committed batches kept in memory, for
+    /// followers' fetches and subscribers; older batches leave memory but for a small index
+    /// (about 16 bytes per MiB of log plus one entry per leader epoch) and are read back from
+    /// the log when a follower fetches them.
+    #[arg(long, env = "FELIX_REPLICA_RESIDENT_BYTES", default_value_t = 4 << 20)]
+    pub replica_resident_bytes: u64,
     /// Certificates (PEM) the other brokers' certificates are verified against for
     /// replication, both when this broker connects to them and when they connect to it with
     /// their certificate as a TLS client certificate (mutual TLS). Default: this broker's own
@@ -305,6 +311,7 @@ struct FileConfig {
     lease_ttl_s: Option<u32>,
     default_replicas: Option<u8>,
     min_insync: Option<usize>,
+    replica_resident_bytes: Option<u64>,
     peer_ca: Option<PathBuf>,
     peer_server_name: Option<String>,
 }
@@ -441,6 +448,7 @@ impl ServeArgs {
             cluster_name,
             lease_ttl_s,
             min_insync,
+            replica_resident_bytes,
             peer_server_name
         );
         if f.peer_ca.is_some() && unset("peer_ca") {
@@ -609,6 +617,7 @@ impl ServeArgs {
                 None => "# default_replicas: 3, or the live brokers when fewer".to_owned(),
             },
             format!("min_insync = {}", self.min_insync),
+            format!("replica_resident_bytes = {}", self.replica_resident_bytes),
             match &self.peer_ca {
                 Some(p) => format!("peer_ca = {:?}", p.display().to_string()),
                 None => "# peer_ca: this broker's own certificate".to_owned(),

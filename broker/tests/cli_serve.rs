@@ -90,6 +90,7 @@ fn every_environment_twin_takes_effect() {
         ("FELIX_LEASE_TTL_S", "7", "lease_ttl_s = 7"),
         ("FELIX_DEFAULT_REPLICAS", "2", "default_replicas = 2"),
         ("FELIX_MIN_INSYNC", "2", "min_insync = 2"),
+        ("FELIX_REPLICA_RESIDENT_BYTES", "65536", "replica_resident_bytes = 65536"),
         ("FELIX_PEER_CA", "/ca.pem", "peer_ca = \"/ca.pem\""),
         ("FELIX_PEER_SERVER_NAME", "peers.felix", "peer_server_name = \"peers.felix\""),
     ];

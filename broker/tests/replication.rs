@@ -52,6 +52,8 @@ enum Fault {
 fn start_brokers(hosts: &std::rc::Rc<Hosts>, root: &std::path::Path, etcd: &str) -> Vec<Node> {
     // The test's stream asks for its replicas itself (CreateStream flag REPLICAS); the brokers
     // keep their default (3 in a cluster of three), which a second stream checks.
+    // A small resident set, so replicas archive old batches and a follower that was down
+    // catches up from the leader's stored log (`FetchFromLog`).
     let extra = ["--segment-bytes", "4198400"];
     let first = Node::start_with(hosts, 0, "b1", root, etcd, &extra);
     let deadline = Instant::now() + WAIT;
@@ -425,6 +427,14 @@ async fn acked_records_survive_leader_faults_exactly_once() {
         assert!(Instant::now() < deadline, "lag never 0 for every follower: {lags:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // How much of the log the replicas archived and served from storage (counters since each
+    // broker's last restart; whether a trial crosses the archive depends on its rate, so this
+    // is reported, and the state machine's tests and the simulator assert it).
+    let sum = |metric: &str| nodes.iter().map(|n| n.metric_sum(metric)).sum::<f64>();
+    let archived = sum("felix_broker_replication_batches_archived_total");
+    let from_log = sum("felix_broker_replication_fetches_from_log_total");
+    println!("batches archived {archived}, fetch replies read from storage {from_log}");
 
     failovers.sort();
     let median = failovers.get(failovers.len() / 2).copied().unwrap_or_default();

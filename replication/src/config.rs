@@ -34,6 +34,8 @@ pub struct ReplicaConfig {
     pub fetch_bytes_max: u64,
     /// A follower stops fetching while this many bytes it received are not yet written.
     pub follower_unwritten_bytes_max: u64,
+    /// [`crate::Replica::archive`] moves batches out of memory this many at least at a time.
+    pub archive_min_batches: usize,
 }
 
 impl ReplicaConfig {
@@ -47,6 +49,7 @@ impl ReplicaConfig {
             propose_retry_ms: 500,
             fetch_bytes_max: 1024 * 1024,
             follower_unwritten_bytes_max: 8 * 1024 * 1024,
+            archive_min_batches: 1024,
         }
     }
 }

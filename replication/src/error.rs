@@ -74,6 +74,16 @@ pub enum LogError {
         /// The batch's.
         got: Epoch,
     },
+    /// A truncation below the archived prefix ([`crate::ReplicaLog::archive`]), which holds
+    /// only committed batches: a new leader's log always holds them, so this is a protocol
+    /// violation, and the log is left as it was.
+    #[error("truncation to {to} below the archived, committed prefix ending at {archived}")]
+    TruncateBelowArchive {
+        /// Where the truncation asked to cut.
+        to: Offset,
+        /// The archived prefix's end.
+        archived: Offset,
+    },
 }
 
 /// Why the controller refused a compare-and-swap.

@@ -3,6 +3,12 @@
 //!
 //! This is the state machine's in-memory copy; the driver mirrors every change to storage
 //! through [`crate::DiskOp`]s. Offsets are dense from 0 (no retention yet).
+//!
+//! Memory stays bounded on a long log: the driver releases old payloads
+//! ([`ReplicaLog::release_payloads`]) and archives old batches ([`ReplicaLog::archive`]). The
+//! archived prefix is committed and durable, so no truncation reaches into it; of it the log
+//! keeps only its end, its epoch boundaries (one entry per leader epoch), a byte position
+//! about every [`ARCHIVE_MARK_BYTES`] (for lag in bytes) and the producer table as of its end.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -10,17 +16,45 @@ use crate::config::PRODUCER_SEQ_WINDOW;
 use crate::error::LogError;
 use crate::types::{Batch, Epoch, Offset, ProducerId, ProducerSeq, Seq};
 
+/// The archive keeps a byte position about this often: [`ReplicaLog::bytes_after`] an offset
+/// inside the archive counts up to this much (plus one batch) too many.
+pub const ARCHIVE_MARK_BYTES: u64 = 1 << 20;
+
+/// The recent sequence numbers of each producer: `(seq, base offset, records)`, oldest first.
+type ProducerTable = HashMap<ProducerId, VecDeque<(Seq, Offset, u32)>>;
+
 /// The batches of one shard on one replica.
 #[derive(Clone, Debug, Default)]
 pub struct ReplicaLog {
+    /// The batches after the archive, in offset order.
     batches: Vec<Batch>,
     /// Payload bytes of the log up to and including each batch (kept when payloads are
     /// released), for lag in bytes.
     bytes_through: Vec<u64>,
     generation: u64,
-    producers: HashMap<ProducerId, VecDeque<(Seq, Offset, u32)>>,
-    /// The first `released` batches have had their payloads released ([`Self::release_payloads`]).
+    producers: ProducerTable,
+    /// The first `released` of `batches` have had their payloads released
+    /// ([`Self::release_payloads`]).
     released: usize,
+    archive: Archive,
+}
+
+/// What the log keeps of its archived prefix ([`ReplicaLog::archive`]).
+#[derive(Clone, Debug, Default)]
+struct Archive {
+    /// Batches archived.
+    batches: u64,
+    /// Offset one past the last archived record.
+    end: Offset,
+    /// Payload bytes archived.
+    bytes: u64,
+    /// The first offset of each epoch in the archive, in order.
+    epochs: Vec<(Epoch, Offset)>,
+    /// `(base, payload bytes before it)` of an archived batch, about every
+    /// [`ARCHIVE_MARK_BYTES`], the first at offset 0.
+    marks: Vec<(Offset, u64)>,
+    /// The producer table as of `end` (a truncation rebuilds the table from it).
+    producers: ProducerTable,
 }
 
 /// What the idempotence table says about an incoming producer batch.
@@ -54,12 +88,15 @@ impl ReplicaLog {
 
     /// Offset one past the last record.
     pub fn end(&self) -> Offset {
-        self.batches.last().map_or(Offset(0), Batch::end)
+        self.batches.last().map_or(self.archive.end, Batch::end)
     }
 
     /// The epoch of the last batch (`Epoch::NONE` if empty).
     pub fn last_epoch(&self) -> Epoch {
-        self.batches.last().map_or(Epoch::NONE, |b| b.epoch)
+        match self.batches.last() {
+            Some(b) => b.epoch,
+            None => self.archive.epochs.last().map_or(Epoch::NONE, |&(e, _)| e),
+        }
     }
 
     /// Incremented by every truncation that removed something: while it is unchanged, the log
@@ -68,9 +105,21 @@ impl ReplicaLog {
         self.generation
     }
 
-    /// Every batch, in offset order.
+    /// The batches after the archived prefix ([`archived_end`](Self::archived_end)), in offset
+    /// order: every batch while nothing is archived.
     pub fn batches(&self) -> &[Batch] {
         &self.batches
+    }
+
+    /// Where the archived prefix ends (0 while nothing is archived).
+    pub fn archived_end(&self) -> Offset {
+        self.archive.end
+    }
+
+    /// How many batches are archived: [`batches`](Self::batches)`()[i]` is the log's batch
+    /// number `archived_batches() + i`.
+    pub fn archived_batches(&self) -> u64 {
+        self.archive.batches
     }
 
     /// Appends `batch`, which must start at [`end`](Self::end) and not lower the epoch.
@@ -93,54 +142,104 @@ impl ReplicaLog {
             return Err(LogError::EpochDecreased { last: self.last_epoch(), got: batch.epoch });
         }
         remember(&mut self.producers, &batch);
-        let before = self.bytes_through.last().copied().unwrap_or(0);
+        let before = self.bytes_through.last().copied().unwrap_or(self.archive.bytes);
         self.bytes_through.push(before + payload_bytes);
         self.batches.push(batch);
         Ok(())
     }
 
     /// Removes every batch at or after `to` (which must be a batch boundary or past the end)
-    /// and rebuilds the producer table from what is left.
-    pub fn truncate(&mut self, to: Offset) {
+    /// and rebuilds the producer table from what is left. A `to` inside the archived prefix is
+    /// refused and changes nothing.
+    pub fn truncate(&mut self, to: Offset) -> Result<(), LogError> {
+        if to < self.archive.end {
+            return Err(LogError::TruncateBelowArchive { to, archived: self.archive.end });
+        }
         let keep = self.batches.partition_point(|b| b.base < to);
         if keep == self.batches.len() {
-            return;
+            return Ok(());
         }
         debug_assert!(self.batches[keep].base == to, "truncation inside a batch");
         self.batches.truncate(keep);
         self.bytes_through.truncate(keep);
         self.released = self.released.min(keep);
         self.generation += 1;
-        self.producers.clear();
+        self.producers = self.archive.producers.clone();
         for batch in &self.batches {
             remember(&mut self.producers, batch);
         }
+        Ok(())
+    }
+
+    /// How many batches end at or below `below`, and how many do not.
+    pub fn split_at(&self, below: Offset) -> (usize, usize) {
+        let k = self.batches.partition_point(|b| b.end() <= below);
+        (k, self.batches.len() - k)
+    }
+
+    /// Archives the batches that end at or below `below`, which the caller knows are committed
+    /// and durable here (no truncation can reach them, and a reader of them reads storage):
+    /// their offsets, epochs, tags and payloads leave memory, but for what the archive keeps
+    /// (see the module). Moving the batches that stay costs as much as moving them once, so a
+    /// caller archives rarely ([`crate::Replica::archive`]). Returns the batches archived.
+    pub fn archive(&mut self, below: Offset) -> usize {
+        let (k, _) = self.split_at(below);
+        let archive = &mut self.archive;
+        for (batch, through) in self.batches.drain(..k).zip(self.bytes_through.drain(..k)) {
+            let before = archive.bytes;
+            let mark_due =
+                archive.marks.last().is_none_or(|&(_, at)| before - at >= ARCHIVE_MARK_BYTES);
+            if mark_due {
+                archive.marks.push((batch.base, before));
+            }
+            if archive.epochs.last().is_none_or(|&(e, _)| e != batch.epoch) {
+                archive.epochs.push((batch.epoch, batch.base));
+            }
+            remember(&mut archive.producers, &batch);
+            archive.batches += 1;
+            archive.end = batch.end();
+            archive.bytes = through;
+        }
+        self.released = self.released.saturating_sub(k);
+        k
     }
 
     /// The batch boundary from which the batches that end at or below `below` hold about
     /// `keep` payload bytes (at least `keep`, less than one batch more): the payloads below it
-    /// can be released keeping the newest `keep` bytes. A binary search on the byte positions.
+    /// can be released keeping the newest `keep` bytes. A binary search on the byte positions;
+    /// never below the archived prefix's end.
     pub fn keeping_last_bytes(&self, below: Offset, keep: u64) -> Offset {
         let upto = self.batches.partition_point(|b| b.end() <= below);
         let Some(&total) = upto.checked_sub(1).and_then(|i| self.bytes_through.get(i)) else {
-            return Offset(0);
+            return self.archive.end;
         };
         let floor = total.saturating_sub(keep);
         let i = self.bytes_through[..upto].partition_point(|&c| c <= floor);
-        i.checked_sub(1).map_or(Offset(0), |i| self.batches[i].end())
+        i.checked_sub(1).map_or(self.archive.end, |i| self.batches[i].end())
     }
 
-    /// Payload bytes from offset `from` (a batch boundary, or the end) to the log end.
+    /// Payload bytes from offset `from` (a batch boundary, or the end) to the log end. Inside
+    /// the archive it counts from the byte position marked at or before `from`: up to
+    /// [`ARCHIVE_MARK_BYTES`] plus one batch too many.
     pub fn bytes_after(&self, from: Offset) -> u64 {
-        let total = self.bytes_through.last().copied().unwrap_or(0);
+        let total = self.bytes_through.last().copied().unwrap_or(self.archive.bytes);
+        if from < self.archive.end {
+            let i = self.archive.marks.partition_point(|&(at, _)| at <= from);
+            let before = i.checked_sub(1).map_or(0, |i| self.archive.marks[i].1);
+            return total.saturating_sub(before);
+        }
         let i = self.batches.partition_point(|b| b.base < from);
-        let before = i.checked_sub(1).map_or(0, |i| self.bytes_through[i]);
+        let before = i.checked_sub(1).map_or(self.archive.bytes, |i| self.bytes_through[i]);
         total.saturating_sub(before)
     }
 
     /// The offset where epoch `epoch` ends in this log: the base of the first batch of a later
     /// epoch, or the log end.
     pub fn end_of_epoch(&self, epoch: Epoch) -> Offset {
+        let epochs = &self.archive.epochs;
+        if let Some(&(_, start)) = epochs.get(epochs.partition_point(|&(e, _)| e <= epoch)) {
+            return start;
+        }
         let first_later = self.batches.partition_point(|b| b.epoch <= epoch);
         self.batches.get(first_later).map_or(self.end(), |b| b.base)
     }
@@ -148,7 +247,12 @@ impl ReplicaLog {
     /// The largest epoch `<= epoch` that has batches here, if any.
     pub fn largest_epoch_at_most(&self, epoch: Epoch) -> Option<Epoch> {
         let first_later = self.batches.partition_point(|b| b.epoch <= epoch);
-        first_later.checked_sub(1).map(|i| self.batches[i].epoch)
+        if let Some(i) = first_later.checked_sub(1) {
+            return Some(self.batches[i].epoch);
+        }
+        let epochs = &self.archive.epochs;
+        let i = epochs.partition_point(|&(e, _)| e <= epoch);
+        i.checked_sub(1).map(|i| epochs[i].0)
     }
 
     /// The leader's side of the epoch handshake: the largest epoch `<= asked` this log has (the
@@ -170,8 +274,12 @@ impl ReplicaLog {
     }
 
     /// Batches from offset `from` (a batch boundary) on, at least one and at most `bytes_max`
-    /// bytes otherwise.
+    /// bytes otherwise. None from inside the archive (`from` below
+    /// [`archived_end`](Self::archived_end)): those are read from storage.
     pub fn read_from(&self, from: Offset, bytes_max: u64) -> Vec<Batch> {
+        if from < self.archive.end {
+            return Vec::new();
+        }
         let start = self.batches.partition_point(|b| b.base < from);
         let mut bytes = 0;
         let mut out = Vec::new();
@@ -202,14 +310,17 @@ impl ReplicaLog {
         freed
     }
 
-    /// Offsets below this have released payloads ([`Self::release_payloads`]).
+    /// Offsets below this have released payloads ([`Self::release_payloads`]) or are archived.
     pub fn released_end(&self) -> Offset {
-        self.released.checked_sub(1).map_or(Offset(0), |i| self.batches[i].end())
+        self.released.checked_sub(1).map_or(self.archive.end, |i| self.batches[i].end())
     }
 
-    /// Whether `offset` is a batch boundary of this log (or its end).
+    /// Whether `offset` is a batch boundary of this log (or its end). Inside the archive, whose
+    /// batch boundaries are not kept, every offset counts (a reader of storage checks it).
     pub fn is_boundary(&self, offset: Offset) -> bool {
-        offset == self.end() || self.batches.binary_search_by_key(&offset, |b| b.base).is_ok()
+        offset <= self.archive.end
+            || offset == self.end()
+            || self.batches.binary_search_by_key(&offset, |b| b.base).is_ok()
     }
 
     /// What the idempotence table says about `tag`.
@@ -236,7 +347,7 @@ impl ReplicaLog {
 
 /// Records `batch`'s producer tag (if any) in `producers`, keeping the last
 /// [`PRODUCER_SEQ_WINDOW`] sequence numbers per producer.
-fn remember(producers: &mut HashMap<ProducerId, VecDeque<(Seq, Offset, u32)>>, batch: &Batch) {
+fn remember(producers: &mut ProducerTable, batch: &Batch) {
     if let Some(tag) = batch.producer {
         let recent = producers.entry(tag.producer).or_default();
         recent.push_back((tag.seq, batch.base, batch.records));
@@ -275,7 +386,7 @@ mod tests {
         assert_eq!(log.end_of_epoch(Epoch(3)), Offset(6));
         assert_eq!(log.largest_epoch_at_most(Epoch(2)), Some(Epoch(1)));
         assert_eq!(log.largest_epoch_at_most(Epoch(0)), None);
-        log.truncate(Offset(2));
+        log.truncate(Offset(2)).unwrap();
         assert_eq!(log.end(), Offset(2));
         assert_eq!(log.last_epoch(), Epoch(1));
         assert!(log.append(batch(1, 3, 1, None)).is_err());
@@ -291,10 +402,10 @@ mod tests {
         assert_eq!(log.check_seq(tag(1)), SeqCheck::Duplicate { base: Offset(2), records: 1 });
         assert_eq!(log.check_seq(tag(2)), SeqCheck::New);
         assert_eq!(log.check_seq(tag(4)), SeqCheck::OutOfOrder);
-        log.truncate(Offset(2));
+        log.truncate(Offset(2)).unwrap();
         assert_eq!(log.check_seq(tag(1)), SeqCheck::New);
         assert_eq!(log.check_seq(tag(0)), SeqCheck::Duplicate { base: Offset(0), records: 2 });
-        log.truncate(Offset(0));
+        log.truncate(Offset(0)).unwrap();
         assert_eq!(log.check_seq(tag(1)), SeqCheck::OutOfOrder, "an unknown producer starts at 0");
         assert_eq!(log.check_seq(tag(0)), SeqCheck::New);
     }
@@ -312,7 +423,7 @@ mod tests {
         assert_eq!(log.bytes_after(Offset(7)), 0);
         log.release_payloads(Offset(3));
         assert_eq!(log.bytes_after(Offset(0)), 3, "released payloads still count");
-        log.truncate(Offset(2));
+        log.truncate(Offset(2)).unwrap();
         assert_eq!((log.bytes_after(Offset(0)), log.bytes_after(Offset(2))), (1, 0));
         log.append(batch(3, 2, 1, None)).unwrap();
         assert_eq!(log.bytes_after(Offset(0)), 2);
@@ -334,6 +445,96 @@ mod tests {
         assert_eq!(log.keeping_last_bytes(Offset(9), 10), Offset(0), "all of it fits");
         assert_eq!(log.keeping_last_bytes(Offset(9), 0), Offset(9), "nothing kept");
         assert_eq!(log.keeping_last_bytes(Offset(0), 1), Offset(0));
+    }
+
+    #[test]
+    fn an_archived_prefix_answers_as_the_whole_log_did() {
+        // Epochs 1, 1, 2, 2, 4, 4 at offsets 0, 2, 3, 7, 8, 9; producer 7 tags every batch.
+        let batches = vec![
+            batch(1, 0, 2, Some((7, 0))),
+            batch(1, 2, 1, Some((7, 1))),
+            batch(2, 3, 4, Some((7, 2))),
+            batch(2, 7, 1, Some((7, 3))),
+            batch(4, 8, 1, Some((7, 4))),
+            batch(4, 9, 1, Some((7, 5))),
+        ];
+        let whole = ReplicaLog::from_batches(batches.clone()).unwrap();
+        for cut in 0..=batches.len() {
+            let mut log = ReplicaLog::from_batches(batches.clone()).unwrap();
+            let below = cut.checked_sub(1).map_or(Offset(0), |i| batches[i].end());
+            assert_eq!(log.archive(below), cut);
+            assert_eq!((log.archived_batches(), log.archived_end()), (cut as u64, below));
+            assert_eq!(log.batches(), &batches[cut..]);
+            assert_eq!((log.end(), log.last_epoch()), (whole.end(), whole.last_epoch()));
+            for e in 0..6 {
+                let e = Epoch(e);
+                assert_eq!(log.end_of_epoch(e), whole.end_of_epoch(e), "cut {cut}, {e}");
+                assert_eq!(log.largest_epoch_at_most(e), whole.largest_epoch_at_most(e));
+                assert_eq!(log.epoch_answer(e, Epoch(4)), whole.epoch_answer(e, Epoch(4)));
+            }
+            for seq in 0..8 {
+                let tag = ProducerSeq { producer: ProducerId(7), seq: Seq(seq) };
+                assert_eq!(log.check_seq(tag), whole.check_seq(tag), "cut {cut}, seq {seq}");
+            }
+            for b in &batches[cut..] {
+                assert_eq!(log.bytes_after(b.base), whole.bytes_after(b.base));
+            }
+            assert_eq!(log.keeping_last_bytes(Offset(10), 1), Offset(9).max(below));
+            assert!(log.read_from(Offset(0), 1 << 20).is_empty() || cut == 0, "from the archive");
+        }
+    }
+
+    #[test]
+    fn truncation_stops_at_the_archive_and_keeps_its_producers() {
+        let mut log = ReplicaLog::from_batches(vec![
+            batch(1, 0, 2, Some((7, 0))),
+            batch(1, 2, 1, Some((8, 0))),
+            batch(2, 3, 4, Some((7, 1))),
+            batch(2, 7, 1, None),
+        ])
+        .unwrap();
+        log.archive(Offset(3));
+        let refused = log.truncate(Offset(2));
+        assert_eq!(
+            refused,
+            Err(LogError::TruncateBelowArchive { to: Offset(2), archived: Offset(3) })
+        );
+        assert_eq!(log.end(), Offset(8), "a refused truncation changes nothing");
+        log.truncate(Offset(3)).unwrap();
+        assert_eq!((log.end(), log.last_epoch()), (Offset(3), Epoch(1)));
+        let tag = |p, s| ProducerSeq { producer: ProducerId(p), seq: Seq(s) };
+        // The archived producers are still known after the table was rebuilt.
+        assert_eq!(log.check_seq(tag(7, 0)), SeqCheck::Duplicate { base: Offset(0), records: 2 });
+        assert_eq!(log.check_seq(tag(7, 1)), SeqCheck::New);
+        assert_eq!(log.check_seq(tag(8, 1)), SeqCheck::New);
+        assert_eq!(log.end_of_epoch(Epoch(1)), Offset(3));
+        log.append(batch(3, 3, 1, Some((7, 1)))).unwrap();
+        assert_eq!(log.end_of_epoch(Epoch(2)), Offset(3));
+        assert_eq!(log.largest_epoch_at_most(Epoch(2)), Some(Epoch(1)));
+    }
+
+    #[test]
+    fn lag_inside_the_archive_is_counted_from_a_mark() {
+        // 3,000 batches of 1 KiB: marks about every 1 MiB.
+        let payload = Bytes::from(vec![0u8; 1024]);
+        let mut log = ReplicaLog::default();
+        for i in 0..3000u64 {
+            let b = Batch { payload: payload.clone(), ..batch(1, i, 1, None) };
+            log.append(b).unwrap();
+        }
+        let exact: Vec<u64> = (0..3000).map(|i| log.bytes_after(Offset(i))).collect();
+        log.archive(Offset(2900));
+        assert_eq!(log.batches().len(), 100, "a bounded number stays in memory");
+        for i in 0..3000u64 {
+            let got = log.bytes_after(Offset(i));
+            let want = exact[i as usize];
+            assert!(
+                got >= want && got <= want + ARCHIVE_MARK_BYTES + 1024,
+                "at {i}: {got} vs {want}"
+            );
+        }
+        assert_eq!(log.bytes_after(Offset(2900)), 100 * 1024);
+        assert_eq!(log.bytes_after(Offset(0)), 3000 * 1024);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use crate::controller::IsrProposal;
 use crate::disk::DiskOp;
-use crate::error::AppendError;
+use crate::error::{AppendError, LogError};
 use crate::types::{Batch, Epoch, NodeId, Offset, RequestId};
 
 /// A message between two replicas of one shard (the driver adds the shard and the transport).
@@ -65,6 +65,26 @@ pub enum Output {
         /// The message.
         message: Message,
     },
+    /// Send replica `to` a [`Message::FetchReply`] of `epoch` and `committed` whose batches are
+    /// read from this replica's stored log, because the state machine archived them
+    /// ([`crate::ReplicaLog::archive`]; all are committed and durable here): the batches from
+    /// `from` on that end at or below `upto`, at least one and at most `bytes_max` bytes
+    /// ([`Batch::size_bytes`]) otherwise. If no stored batch starts at `from`, send nothing (the
+    /// follower asks again).
+    FetchFromLog {
+        /// The destination.
+        to: NodeId,
+        /// The leader epoch.
+        epoch: Epoch,
+        /// The first batch's base offset.
+        from: Offset,
+        /// No batch past this offset (the archived prefix's end).
+        upto: Offset,
+        /// The leader's committed offset.
+        committed: Offset,
+        /// Bytes of batches at most (at least one batch is sent).
+        bytes_max: u64,
+    },
     /// Execute a disk operation (in order), then call `handle_disk_done` with its id.
     Disk(DiskOp),
     /// The append `request` is acknowledged at offsets `base..base + records`.
@@ -88,4 +108,8 @@ pub enum Output {
     /// Submit this compare-and-swap to the controller (etcd); the result arrives as the next
     /// group state through `handle_controller`.
     Propose(IsrProposal),
+    /// The replica met what its in-memory log cannot do (a truncation into its archived,
+    /// committed prefix: a protocol violation) and stopped following; the log is unchanged.
+    /// Stop it and start it again from storage, which holds the whole log.
+    Failed(LogError),
 }

@@ -1,5 +1,6 @@
 //! The epoch handshake finds exactly the longest common prefix of a follower's and a leader's
-//! logs, for any pair of logs a history of leaders can produce (property test).
+//! logs, for any pair of logs a history of leaders can produce (property test), also when both
+//! have archived part of that prefix (as replicas archive committed batches).
 
 use bytes::Bytes;
 use felix_replication::{Batch, Epoch, Offset, ReplicaLog};
@@ -42,7 +43,7 @@ fn handshake(mut follower: ReplicaLog, leader: &ReplicaLog, current: Epoch) -> R
         }
         let (answer, end) = leader.epoch_answer(follower.last_epoch(), current);
         let to = follower.truncation_point(answer, end);
-        follower.truncate(to);
+        follower.truncate(to).expect("the handshake never cuts into the common prefix");
         if follower.end() == Offset(0) || Some(follower.last_epoch()) == answer {
             return follower;
         }
@@ -60,6 +61,7 @@ proptest! {
     fn truncation_keeps_exactly_the_common_prefix(
         history in history(),
         pick in (0usize..8, 0usize..40, 0usize..8),
+        archive in (0usize..40, 0usize..40),
     ) {
         let logs = leader_logs(&history);
         let (f, f_len, l) = pick;
@@ -67,15 +69,24 @@ proptest! {
         // The follower holds a prefix of some leader's log from an epoch up to the leader's.
         let follower_index = f % (leader_index + 1);
         let follower_log = &logs[follower_index][..f_len.min(logs[follower_index].len())];
-        let leader = ReplicaLog::from_batches(logs[leader_index].clone()).unwrap();
-        let follower = ReplicaLog::from_batches(follower_log.to_vec()).unwrap();
+        let mut leader = ReplicaLog::from_batches(logs[leader_index].clone()).unwrap();
+        let mut follower = ReplicaLog::from_batches(follower_log.to_vec()).unwrap();
         let current = Epoch(leader_index as u64 + 1);
         let common = follower_log
             .iter()
             .zip(leader.batches())
             .take_while(|(a, b)| a == b)
             .count();
+        // Each side archives some of the common prefix (what both can know committed).
+        let cut = |n: usize| n.min(common).checked_sub(1).map_or(Offset(0), |i| follower_log[i].end());
+        let (archived_leader, archived_follower) = (cut(archive.0), cut(archive.1));
+        leader.archive(archived_leader);
+        follower.archive(archived_follower);
         let done = handshake(follower, &leader, current);
-        prop_assert_eq!(done.batches(), &leader.batches()[..common]);
+        let want = &logs[leader_index][..common];
+        let kept = done.archived_batches() as usize;
+        prop_assert_eq!(done.end(), want.last().map_or(Offset(0), Batch::end));
+        prop_assert_eq!(done.batches(), &want[kept..]);
+        prop_assert!(done.archived_end() <= archived_follower);
     }
 }

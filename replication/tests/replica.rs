@@ -6,9 +6,9 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use felix_replication::{
-    AckMode, AppendError, AppendRequest, DiskOp, DiskOpId, Epoch, GroupState, LeaseId, Message,
-    NodeId, Offset, Output, ProducerId, ProducerSeq, Replica, ReplicaConfig, ReplicaLog, RequestId,
-    RoleView, Seq, Time,
+    AckMode, AppendError, AppendRequest, Batch, DiskOp, DiskOpId, Epoch, GroupState, LeaseId,
+    Message, NodeId, Offset, Output, ProducerId, ProducerSeq, Replica, ReplicaConfig, ReplicaLog,
+    RequestId, RoleView, Seq, Time,
 };
 
 /// Lease validity the harness grants, ms.
@@ -30,6 +30,9 @@ struct Harness {
     silent_proposals: bool,
     messages: VecDeque<(NodeId, NodeId, Message)>,
     answers: Vec<Output>,
+    /// Each node's stored log: its disk writes and truncations, applied when emitted (what
+    /// an `Output::FetchFromLog` reads).
+    stored: Vec<Vec<Batch>>,
 }
 
 impl Harness {
@@ -55,6 +58,7 @@ impl Harness {
             silent_proposals: false,
             messages: VecDeque::new(),
             answers: Vec::new(),
+            stored: vec![Vec::new(); n as usize],
         };
         for i in 0..n as usize {
             h.nodes[i].handle_lease(h.now, LeaseId(i as u64 + 1), h.now.plus_ms(LEASE_MS));
@@ -156,7 +160,26 @@ impl Harness {
             Output::Send { to, message } => {
                 self.messages.push_back((NodeId(i as u32), to, message))
             }
-            Output::Disk(op) => self.disk[i].push(op_id(&op)),
+            Output::Disk(op) => {
+                match &op {
+                    DiskOp::Write { batches, .. } => self.stored[i].extend(batches.iter().cloned()),
+                    DiskOp::Truncate { to, .. } => self.stored[i].retain(|b| b.base < *to),
+                    DiskOp::Sync { .. } => {}
+                }
+                self.disk[i].push(op_id(&op))
+            }
+            Output::FetchFromLog { to, epoch, from, upto, committed, bytes_max } => {
+                let (mut batches, mut bytes) = (Vec::new(), 0);
+                for b in self.stored[i].iter().filter(|b| b.base >= from && b.end() <= upto) {
+                    bytes += b.size_bytes();
+                    if !batches.is_empty() && bytes > bytes_max {
+                        break;
+                    }
+                    batches.push(b.clone());
+                }
+                let message = Message::FetchReply { epoch, from, batches, committed };
+                self.messages.push_back((NodeId(i as u32), to, message))
+            }
             Output::Propose(proposal) => {
                 if !self.cut[i]
                     && !self.drop_proposals
@@ -379,6 +402,41 @@ fn fetch_replies_are_bounded() {
     }
     // Each batch costs 48 + 8 payload bytes: five fit in 300.
     assert_eq!(sent, vec![5]);
+}
+
+#[test]
+fn a_follower_behind_the_archive_catches_up_from_storage() {
+    let config = ReplicaConfig {
+        fetch_bytes_max: 300,
+        archive_min_batches: 4,
+        ..ReplicaConfig::for_replicas(3)
+    };
+    let mut h = Harness::with_config(3, config);
+    h.cut[2] = true;
+    h.advance(ReplicaConfig::default().isr_lag_max_ms + 100);
+    for r in 10..40 {
+        h.append(0, r, Some((9, (r - 10) as u32)), AckMode::Durable);
+        assert!(h.acked(r).is_some(), "committed by nodes 0 and 1");
+    }
+    assert_eq!(h.nodes[0].archive(Offset(56)), 28, "only the committed prefix, 56 records");
+    assert_eq!(h.nodes[0].log().batches().len(), 2, "and it leaves memory");
+    assert_eq!(h.nodes[0].archive(Offset(60)), 0, "fewer than archive_min_batches");
+    // Node 2 comes back with nothing: its first replies are read from storage.
+    h.cut[2] = false;
+    h.nodes[2].handle_controller(h.now, h.group.clone());
+    h.advance(1_000);
+    assert_eq!(h.nodes[2].log().batches(), &h.stored[0][..], "the whole log, in order");
+    assert!(h.group.isr.contains(&NodeId(2)), "back in sync");
+    let stats = h.nodes[0].stats();
+    assert_eq!(stats.batches_archived, 28);
+    // Five 56-byte batches fit a 300-byte reply: at least six replies for the 28 archived (a
+    // fetch that reports a new durable end is answered again from the same offset).
+    assert!(stats.fetches_from_log >= 6, "{stats:?}");
+    // A retry of an archived batch is still answered with its offsets, and the next is new.
+    h.append(0, 99, Some((9, 25)), AckMode::Durable);
+    assert_eq!(h.acked(99), Some((Offset(50), 2)), "seq 25, archived, at 50");
+    h.append(0, 100, Some((9, 30)), AckMode::Durable);
+    assert_eq!(h.acked(100), Some((Offset(60), 2)));
 }
 
 #[test]

@@ -166,7 +166,7 @@ fn random_histories_answer_as_the_replication_model_before_and_after_a_reopen() 
                     let batches = model.batches();
                     let to = batches[rng.gen_range(0..batches.len())].base;
                     log.truncate_shard(S0, to).await.unwrap();
-                    model.truncate(to);
+                    model.truncate(to).expect("the model truncates at a stored boundary");
                     // A new leader's epoch is above every epoch ever used.
                     epoch_now += 1;
                 } else if rng.gen_ratio(1, 60) {

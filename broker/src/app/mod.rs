@@ -274,6 +274,7 @@ fn core_settings(
             identity: tls_source(args),
             server_name: args.peer_server_name.clone(),
             min_insync: args.min_insync,
+            resident_bytes: args.replica_resident_bytes,
         }),
         data_dir: args.data_dir.clone(),
         cores: args.cores,

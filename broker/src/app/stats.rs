@@ -85,6 +85,9 @@ counters! {
     replication_leaderships: "Times a replica on this core became its shard's leader.",
     replication_isr_proposals: "In-sync-set proposals sent to the controller by leaders on this core.",
     replication_lease_refusals: "Appends refused by leaders on this core because their lease was not confirmed.",
+    replication_batches_archived: "Batches replicas on this core moved out of memory (committed, durable, read from storage after).",
+    replication_fetches_from_log: "Fetch replies leaders on this core read from storage (the follower asked for archived batches).",
+    replication_resident_batches: "Batches replicas on this core hold in memory (gauge).",
     replicas_leading: "Replicated shards this core leads (gauge).",
     replicas_following: "Replicated shards this core follows (gauge).",
     replication_lag_records: "Largest lag, in records, of a follower of a shard this core leads (gauge).",
@@ -92,12 +95,13 @@ counters! {
 }
 
 /// The counters exported as gauges.
-const GAUGES: [&str; 7] = [
+const GAUGES: [&str; 8] = [
     "inflight_bytes",
     "storage_read_cache_bytes",
     "connections_open",
     "replicas_leading",
     "replicas_following",
+    "replication_resident_batches",
     "replication_lag_records",
     "replication_lag_bytes",
 ];

@@ -71,8 +71,8 @@ impl Replica {
             return;
         }
         let to = self.log.truncation_point(answer_epoch, end);
-        if to < self.log.end() {
-            self.truncate(to);
+        if to < self.log.end() && !self.truncate(to) {
+            return;
         }
         // Converged when the logs agree on the last epoch (log matching: same epoch and offset,
         // same batch and same prefix), else ask again about the now earlier last epoch.
@@ -85,14 +85,20 @@ impl Replica {
         self.send_request(now);
     }
 
-    /// Drops the log's suffix from `to` on, in memory and on disk.
-    fn truncate(&mut self, to: Offset) {
+    /// Drops the log's suffix from `to` on, in memory and on disk. False (and the replica is
+    /// idle and reports [`Output::Failed`]) if `to` is inside the archived prefix.
+    fn truncate(&mut self, to: Offset) -> bool {
         let before = self.log.batches().len();
-        self.log.truncate(to);
+        if let Err(error) = self.log.truncate(to) {
+            self.step_down(Role::Idle);
+            self.outbox.push_back(Output::Failed(error));
+            return false;
+        }
         self.stats.batches_truncated += (before - self.log.batches().len()) as u64;
         self.committed = self.committed.min(to);
         let op = self.disk.truncate(to);
         self.outbox.push_back(Output::Disk(op));
+        true
     }
 
     pub(super) fn on_fetch_reply(

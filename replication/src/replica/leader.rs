@@ -235,6 +235,14 @@ impl Replica {
     fn send_fetch_reply(&mut self, node: NodeId, from: Offset) {
         let Role::Leader(state) = &self.role else { return };
         let epoch = state.epoch;
+        if from < self.log.archived_end() {
+            let (upto, committed) = (self.log.archived_end(), self.committed);
+            let bytes_max = self.config.fetch_bytes_max;
+            let fetch = Output::FetchFromLog { to: node, epoch, from, upto, committed, bytes_max };
+            self.outbox.push_back(fetch);
+            self.stats.fetches_from_log += 1;
+            return;
+        }
         let batches = self.log.read_from(from, self.config.fetch_bytes_max);
         self.stats.fetch_bytes_sent += batches.iter().map(Batch::size_bytes).sum::<u64>();
         let committed = self.committed;

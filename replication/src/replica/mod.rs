@@ -69,6 +69,10 @@ pub struct ReplicaStats {
     pub fetch_bytes_sent: u64,
     /// Times this replica became leader.
     pub leaderships: u64,
+    /// Batches moved out of memory by [`Replica::archive`].
+    pub batches_archived: u64,
+    /// Fetch replies the driver read from storage ([`Output::FetchFromLog`]).
+    pub fetches_from_log: u64,
 }
 
 enum Role {
@@ -236,6 +240,24 @@ impl Replica {
     /// Returns the bytes released.
     pub fn release_payloads(&mut self, below: Offset) -> u64 {
         self.log.release_payloads(below.min(self.visible_end()))
+    }
+
+    /// Archives the batches that end at or below `below`, the commit point and the durable end
+    /// ([`ReplicaLog::archive`], at least `archive_min_batches` at a time, and at least as
+    /// many as stay in memory): on a long log the
+    /// replica then keeps a bounded number of batches in memory, and a follower that fetches
+    /// from the archived prefix is answered from storage ([`Output::FetchFromLog`]). Returns
+    /// the batches archived.
+    pub fn archive(&mut self, below: Offset) -> usize {
+        let below = below.min(self.committed).min(self.disk.durable_end());
+        // At least as many as stay, so moving those costs a constant per batch archived.
+        let (going, staying) = self.log.split_at(below);
+        if going == 0 || going < staying.max(self.config.archive_min_batches) {
+            return 0;
+        }
+        let archived = self.log.archive(below);
+        self.stats.batches_archived += archived as u64;
+        archived
     }
 
     /// On a leader, what it knows of each follower (for lag metrics); empty otherwise.

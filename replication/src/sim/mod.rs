@@ -273,6 +273,8 @@ pub(crate) fn add_stats(a: ReplicaStats, b: ReplicaStats) -> ReplicaStats {
         isr_proposals: a.isr_proposals + b.isr_proposals,
         fetch_bytes_sent: a.fetch_bytes_sent + b.fetch_bytes_sent,
         leaderships: a.leaderships + b.leaderships,
+        batches_archived: a.batches_archived + b.batches_archived,
+        fetches_from_log: a.fetches_from_log + b.fetches_from_log,
     }
 }
 

@@ -16,7 +16,7 @@ use super::{SeedReport, SimOptions};
 use crate::config::ReplicaConfig;
 use crate::controller::GroupState;
 use crate::log::ReplicaLog;
-use crate::message::Output;
+use crate::message::{Message, Output};
 use crate::replica::{Replica, ReplicaStats, RoleView};
 use crate::types::{
     Batch, Epoch, LeaseId, NodeId, Offset, ProducerId, ProducerSeq, RequestId, Seq, Time,
@@ -86,9 +86,13 @@ impl World {
         producers: usize,
     ) -> World {
         let ids: Vec<NodeId> = (0..replicas as u32).map(NodeId).collect();
+        let mut config = sim_config(replicas);
+        // Archive 1 to 16 batches at a time, chosen by the seed (not the PRNG, so its stream is
+        // what it was before replicas archived).
+        config.archive_min_batches = (seed % 16) as usize + 1;
         let mut world = World {
             seed,
-            config: sim_config(replicas),
+            config,
             faults: Faults::default(),
             queue: BinaryHeap::new(),
             next_seq: 0,
@@ -304,6 +308,14 @@ impl World {
                 Output::Send { to, message } => {
                     self.send(Addr::Node(id), Addr::Node(to), Packet::Replica(message))
                 }
+                Output::FetchFromLog { to, epoch, from, upto, committed, bytes_max } => {
+                    let batches =
+                        read_image(self.nodes[n].disk.durable(), from, upto, bytes_max)
+                            .map_err(|e| format!("{id}: a fetch of its archived prefix: {e}"))?;
+                    let message = Message::FetchReply { epoch, from, batches, committed };
+                    self.send(Addr::Node(id), Addr::Node(to), Packet::Replica(message))
+                }
+                Output::Failed(error) => return Err(format!("{id} failed: {error}")),
                 Output::Disk(op) => {
                     let at = self.nodes[n].disk.submit(self.now, op, &mut self.rng);
                     let incarnation = self.nodes[n].incarnation;
@@ -322,7 +334,13 @@ impl World {
             }
         }
         self.check_node(n)?;
-        self.check_acks(n, acks)
+        self.check_acks(n, acks)?;
+        // After the checks, which have seen every committed batch: archive what they allow.
+        if let Some(replica) = self.nodes[n].replica.as_mut() {
+            let committed = replica.committed();
+            replica.archive(committed);
+        }
+        Ok(())
     }
 
     /// Sends a client answer to the producer that made `request`.
@@ -639,6 +657,31 @@ impl World {
 }
 
 /// Replica timings scaled to the simulation's short lease.
+/// The durable batches from `from` on that end at or below `upto`, at least one and at most
+/// `bytes_max` bytes otherwise: what a broker reads from storage for
+/// [`Output::FetchFromLog`]. Archived batches are durable, so `from` must start one.
+fn read_image(
+    image: &[Batch],
+    from: Offset,
+    upto: Offset,
+    bytes_max: u64,
+) -> Result<Vec<Batch>, String> {
+    let start = image.partition_point(|b| b.base < from);
+    if image.get(start).is_none_or(|b| b.base != from || b.end() > upto) {
+        return Err(format!("no durable batch at {from} ending by {upto}"));
+    }
+    let mut bytes = 0;
+    let mut out = Vec::new();
+    for batch in image[start..].iter().take_while(|b| b.end() <= upto) {
+        bytes += batch.size_bytes();
+        if !out.is_empty() && bytes > bytes_max {
+            break;
+        }
+        out.push(batch.clone());
+    }
+    Ok(out)
+}
+
 fn sim_config(replicas: usize) -> ReplicaConfig {
     ReplicaConfig {
         isr_lag_max_ms: 150,

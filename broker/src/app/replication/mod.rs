@@ -42,10 +42,6 @@ pub const LEASE_DRIFT_MARGIN_MS: u64 = 100;
 /// Disk operations queued per replicated shard; the state machine bounds what it emits (its
 /// waiting acks and the follower's unwritten bytes), so reaching this stops the replica.
 pub const DISK_OPS_MAX: usize = 16_384;
-/// Payload bytes of the newest committed batches each replica keeps in memory (for fetches
-/// and the subscribers' tail); older payloads are read back from storage when a fetch needs
-/// them.
-pub const RESIDENT_PAYLOAD_BYTES: u64 = 4 << 20;
 /// How long after a replica failed to start it is tried again.
 pub const REPLICA_RETRY_MS: u64 = 5_000;
 /// Bytes per storage read when a replica recovers its log at start.
@@ -63,6 +59,10 @@ pub struct ReplicationSettings {
     pub server_name: String,
     /// In-sync replicas a durable append needs (0: a majority of the replicas).
     pub min_insync: usize,
+    /// Payload bytes of the newest committed batches each replica keeps in memory (for
+    /// fetches and the subscribers' tail); older batches are archived and read back from
+    /// storage when a fetch needs them (`--replica-resident-bytes`).
+    pub resident_bytes: u64,
 }
 
 /// One core's replication driver.
@@ -75,6 +75,7 @@ pub struct Host {
     tls: quinn_proto::ClientConfig,
     server_name: String,
     min_insync: usize,
+    resident_bytes: u64,
     agent: AgentClient,
     link: Rc<ClusterLink>,
     /// The running replicas, by stream and shard (looked up by `&str`, with no allocation).
@@ -117,6 +118,7 @@ impl Host {
             tls,
             server_name: settings.server_name.clone(),
             min_insync: settings.min_insync,
+            resident_bytes: settings.resident_bytes,
             agent,
             link,
             shards: RefCell::default(),
@@ -337,7 +339,8 @@ impl Host {
         let entry = app.stream(&key.0, false).await.map_err(|e| e.message)?;
         let log = entry.log.clone().ok_or("no log on this core")?;
         let shard = ShardId(key.1);
-        let (replica, disk_rx) = ShardReplica::open(entry, log, shard, nodes, me, config).await?;
+        let (replica, disk_rx) =
+            ShardReplica::open(entry, log, shard, nodes, me, config, self.resident_bytes).await?;
         glommio::spawn_local(replica.clone().run_disk(self.clone(), disk_rx)).detach();
         self.shards.borrow_mut().entry(key.0.clone()).or_default().insert(key.1, replica);
         tracing::info!(stream = %key.0, shard = key.1, replica = me.0, "replica started");
@@ -349,7 +352,7 @@ impl Host {
     fn report(&self, shards: &[Rc<ShardReplica>], now: Time, valid_until: Option<Time>) {
         let mut statuses = Vec::with_capacity(shards.len());
         let mut totals = felix_replication::ReplicaStats::default();
-        let (mut leading, mut lag_records, mut lag_bytes) = (0, 0, 0);
+        let (mut leading, mut lag_records, mut lag_bytes, mut resident) = (0, 0, 0, 0);
         for r in shards {
             let replica = r.replica();
             let log = replica.log();
@@ -358,6 +361,9 @@ impl Host {
             totals.leaderships += s.leaderships;
             totals.isr_proposals += s.isr_proposals;
             totals.lease_refusals += s.lease_refusals;
+            totals.batches_archived += s.batches_archived;
+            totals.fetches_from_log += s.fetches_from_log;
+            resident += log.batches().len() as u64;
             let (leader, epoch) = match replica.role() {
                 felix_replication::RoleView::Leader { epoch } => (true, epoch.0),
                 felix_replication::RoleView::Follower { epoch, .. } => (false, epoch.0),
@@ -404,6 +410,9 @@ impl Host {
         stats::set(&c.replication_leaderships, totals.leaderships);
         stats::set(&c.replication_isr_proposals, totals.isr_proposals);
         stats::set(&c.replication_lease_refusals, totals.lease_refusals);
+        stats::set(&c.replication_batches_archived, totals.batches_archived);
+        stats::set(&c.replication_fetches_from_log, totals.fetches_from_log);
+        stats::set(&c.replication_resident_batches, resident);
         stats::set(&c.replicas_leading, leading);
         stats::set(&c.replicas_following, shards.len() as u64 - leading);
         stats::set(&c.replication_lag_records, lag_records);

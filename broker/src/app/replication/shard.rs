@@ -25,7 +25,7 @@ use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use tokio::sync::oneshot;
 
 use super::payload;
-use super::{Host, RECOVERY_READ_BYTES, RESIDENT_PAYLOAD_BYTES};
+use super::{Host, RECOVERY_READ_BYTES};
 use crate::app::core::StreamEntry;
 
 /// What an append waits for: the base offset its records got, or why it was refused.
@@ -57,11 +57,13 @@ pub struct ShardReplica {
     fed: Cell<Offset>,
     /// Set when a storage operation failed: the replica stops (see `fail`).
     pub failed: Cell<bool>,
+    /// Payload bytes of the newest committed batches kept in memory.
+    resident_bytes: u64,
 }
 
 impl ShardReplica {
     /// The replica of `shard`, its log recovered from storage (every stored batch; payloads of
-    /// all but the last [`RESIDENT_PAYLOAD_BYTES`] are read back from storage when needed).
+    /// all but the last `resident_bytes` are read back from storage when needed).
     pub async fn open(
         entry: Rc<StreamEntry>,
         log: StreamLog,
@@ -69,8 +71,9 @@ impl ShardReplica {
         nodes: Vec<felix_cluster::NodeId>,
         me: NodeId,
         config: ReplicaConfig,
+        resident_bytes: u64,
     ) -> Result<(Rc<ShardReplica>, LocalReceiver<DiskOp>), String> {
-        let recovered = recover(&log, shard).await?;
+        let recovered = recover(&log, shard, resident_bytes).await?;
         let (disk_tx, disk_rx) = local_channel::new_bounded(super::DISK_OPS_MAX);
         let replica = Replica::new(me, config, recovered);
         let shard_replica = Rc::new(ShardReplica {
@@ -88,6 +91,7 @@ impl ShardReplica {
             // may end in batches a new leader takes back.
             fed: Cell::new(Offset(0)),
             failed: Cell::new(false),
+            resident_bytes,
         });
         Ok((shard_replica, disk_rx))
     }
@@ -181,12 +185,36 @@ impl ShardReplica {
                 Output::Ack { request, base, .. } => self.answer(request, Ok(base)),
                 Output::Reject { request, error } => self.answer(request, Err(error)),
                 Output::Propose(p) => host.propose(self, p),
+                Output::FetchFromLog { to, epoch, from, upto, committed, bytes_max } => {
+                    let read = ArchivedRead { epoch, from, upto, committed, bytes_max };
+                    self.send_from_storage(host, to, read);
+                }
+                Output::Failed(error) => {
+                    self.fail(&format!("{error}; restart the broker to recover it from its log"));
+                    return;
+                }
             }
         }
         self.feed_tail();
         let committed = self.replica.borrow().committed();
         let keep_from = self.resident_start(committed);
-        self.replica.borrow_mut().release_payloads(keep_from);
+        let mut replica = self.replica.borrow_mut();
+        replica.release_payloads(keep_from);
+        // Batches whose payloads left memory leave it too, but for a small index.
+        replica.archive(keep_from);
+    }
+
+    /// Answers a fetch of archived batches ([`Output::FetchFromLog`]) from storage.
+    fn send_from_storage(&self, host: &Rc<Host>, to: NodeId, read: ArchivedRead) {
+        let Some(node) = self.nodes.get(to.0 as usize).cloned() else { return };
+        let (host, log, shard, stream, me) =
+            (host.clone(), self.log.clone(), self.shard, self.stream.clone(), self.me);
+        glommio::spawn_local(async move {
+            if let Some(message) = read_archived(&log, shard, read).await {
+                host.send(&node, &stream, shard, me, &message);
+            }
+        })
+        .detach();
     }
 
     fn answer(&self, request: RequestId, result: AppendResult) {
@@ -269,9 +297,9 @@ impl ShardReplica {
     }
 
     /// Payloads of committed batches below the returned offset leave memory: the newest
-    /// [`RESIDENT_PAYLOAD_BYTES`] stay for fetches and the tail.
+    /// `resident_bytes` stay for fetches and the tail.
     fn resident_start(&self, committed: Offset) -> Offset {
-        self.replica.borrow().log().keeping_last_bytes(committed, RESIDENT_PAYLOAD_BYTES)
+        self.replica.borrow().log().keeping_last_bytes(committed, self.resident_bytes)
     }
 
     /// Answers every waiting append with `LeaseExpired` (the broker's lease ran out: none can
@@ -403,8 +431,12 @@ impl ShardReplica {
 }
 
 /// Every batch of `shard` in `log`, as the state machine's batches; the payloads of all but
-/// the newest [`RESIDENT_PAYLOAD_BYTES`] left out (read back when a fetch needs them).
-async fn recover(log: &StreamLog, shard: ShardId) -> Result<ReplicaLog, String> {
+/// the newest `resident_bytes` left out (read back when a fetch needs them).
+async fn recover(
+    log: &StreamLog,
+    shard: ShardId,
+    resident_bytes: u64,
+) -> Result<ReplicaLog, String> {
     let mut at = log.start_offset(shard).map_err(|e| e.to_string())?;
     if at.0 != 0 {
         return Err(format!(
@@ -425,7 +457,7 @@ async fn recover(log: &StreamLog, shard: ShardId) -> Result<ReplicaLog, String> 
             out.push((b, bytes));
         }
         // Keep only the newest payloads in memory while reading.
-        while resident > RESIDENT_PAYLOAD_BYTES && released + 1 < out.len() {
+        while resident > resident_bytes && released + 1 < out.len() {
             resident -= out[released].1;
             out[released].0.payload = Bytes::new();
             released += 1;
@@ -448,6 +480,49 @@ fn to_batch(b: felix_storage::StoredBatch) -> Batch {
             .map(|t| ProducerSeq { producer: ProducerId(t.producer.0), seq: Seq(t.seq) }),
         payload: payload::encode(b.first_timestamp_ms, &b.records),
     }
+}
+
+/// A fetch reply to read from storage ([`Output::FetchFromLog`]).
+struct ArchivedRead {
+    epoch: Epoch,
+    from: Offset,
+    upto: Offset,
+    committed: Offset,
+    bytes_max: u64,
+}
+
+/// The fetch reply `read` asks for, its batches read from storage: those from `read.from` on
+/// that end at or below `read.upto`, at least one and at most `read.bytes_max` bytes otherwise.
+/// `None` when storage has no batch starting at `read.from` (the follower asks again).
+async fn read_archived(log: &StreamLog, shard: ShardId, read: ArchivedRead) -> Option<Message> {
+    let ArchivedRead { epoch, from, upto, committed, bytes_max } = read;
+    let stored = match log.read(shard, from, bytes_max as usize).await {
+        Ok(stored) => stored,
+        Err(e) => {
+            tracing::warn!(shard = shard.0, error = %e, "reading archived batches for a follower");
+            return None;
+        }
+    };
+    if stored.first().is_none_or(|b| b.base_offset != from) {
+        tracing::warn!(
+            shard = shard.0,
+            from = from.0,
+            "no stored batch starts where a follower fetches"
+        );
+        return None;
+    }
+    let (mut batches, mut bytes) = (Vec::new(), 0);
+    for b in stored.into_iter().map(to_batch) {
+        bytes += b.size_bytes();
+        if b.end() > upto || (!batches.is_empty() && bytes > bytes_max) {
+            break;
+        }
+        batches.push(b);
+    }
+    if batches.is_empty() {
+        return None;
+    }
+    Some(Message::FetchReply { epoch, from, batches, committed })
 }
 
 /// `message` (a fetch reply) with the payloads it lacks read from storage; cut short at the

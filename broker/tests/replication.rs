@@ -52,9 +52,9 @@ enum Fault {
 fn start_brokers(hosts: &std::rc::Rc<Hosts>, root: &std::path::Path, etcd: &str) -> Vec<Node> {
     // The test's stream asks for its replicas itself (CreateStream flag REPLICAS); the brokers
     // keep their default (3 in a cluster of three), which a second stream checks.
-    // A small resident set, so replicas archive old batches and a follower that was down
-    // catches up from the leader's stored log (`FetchFromLog`).
-    let extra = ["--segment-bytes", "4198400"];
+    // A small resident set (64 KiB of payloads), so replicas archive old batches and a
+    // follower that fell behind catches up from the leader's stored log (`FetchFromLog`).
+    let extra = ["--segment-bytes", "4198400", "--replica-resident-bytes", "65536"];
     let first = Node::start_with(hosts, 0, "b1", root, etcd, &extra);
     let deadline = Instant::now() + WAIT;
     while !(first.dir.join("dev-cert.pem").exists() && first.dir.join("dev-key.pem").exists()) {
@@ -430,7 +430,7 @@ async fn acked_records_survive_leader_faults_exactly_once() {
 
     // How much of the log the replicas archived and served from storage (counters since each
     // broker's last restart; whether a trial crosses the archive depends on its rate, so this
-    // is reported, and the state machine's tests and the simulator assert it).
+    // is reported; `a_follower_behind_the_archive_catches_up_from_the_leaders_log` asserts it).
     let sum = |metric: &str| nodes.iter().map(|n| n.metric_sum(metric)).sum::<f64>();
     let archived = sum("felix_broker_replication_batches_archived_total");
     let from_log = sum("felix_broker_replication_fetches_from_log_total");
@@ -448,6 +448,96 @@ async fn acked_records_survive_leader_faults_exactly_once() {
         seen.len(),
         s.plain_failed
     );
+    reader.close();
+    client.close();
+    drop(nodes);
+    drop(etcd);
+}
+
+/// A follower paused while the leader takes 3,000 one-record batches (far past its resident
+/// 64 KiB and the 1,024-batch archiving step) falls behind the leader's archived prefix; once
+/// resumed it is answered from the leader's stored log (`FetchFromLog`), rejoins every in-sync
+/// set and its lag returns to 0; then, with the old leader killed, the cluster still serves
+/// every acked record of the shard from offset 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_behind_the_archive_catches_up_from_the_leaders_log() {
+    const BATCHES: u32 = 3_000;
+    let hosts = std::rc::Rc::new(Hosts::new(3));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let url = etcd.client_url.clone();
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = start_brokers(&hosts, root.path(), &url);
+    let client = connect(&nodes).await;
+    client.create_stream_with(STREAM, SHARDS, Default::default(), Some(3)).await.expect("create");
+    wait_healthy(&url, &nodes, "after creation").await;
+    let leader = groups(&url).await.into_iter().find(|g| g.0 == 0).map(|g| g.1).unwrap();
+    let at = nodes.iter().position(|n| n.id == leader).unwrap();
+    let paused = (at + 1) % nodes.len();
+    nodes[paused].signal("STOP");
+
+    // Keys of shard 0, one record per batch.
+    let keys: Vec<String> = (0..)
+        .map(|k| format!("k{k}"))
+        .filter(|k| felix_proto::shard_for_key(k.as_bytes(), SHARDS).0 == 0)
+        .take(4)
+        .collect();
+    let settings = felix_client::PublishSettings {
+        batch_records_max: 1,
+        linger_us: 0,
+        ..client_config(&nodes).publish
+    };
+    let publisher = client.publisher_with(STREAM, settings).await.unwrap();
+    let mut tickets = Vec::new();
+    for i in 0..BATCHES {
+        let key = &keys[i as usize % keys.len()];
+        tickets.push(publisher.send(Record::keyed(key.clone(), vec![7u8; 100])).await.unwrap());
+    }
+    for t in tickets {
+        let acked = tokio::time::timeout(Duration::from_secs(60), t).await.expect("ack stalled");
+        assert!(matches!(acked, Ok(Some(_))), "{acked:?}");
+    }
+    nodes[paused].signal("CONT");
+    wait_healthy(&url, &nodes, "after the paused follower resumed").await;
+
+    let sum = |metric: &str| nodes.iter().map(|n| n.metric_sum(metric)).sum::<f64>();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let lag = sum("felix_replica_lag_records");
+        let from_log = sum("felix_broker_replication_fetches_from_log_total");
+        let archived = sum("felix_broker_replication_batches_archived_total");
+        if lag == 0.0 && from_log > 0.0 {
+            println!("archived {archived} batches, {from_log} fetch replies read from storage");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "lag {lag}, fetch replies from storage {from_log}, archived {archived}; logs:\n{}",
+            nodes.iter().map(|n| n.log_text()).collect::<Vec<_>>().join("\n----\n")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The leader gone, a follower leads (the resumed one or the other) and still holds every
+    // acked batch of shard 0 from offset 0.
+    nodes[at].kill9();
+    let deadline = Instant::now() + Duration::from_secs(TTL_S + 20);
+    while !groups(&url).await.iter().any(|g| g.0 == 0 && g.1 != leader && g.2) {
+        assert!(Instant::now() < deadline, "no new leader of shard 0");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let reader = connect(&nodes[paused..=paused]).await;
+    let options = SubscribeOptions::new(STREAM)
+        .start(StartAt::Earliest)
+        .shards(vec![felix_proto::ShardId(0)]);
+    let mut sub = reader.subscribe(options).await.expect("subscribe after the kill");
+    for offset in 0..u64::from(BATCHES) {
+        let r = tokio::time::timeout(Duration::from_secs(30), sub.next())
+            .await
+            .expect("read-back stalled")
+            .expect("read-back")
+            .expect("ended");
+        assert_eq!((r.shard.0, r.offset.0), (0, offset));
+    }
     reader.close();
     client.close();
     drop(nodes);

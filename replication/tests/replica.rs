@@ -293,20 +293,25 @@ fn a_retry_with_another_record_count_is_refused_not_acked() {
     assert_eq!(h.acked(4), Some((Offset(0), 2)));
 }
 
-#[test]
-fn a_follower_truncates_what_the_new_leader_does_not_have() {
+/// Node 0 leads and holds an uncommitted batch at offset 2 (its followers were cut off); then,
+/// with node 0 away, node 1 leads epoch 2 and commits another batch at 2. Node 0 stays cut off.
+fn old_leader_with_a_suffix_the_new_leader_overwrote() -> Harness {
     let mut h = Harness::new(3);
     h.append(0, 1, None, AckMode::Durable);
-    // Node 2 is cut off; node 0 appends more that only node 1 ... does not get either.
     h.cut[1] = true;
     h.cut[2] = true;
     h.append(0, 2, None, AckMode::Durable);
     assert_eq!(h.nodes[0].log().end(), Offset(4), "an uncommitted suffix on the old leader");
-    // Node 0 goes away; node 1 leads and appends something else at offset 2.
     h.cut = vec![true, false, false];
     h.elect(NodeId(1));
     h.append(1, 3, None, AckMode::Durable);
     assert_eq!(h.acked(3), Some((Offset(2), 2)));
+    h
+}
+
+#[test]
+fn a_follower_truncates_what_the_new_leader_does_not_have() {
+    let mut h = old_leader_with_a_suffix_the_new_leader_overwrote();
     // Node 0 comes back as a follower of epoch 2 and must drop its epoch-1 batch at 2.
     h.cut[0] = false;
     h.nodes[0].handle_controller(h.now, h.group.clone());
@@ -318,15 +323,7 @@ fn a_follower_truncates_what_the_new_leader_does_not_have() {
 
 #[test]
 fn readers_of_a_follower_stop_at_a_truncation_storage_has_not_applied() {
-    let mut h = Harness::new(3);
-    h.append(0, 1, None, AckMode::Durable);
-    h.cut[1] = true;
-    h.cut[2] = true;
-    h.append(0, 2, None, AckMode::Durable);
-    h.cut = vec![true, false, false];
-    h.elect(NodeId(1));
-    h.append(1, 3, None, AckMode::Durable);
-    assert_eq!(h.acked(3), Some((Offset(2), 2)));
+    let mut h = old_leader_with_a_suffix_the_new_leader_overwrote();
     // Node 0 comes back with its disk stalled: it truncates to 2 in memory and refetches, but
     // storage still holds its own epoch-1 batch at 2 until the truncation completes.
     h.auto_disk[0] = false;

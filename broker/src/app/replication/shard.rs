@@ -207,10 +207,23 @@ impl ShardReplica {
     /// Answers a fetch of archived batches ([`Output::FetchFromLog`]) from storage.
     fn send_from_storage(&self, host: &Rc<Host>, to: NodeId, read: ArchivedRead) {
         let Some(node) = self.nodes.get(to.0 as usize).cloned() else { return };
-        let (host, log, shard, stream, me) =
-            (host.clone(), self.log.clone(), self.shard, self.stream.clone(), self.me);
+        self.send_once_read(host, node, move |log, shard| async move {
+            read_archived(&log, shard, read).await
+        });
+    }
+
+    /// Sends `node` the message a read of this shard's stored log makes, once it is read
+    /// (nothing if the read makes none: the follower asks again).
+    fn send_once_read<F: Future<Output = Option<Message>> + 'static>(
+        &self,
+        host: &Rc<Host>,
+        node: felix_cluster::NodeId,
+        read: impl FnOnce(StreamLog, ShardId) -> F,
+    ) {
+        let (host, shard, stream, me) = (host.clone(), self.shard, self.stream.clone(), self.me);
+        let reading = read(self.log.clone(), shard);
         glommio::spawn_local(async move {
-            if let Some(message) = read_archived(&log, shard, read).await {
+            if let Some(message) = reading.await {
                 host.send(&node, &stream, shard, me, &message);
             }
         })
@@ -256,14 +269,9 @@ impl ShardReplica {
             host.send(&node, &self.stream, self.shard, self.me, &message);
             return;
         }
-        let (host, log, shard, stream, me) =
-            (host.clone(), self.log.clone(), self.shard, self.stream.clone(), self.me);
-        glommio::spawn_local(async move {
-            if let Some(message) = fill_from_storage(&log, shard, message).await {
-                host.send(&node, &stream, shard, me, &message);
-            }
-        })
-        .detach();
+        self.send_once_read(host, node, move |log, shard| async move {
+            fill_from_storage(&log, shard, message).await
+        });
     }
 
     /// Gives the subscribers' tail every batch that became committed and is in storage (a

@@ -244,10 +244,9 @@ impl Replica {
 
     /// Archives the batches that end at or below `below`, the commit point and the durable end
     /// ([`ReplicaLog::archive`], at least `archive_min_batches` at a time, and at least as
-    /// many as stay in memory): on a long log the
-    /// replica then keeps a bounded number of batches in memory, and a follower that fetches
-    /// from the archived prefix is answered from storage ([`Output::FetchFromLog`]). Returns
-    /// the batches archived.
+    /// many as stay in memory): on a long log the replica then keeps a bounded number of
+    /// batches in memory, and a follower that fetches from the archived prefix is answered
+    /// from storage ([`Output::FetchFromLog`]). Returns the batches archived.
     pub fn archive(&mut self, below: Offset) -> usize {
         let below = below.min(self.committed).min(self.disk.durable_end());
         // At least as many as stay, so moving those costs a constant per batch archived.

@@ -171,6 +171,18 @@ impl ShardReplica {
                 Output::Send { to, message } => self.send(host, to, message),
                 Output::Disk(DiskOp::Truncate { id, to }) => {
                     tracing::info!(stream = %self.stream, shard = self.shard.0, to = to.0, "replica truncates its log");
+                    if to < self.fed.get() {
+                        // The protocol never cuts below the commit point (claim C in
+                        // docs/replication.md), and subscribers were given everything below
+                        // `fed`: cutting there would take back delivered records. Stop the
+                        // replica rather than serve a history that forks from what was read.
+                        self.fail(&format!(
+                            "a truncation to {} goes below what subscribers were given ({})",
+                            to.0,
+                            self.fed.get().0
+                        ));
+                        return;
+                    }
                     if self.disk_tx.try_send(DiskOp::Truncate { id, to }).is_err() {
                         self.fail("the disk queue is full");
                         return;

@@ -275,7 +275,7 @@ impl Cluster {
 
     /// Runs `request` on a connection to any broker that can be reached: an open connection
     /// of any pool first (the home broker's before the others), then one connection attempt
-    /// per known broker, then the seeds. An unreachable broker is skipped; with `resend`, so
+    /// per known broker, then the seeds, then the brokers the cached placements name. An unreachable broker is skipped; with `resend`, so
     /// is one whose connection was lost during the request (for requests that may be sent
     /// twice).
     pub(crate) async fn anywhere<T, F, Fut>(
@@ -359,7 +359,36 @@ impl Cluster {
             };
             attempt!(conn);
         }
+        // Then the brokers the placements named: a client whose seeds are all gone still
+        // knows where the rest of the cluster is.
+        for address in self.learned_addresses() {
+            let conn = match self.pool_for(&address).await {
+                Ok(pool) => pool.conn_once(0).await,
+                Err(e) => Err(e),
+            };
+            attempt!(conn);
+        }
         Err(last)
+    }
+
+    /// The brokers the cached placements name that have no pool and are not seeds, at most
+    /// as many as pools may still be opened.
+    fn learned_addresses(&self) -> Vec<String> {
+        let state = self.lock();
+        let room = BROKER_POOLS_MAX.saturating_sub(state.pools.len());
+        let mut out: Vec<String> = Vec::new();
+        for owner in state.placements.values().flat_map(|p| p.owners.iter()) {
+            let address = &owner.address;
+            let pooled = state.names.get(address).is_some_and(|a| state.pools.contains_key(a));
+            if pooled || self.seeds.contains(address) || out.contains(address) {
+                continue;
+            }
+            if out.len() == room {
+                break;
+            }
+            out.push(address.clone());
+        }
+        out
     }
 
     /// Counts the broker at `addr` as unreachable for [`POOL_RETRY_AFTER_MS`] (a request to it

@@ -448,3 +448,32 @@ async fn an_owner_that_cannot_be_reached_fails_with_the_typed_error() {
     let r = publisher.publish(Record::keyed(key_for(0, 2, 0), "ok")).await.unwrap().unwrap();
     assert_eq!(r.shard, ShardId(0));
 }
+
+#[tokio::test]
+async fn a_client_whose_only_seed_died_finds_the_cluster_through_the_brokers_it_learned() {
+    let mut cluster = MockCluster::start(3).await;
+    cluster.create_stream(STREAM, &[0, 1, 2]);
+    // One seed, and only its pool opened: the other brokers are known from the placement alone.
+    let mut config = cluster.client_config(&[0]);
+    config.connect_timeout_ms = 300;
+    config.reconnect_attempts_max = 1;
+    let client = Client::connect(config).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    publisher.publish(Record::keyed(key_for(0, 3, 0), "a")).await.unwrap();
+    assert_eq!(client.brokers(), [cluster.broker(0).addr.to_string()]);
+
+    // The seed dies and its shard moves to b1.
+    cluster.stop(0).await;
+    cluster.table.set_live(&node(0), false);
+    cluster.table.place(STREAM, vec![node(1), node(1), node(2)]);
+    for (s, owner) in [(0, 1), (1, 1), (2, 2)] {
+        let r = tokio::time::timeout(WAIT, publisher.publish(Record::keyed(key_for(s, 3, 0), "b")))
+            .await
+            .expect("hung: the client asked only its dead seed where the shard went")
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.shard, ShardId(s));
+        let stored = cluster.stored(owner, STREAM)[s as usize].clone();
+        assert_eq!(stored.last().map(|r| r.value.to_vec()), Some(b"b".to_vec()), "shard {s}");
+    }
+}

@@ -14,7 +14,13 @@
 //! Failure behaviour: if etcd cannot be reached, the agent retries every
 //! [`RETRY_INTERVAL_MS`]; the view keeps its last placements but its `lease_valid_until`
 //! runs out, so the broker stops acknowledging writes once its lease may have expired. A lost
-//! lease starts a new session (new lease, member key, campaign).
+//! lease starts a new session (new lease, member key, campaign). A connection that stops
+//! answering without failing (a hung etcd member, dropped packets) is given up when a
+//! keep-alive goes unanswered for half the TTL or the lease's validity passes
+//! ([`crate::lease::KeepAlives`]), and by HTTP/2 pings ([`HTTP2_PING_INTERVAL_MS`]) on every
+//! connection; every other etcd call has a timeout. A session publishes the view of a new
+//! lease only once it has loaded the cluster's keys for it. A key that does not parse is
+//! logged and skipped ([`ClusterView::keys_skipped`]), never the end of a session.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -22,13 +28,14 @@ use std::time::{Duration, Instant};
 
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, LeaderKey,
-    PutOptions, Txn, TxnOp, WatchOptions,
+    LeaseKeepAliveResponse, PutOptions, Txn, TxnOp, WatchOptions,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::error::ClusterError;
 use crate::groups::{self, ShardGroup};
 use crate::keys;
+use crate::lease::KeepAlives;
 use crate::placement::{self, PlacementError, StreamPlacement};
 use crate::view::{ClusterView, Member, StreamDef, StreamRecord};
 use crate::NodeId;
@@ -37,8 +44,14 @@ use crate::NodeId;
 pub const RETRY_INTERVAL_MS: u64 = 500;
 /// Timeout of one etcd connection attempt.
 pub const CONNECT_TIMEOUT_MS: u64 = 2_000;
-/// Timeout of one etcd request.
+/// Timeout of one etcd request (and of opening a keep-alive or watch stream).
 pub const REQUEST_TIMEOUT_MS: u64 = 3_000;
+/// Interval of the HTTP/2 pings on an etcd connection with calls open and nothing received
+/// (a frozen connection fails its calls when a ping goes unanswered). Above etcd's default
+/// `--grpc-keepalive-min-time` (5 s): etcd closes connections that ping more often.
+pub const HTTP2_PING_INTERVAL_MS: u64 = 6_000;
+/// How long an HTTP/2 ping may go unanswered before its connection is closed.
+pub const HTTP2_PING_TIMEOUT_MS: u64 = 3_000;
 /// Default membership lease TTL.
 pub const LEASE_TTL_S_DEFAULT: u32 = 5;
 /// Replica-group records written per etcd transaction when a replicated stream is placed
@@ -305,8 +318,9 @@ impl Drop for AgentHandle {
     }
 }
 
-/// Controller candidates: election key -> (create revision, node). The oldest key leads.
-pub(crate) type Candidates = BTreeMap<String, (i64, NodeId)>;
+/// Controller candidates: election key -> (create revision, node; `None` for a value that is
+/// not a node id). The oldest key leads.
+pub(crate) type Candidates = BTreeMap<String, (i64, Option<NodeId>)>;
 
 /// One agent's state across sessions.
 struct State {
@@ -364,34 +378,37 @@ async fn session(
     commands: &mut mpsc::Receiver<Command>,
     stop: &mut watch::Receiver<Stop>,
 ) -> Result<(), ClusterError> {
-    let options = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
-        .with_timeout(Duration::from_millis(REQUEST_TIMEOUT_MS));
+    let options = connect_options().with_timeout(Duration::from_millis(REQUEST_TIMEOUT_MS));
     let mut client = Client::connect(&st.config.endpoints, Some(options)).await?;
     let ttl = st.config.lease_ttl_s;
-    let lease = match resume_lease(st, &mut client).await? {
-        Some(lease) => lease,
+    // The lease's validity stays out of the view until the view is loaded for this lease: the
+    // view in hand may be a lost lease's (it names this broker leader of epochs elected on
+    // that lease), and published with a new lease's validity it would let the broker act for
+    // them again.
+    let (lease, valid_until) = match resume_lease(st, &mut client).await? {
+        Some(held) => held,
         None => {
             let granted_at = Instant::now();
             let lease = client.lease_grant(i64::from(ttl), None).await?.id();
-            st.view.lease_valid_until = Some(granted_at + Duration::from_secs(u64::from(ttl)));
             register(st, &mut client, lease).await?;
             st.lease = Some(lease);
-            lease
+            (lease, granted_at + Duration::from_secs(u64::from(ttl)))
         }
     };
-    let (mut keeper, mut keep_stream) = client.lease_keep_alive(lease).await?;
+    let mut keep = KeepAlives::new(Duration::from_secs(u64::from(ttl)), valid_until);
+    // Opening the stream sends the first keep-alive.
+    keep.handle_sent(Instant::now());
+    let (mut keeper, mut keep_stream) = within(client.lease_keep_alive(lease)).await?;
     let mut keep_tick = tokio::time::interval(Duration::from_millis(u64::from(ttl) * 1000 / 3));
-    let mut keep_sent = Instant::now();
 
     let (elected_tx, mut elected_rx) = oneshot::channel::<Result<LeaderKey, ClusterError>>();
     // The campaign blocks until this broker is elected, which may be never: it gets a
     // connection without the per-request timeout (with it, every broker but the controller
-    // lost its session each REQUEST_TIMEOUT_MS). The session's other paths notice an etcd
-    // that went away; the campaign is aborted with the session.
-    let campaign_options =
-        ConnectOptions::new().with_connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS));
-    let mut campaign_client = Client::connect(&st.config.endpoints, Some(campaign_options)).await?;
+    // lost its session each REQUEST_TIMEOUT_MS). Its HTTP/2 pings fail it on a frozen
+    // connection (it may reach another etcd member than the session's); the session's other
+    // paths notice an etcd that went away; the campaign is aborted with the session.
+    let mut campaign_client =
+        Client::connect(&st.config.endpoints, Some(connect_options())).await?;
     let name = keys::controller(&st.config.cluster);
     let node = st.config.member.node.to_string();
     let campaign = tokio::spawn(async move {
@@ -404,10 +421,12 @@ async fn session(
     let _campaign = AbortOnDrop(campaign);
     let mut leader: Option<LeaderKey> = None;
 
-    let revision = load(st, &mut client).await?;
+    let (view, candidates) = load(&st.config.cluster, &mut client).await?;
+    st.view = ClusterView { lease_valid_until: Some(keep.valid_until()), ..view };
+    st.candidates = candidates;
     let root = keys::root(&st.config.cluster);
-    let watch_opts = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-    let mut events = client.watch(root, Some(watch_opts)).await?;
+    let watch_opts = WatchOptions::new().with_prefix().with_start_revision(st.view.revision + 1);
+    let mut events = within(client.watch(root, Some(watch_opts))).await?;
     st.publish();
     let mut placement_tick = tokio::time::interval(Duration::from_millis(RETRY_INTERVAL_MS));
 
@@ -428,20 +447,21 @@ async fn session(
                 st.publish();
                 return Ok(());
             }
-            _ = keep_tick.tick() => {
-                keep_sent = Instant::now();
-                keeper.keep_alive().await?;
-            }
-            msg = keep_stream.message() => {
-                match msg? {
-                    Some(r) if r.ttl() > 0 => {
-                        let ttl = Duration::from_secs(r.ttl() as u64);
-                        st.view.lease_valid_until = Some(keep_sent + ttl);
-                        st.publish();
-                    }
-                    _ => return Err(ClusterError::InvalidConfig("membership lease lost".into())),
+            _ = tokio::time::sleep_until(keep.poll_deadline().into()) => {
+                // An answer may wait in the stream while the loop was busy elsewhere: only a
+                // deadline with none waiting ends the session.
+                match tokio::time::timeout(Duration::ZERO, keep_stream.message()).await {
+                    Ok(msg) => handle_keep_answer(st, &mut keep, msg?)?,
+                    Err(_) => return Err(ClusterError::Unresponsive),
                 }
             }
+            _ = keep_tick.tick() => {
+                if !keep.handle_sent(Instant::now()) {
+                    return Err(ClusterError::Unresponsive);
+                }
+                within(keeper.keep_alive()).await?;
+            }
+            msg = keep_stream.message() => handle_keep_answer(st, &mut keep, msg?)?,
             r = &mut elected_rx, if leader.is_none() => {
                 let key = r.map_err(|_| ClusterError::Stopped)??;
                 tracing::info!(node = %st.config.member.node, "cluster agent: elected controller");
@@ -459,7 +479,8 @@ async fn session(
                 for e in resp.events() {
                     if let Some(kv) = e.kv() {
                         let deleted = e.event_type() == EventType::Delete;
-                        apply(&st.config.cluster, &mut st.view, &mut st.candidates, kv, deleted)?;
+                        let cluster = &st.config.cluster;
+                        apply_or_skip(cluster, &mut st.view, &mut st.candidates, kv, deleted);
                     }
                 }
                 if let Some(h) = resp.header() {
@@ -500,9 +521,32 @@ async fn session(
     }
 }
 
+/// Credits a keep-alive answer to the oldest unanswered keep-alive and publishes the lease's
+/// new validity; an answer without a TTL (or the stream's end) means the lease is gone.
+fn handle_keep_answer(
+    st: &mut State,
+    keep: &mut KeepAlives,
+    answer: Option<LeaseKeepAliveResponse>,
+) -> Result<(), ClusterError> {
+    match answer {
+        Some(r) if r.ttl() > 0 => {
+            if let Some(until) = keep.handle_answer(Duration::from_secs(r.ttl() as u64)) {
+                st.view.lease_valid_until = Some(until);
+                st.publish();
+            }
+            Ok(())
+        }
+        _ => Err(ClusterError::InvalidConfig("membership lease lost".into())),
+    }
+}
+
 /// The previous session's lease, if etcd still holds it with this broker's member key on it
 /// (etcd was away for less than a TTL, or renewed its leases when it came back).
-async fn resume_lease(st: &mut State, client: &mut Client) -> Result<Option<i64>, ClusterError> {
+/// Returns it with the time it is known to hold until.
+async fn resume_lease(
+    st: &mut State,
+    client: &mut Client,
+) -> Result<Option<(i64, Instant)>, ClusterError> {
     let Some(lease) = st.lease.take() else { return Ok(None) };
     let asked_at = Instant::now();
     let left = client.lease_time_to_live(lease, None).await?.ttl();
@@ -515,9 +559,8 @@ async fn resume_lease(st: &mut State, client: &mut Client) -> Result<Option<i64>
         let _ = client.lease_revoke(lease).await;
         return Ok(None);
     }
-    st.view.lease_valid_until = Some(asked_at + Duration::from_secs(left as u64));
     st.lease = Some(lease);
-    Ok(Some(lease))
+    Ok(Some((lease, asked_at + Duration::from_secs(left as u64))))
 }
 
 /// Writes this broker's member key on `lease`, unless another live broker holds the node id.
@@ -545,22 +588,41 @@ async fn register(st: &State, client: &mut Client, lease: i64) -> Result<(), Clu
     }
 }
 
-/// Loads every key of the cluster into a fresh view; returns the revision it reflects.
-async fn load(st: &mut State, client: &mut Client) -> Result<i64, ClusterError> {
-    let resp =
-        client.get(keys::root(&st.config.cluster), Some(GetOptions::new().with_prefix())).await?;
-    let lease = st.view.lease_valid_until;
-    st.view = ClusterView { lease_valid_until: lease, ..ClusterView::default() };
-    st.candidates.clear();
+/// Loads every key of the cluster into a fresh view (without a lease validity) and its
+/// controller candidates; the view's revision is the one it reflects.
+async fn load(
+    cluster: &str,
+    client: &mut Client,
+) -> Result<(ClusterView, Candidates), ClusterError> {
+    let resp = client.get(keys::root(cluster), Some(GetOptions::new().with_prefix())).await?;
+    let mut view = ClusterView::default();
+    let mut candidates = Candidates::new();
     for kv in resp.kvs() {
-        apply(&st.config.cluster, &mut st.view, &mut st.candidates, kv, false)?;
+        apply_or_skip(cluster, &mut view, &mut candidates, kv, false);
     }
-    let revision = resp.header().map_or(0, |h| h.revision());
-    st.view.revision = revision;
-    Ok(revision)
+    view.revision = resp.header().map_or(0, |h| h.revision());
+    Ok((view, candidates))
 }
 
-/// Applies one key's put or delete to the view.
+/// [`apply`], or for a key that does not parse: a warning naming it, one more
+/// [`ClusterView::keys_skipped`], and the view as it was. One bad key (written by hand, by a
+/// newer version, or damaged) must not stop every agent from loading the others.
+fn apply_or_skip(
+    cluster: &str,
+    view: &mut ClusterView,
+    candidates: &mut Candidates,
+    kv: &KeyValue,
+    deleted: bool,
+) {
+    if let Err(e) = apply(cluster, view, candidates, kv, deleted) {
+        let key = String::from_utf8_lossy(kv.key());
+        tracing::warn!(%key, deleted, error = %e, "cluster agent: skipping a malformed key");
+        view.keys_skipped += 1;
+    }
+}
+
+/// Applies one key's put or delete to the view. On an error the view is unchanged, except for
+/// a controller candidate that is not a node id: it is kept (as a candidate of no broker).
 pub(crate) fn apply(
     cluster: &str,
     view: &mut ClusterView,
@@ -612,17 +674,21 @@ pub(crate) fn apply(
             view.placements.insert(name.to_owned(), p);
         }
     } else if key.starts_with(&controller_prefix) {
+        let mut node = None;
         if deleted {
             candidates.remove(&key);
         } else {
-            let node = std::str::from_utf8(kv.value())
-                .ok()
-                .and_then(|s| NodeId::new(s).ok())
-                .ok_or_else(|| corrupt("not a node id".into()))?;
-            candidates.insert(key.clone(), (kv.create_revision(), node));
+            node = std::str::from_utf8(kv.value()).ok().and_then(|s| NodeId::new(s).ok());
+            // Kept even when it is not a node id: etcd's election counts every key under the
+            // name, so while it is the oldest, no broker is the controller.
+            candidates.insert(key.clone(), (kv.create_revision(), node.clone()));
         }
         // The election's leader is the candidate with the oldest key.
-        view.controller = candidates.values().min_by_key(|(rev, _)| *rev).map(|(_, n)| n.clone());
+        let oldest = candidates.values().min_by_key(|(rev, _)| *rev);
+        view.controller = oldest.and_then(|(_, n)| n.clone());
+        if !deleted && node.is_none() {
+            return Err(corrupt("not a node id".into()));
+        }
     }
     Ok(())
 }
@@ -777,6 +843,30 @@ async fn propose_isr(
     let cluster = &st.config.cluster;
     groups::propose_isr(client, cluster, stream, shard, me, lease, expected_version, epoch, isr)
         .await
+}
+
+/// Options of every etcd connection: a connect timeout, and HTTP/2 pings while calls are open
+/// so that a connection that stops answering fails its calls.
+fn connect_options() -> ConnectOptions {
+    ConnectOptions::new()
+        .with_connect_timeout(Duration::from_millis(CONNECT_TIMEOUT_MS))
+        .with_keep_alive(
+            Duration::from_millis(HTTP2_PING_INTERVAL_MS),
+            Duration::from_millis(HTTP2_PING_TIMEOUT_MS),
+        )
+        // No pings on an idle connection: etcd counts those against the client too.
+        .with_keep_alive_while_idle(false)
+}
+
+/// `call` with [`REQUEST_TIMEOUT_MS`]: for the calls the connection's request timeout does
+/// not cover (opening a stream, sending on one).
+async fn within<T>(
+    call: impl std::future::Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, ClusterError> {
+    match tokio::time::timeout(Duration::from_millis(REQUEST_TIMEOUT_MS), call).await {
+        Ok(r) => Ok(r?),
+        Err(_) => Err(ClusterError::TimedOut(REQUEST_TIMEOUT_MS)),
+    }
 }
 
 impl State {

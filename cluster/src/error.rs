@@ -29,9 +29,13 @@ pub enum ClusterError {
     /// The agent has stopped.
     #[error("the cluster agent has stopped")]
     Stopped,
-    /// A request to the agent did not finish in time.
+    /// A request to the agent, or an etcd call of the agent, did not finish in time.
     #[error("timed out after {0} ms")]
     TimedOut(u64),
+    /// etcd did not answer a keep-alive within half the lease TTL, or the lease's validity
+    /// passed: the agent gives the connection up and starts a new session.
+    #[error("etcd did not answer the membership keep-alives in time")]
+    Unresponsive,
     /// A replica-group compare-and-swap was refused by the replication rules
     /// (`felix_replication::GroupState`): a stale version, a proposer that does not lead the
     /// epoch, an invalid in-sync set, or no live in-sync candidate. Node numbers in it are the

@@ -88,6 +88,9 @@ pub struct ClusterView {
     /// keep-alive plus the TTL); `None` while it holds none. Past it, the broker must not
     /// acknowledge writes (fencing).
     pub lease_valid_until: Option<Instant>,
+    /// Keys under the cluster's prefix that did not parse, in the load this view started
+    /// from and the watch events since: each is logged as a warning and left out.
+    pub keys_skipped: u64,
 }
 
 impl ClusterView {

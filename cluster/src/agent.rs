@@ -358,7 +358,12 @@ async fn run(
                 // next session resumes the lease if etcd still holds it.
                 st.view.controller = None;
                 st.publish();
-                let retry = tokio::time::sleep(Duration::from_millis(RETRY_INTERVAL_MS));
+                // A connection given up for its silence is replaced at once, in time to
+                // renew the lease if etcd answers on a new one; errors etcd answered with
+                // are retried after a pause.
+                let pause =
+                    if matches!(e, ClusterError::Unresponsive) { 0 } else { RETRY_INTERVAL_MS };
+                let retry = tokio::time::sleep(Duration::from_millis(pause));
                 tokio::select! {
                     _ = retry => {}
                     _ = stop.changed() => {}
@@ -550,7 +555,9 @@ async fn resume_lease(
     let Some(lease) = st.lease.take() else { return Ok(None) };
     let asked_at = Instant::now();
     let left = client.lease_time_to_live(lease, None).await?.ttl();
-    if left <= 0 {
+    // -1: gone. 0: less than a second left (etcd truncates), still worth a keep-alive: if it
+    // arrives too late, its answer says the lease is gone and the next session starts anew.
+    if left < 0 {
         return Ok(None);
     }
     let key = keys::member(&st.config.cluster, st.config.member.node.as_str());

@@ -2,6 +2,7 @@
 //! that freezes without failing, keys that do not parse, and a new lease whose view cannot be
 //! loaded. 2 s leases; each test ends within a few TTLs.
 
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -9,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use etcd_client::{Client, DeleteOptions};
+use felix_cluster::agent::{HTTP2_PING_INTERVAL_MS, HTTP2_PING_TIMEOUT_MS};
 use felix_cluster::testing::Etcd;
 use felix_cluster::{keys, Agent, AgentConfig, AgentHandle, ClusterView, Member, NodeId};
 use felix_cluster::{Route, StreamDef};
@@ -65,9 +67,9 @@ fn def(shards: u32) -> StreamDef {
 struct Proxy {
     url: String,
     addr: std::net::SocketAddr,
-    /// Connections accepted so far; those numbered up to `frozen_upto` are frozen.
+    /// Connections accepted so far, numbered from 1 in the order they were accepted.
     accepted: Arc<AtomicU64>,
-    frozen_upto: Arc<AtomicU64>,
+    frozen: Arc<Mutex<BTreeSet<u64>>>,
     sockets: Arc<Mutex<Vec<TcpStream>>>,
     stop: Arc<AtomicBool>,
 }
@@ -81,11 +83,11 @@ impl Proxy {
             url: format!("http://{addr}"),
             addr,
             accepted: Arc::default(),
-            frozen_upto: Arc::default(),
+            frozen: Arc::default(),
             sockets: Arc::default(),
             stop: Arc::default(),
         };
-        let (accepted, frozen_upto) = (proxy.accepted.clone(), proxy.frozen_upto.clone());
+        let (accepted, frozen) = (proxy.accepted.clone(), proxy.frozen.clone());
         let (sockets, stop) = (proxy.sockets.clone(), proxy.stop.clone());
         std::thread::spawn(move || {
             for client in listener.incoming() {
@@ -101,8 +103,8 @@ impl Proxy {
                 let ends =
                     [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)];
                 for (from, to) in ends {
-                    let frozen_upto = frozen_upto.clone();
-                    std::thread::spawn(move || forward(from, to, number, &frozen_upto));
+                    let frozen = frozen.clone();
+                    std::thread::spawn(move || forward(from, to, number, &frozen));
                 }
             }
         });
@@ -111,20 +113,26 @@ impl Proxy {
 
     /// Freezes every connection open now.
     fn freeze(&self) {
-        self.frozen_upto.store(self.accepted.load(Ordering::SeqCst), Ordering::SeqCst);
+        let open = self.accepted.load(Ordering::SeqCst);
+        self.frozen.lock().unwrap().extend(1..=open);
+    }
+
+    /// Freezes connection `number` (1: the first accepted).
+    fn freeze_one(&self, number: u64) {
+        self.frozen.lock().unwrap().insert(number);
     }
 }
 
 /// Copies `from` to `to` until either closes; while connection `number` is frozen, drops
 /// what it reads.
-fn forward(mut from: TcpStream, mut to: TcpStream, number: u64, frozen_upto: &AtomicU64) {
+fn forward(mut from: TcpStream, mut to: TcpStream, number: u64, frozen: &Mutex<BTreeSet<u64>>) {
     let mut buf = [0u8; 16 * 1024];
     loop {
         let n = match from.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if number <= frozen_upto.load(Ordering::SeqCst) {
+        if frozen.lock().unwrap().contains(&number) {
             continue;
         }
         if to.write_all(&buf[..n]).is_err() {
@@ -168,6 +176,37 @@ fn a_frozen_etcd_connection_is_given_up_for_a_new_one() {
         v.members.contains_key(b1.node()) && v.controller.as_ref() == Some(b1.node())
     });
     b1.halt();
+}
+
+/// Review finding 1, the campaign: it waits for etcd's answer with no timeout (it may wait
+/// for good), on a connection of its own. Frozen, only its HTTP/2 pings can fail it; without
+/// them the broker never acts as the controller.
+#[test]
+fn a_campaign_on_a_frozen_connection_is_given_up() {
+    let Some(etcd) = Etcd::start() else { return };
+    let b1 = agent(&etcd.client_url, "f4", "b1");
+    until(SETTLE, &b1, "b1 the controller", |v| v.controller.as_ref() == Some(b1.node()));
+    let proxy = Proxy::start(&etcd);
+    let b2 = agent(&proxy.url, "f4", "b2");
+    until(SETTLE, &b2, "b2 a member", |v| v.lease_holds(Instant::now()) && v.members.len() == 2);
+    // The session's connection is the first (the lease), the campaign's the second.
+    let deadline = Instant::now() + SETTLE;
+    while proxy.accepted.load(Ordering::SeqCst) < 2 {
+        assert!(Instant::now() < deadline, "the campaign never connected");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    proxy.freeze_one(2);
+    let frozen_at = Instant::now();
+    b1.halt();
+    // b1's election key goes with its lease; etcd's answer to b2's campaign is swallowed.
+    // Defining a stream needs no controller; placing it does.
+    let _ = block_on(b2.create_stream("t/n/s", def(1)));
+    let wait = Duration::from_millis(HTTP2_PING_INTERVAL_MS + HTTP2_PING_TIMEOUT_MS) + SETTLE;
+    until(wait, &b2, "b2 elected on a new connection places the stream", |v| {
+        v.placements.contains_key("t/n/s")
+    });
+    eprintln!("placed by b2 {:?} after its campaign's connection froze", frozen_at.elapsed());
+    b2.halt();
 }
 
 /// Review finding 2: a value that did not parse ended the session, at every load again, and a

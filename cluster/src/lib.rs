@@ -15,6 +15,7 @@ pub mod agent;
 mod error;
 pub mod groups;
 pub mod keys;
+mod keyspace;
 mod lease;
 pub mod placement;
 mod status;

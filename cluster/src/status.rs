@@ -7,8 +7,9 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use serde::Serialize;
 
-use crate::agent::{apply, Candidates, CONNECT_TIMEOUT_MS, REQUEST_TIMEOUT_MS};
+use crate::agent::{CONNECT_TIMEOUT_MS, REQUEST_TIMEOUT_MS};
 use crate::error::ClusterError;
+use crate::keyspace::{apply_or_skip, Candidates};
 use crate::view::{ClusterView, Member, StreamDef};
 use crate::{keys, NodeId, StreamPlacement};
 
@@ -93,7 +94,7 @@ pub async fn cluster_status(
     let mut candidates = Candidates::new();
     let mut leases = BTreeMap::new();
     for kv in resp.kvs() {
-        apply(cluster, &mut view, &mut candidates, kv, false)?;
+        apply_or_skip(cluster, &mut view, &mut candidates, kv, false);
         let key = kv.key_str().map_err(ClusterError::from)?;
         if let Some(node) = keys::name_under(key, &keys::members(cluster)) {
             leases.insert(node.to_owned(), kv.lease());

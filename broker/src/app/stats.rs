@@ -84,6 +84,7 @@ counters! {
     replication_truncated_batches: "Batches truncated from replicas to match a new leader's log.",
     replication_leaderships: "Times a replica on this core became its shard's leader.",
     replication_isr_proposals: "In-sync-set proposals sent to the controller by leaders on this core.",
+    replication_isr_proposals_dropped: "In-sync-set proposals dropped because the shard's previous one was still on its way to the cluster agent (resent by the leader).",
     replication_lease_refusals: "Appends refused by leaders on this core because their lease was not confirmed.",
     replication_batches_archived: "Batches replicas on this core moved out of memory (committed, durable, read from storage after).",
     replication_fetches_from_log: "Fetch replies leaders on this core read from storage (the follower asked for archived batches).",

@@ -12,6 +12,7 @@
 
 pub mod payload;
 pub mod peer;
+pub mod propose;
 pub mod shard;
 
 use std::cell::RefCell;
@@ -28,6 +29,7 @@ use felix_replication::{
 };
 
 use self::peer::PeerLink;
+use self::propose::OnePerShard;
 use self::shard::ShardReplica;
 use super::cluster::ClusterLink;
 use super::core::CoreApp;
@@ -83,6 +85,8 @@ pub struct Host {
     opening: RefCell<HashSet<(String, u32)>>,
     /// Replicas that could not start, and when they may be tried again.
     retry_at: RefCell<HashMap<(String, u32), Time>>,
+    /// The in-sync-set proposals on their way to the agent, one per shard at most.
+    proposing: Rc<OnePerShard>,
     peers: RefCell<HashMap<felix_cluster::NodeId, Rc<PeerLink>>>,
     /// The second of the last status report (metrics, and a debug line per replica).
     last_report: std::cell::Cell<u64>,
@@ -124,6 +128,7 @@ impl Host {
             shards: RefCell::default(),
             opening: RefCell::default(),
             retry_at: RefCell::default(),
+            proposing: Rc::default(),
             peers: RefCell::default(),
             last_report: std::cell::Cell::new(0),
             stats,
@@ -269,18 +274,23 @@ impl Host {
         self.link.view().members.get(node).map(|m| m.advertise.clone())
     }
 
-    /// Hands an in-sync-set proposal to the agent; its outcome comes back with the view.
+    /// Hands an in-sync-set proposal to the agent; its outcome comes back with the view. While
+    /// the shard's previous proposal is still on its way (the agent's queue full, etcd away)
+    /// this one is dropped and counted: the state machine resends it ([`propose`]).
     pub fn propose(&self, replica: &ShardReplica, p: IsrProposal) {
         let isr: Vec<felix_cluster::NodeId> =
             p.isr.iter().filter_map(|n| replica.nodes.get(n.0 as usize).cloned()).collect();
         let (agent, stream, shard) = (self.agent.clone(), replica.stream.clone(), replica.shard.0);
         let version = i64::try_from(p.expected_version).unwrap_or(i64::MAX);
-        glommio::spawn_local(async move {
+        let sent = self.proposing.spawn(&replica.stream, shard, async move {
             if let Err(e) = agent.propose_isr(&stream, shard, version, p.epoch.0, isr).await {
                 tracing::debug!(%stream, shard, error = %e, "in-sync set proposal refused");
             }
-        })
-        .detach();
+        });
+        if !sent {
+            stats::add(&self.stats.counters.replication_isr_proposals_dropped, 1);
+            tracing::debug!(stream = %replica.stream, shard, "in-sync set proposal dropped: the previous one is on its way");
+        }
     }
 
     /// Feeds the cluster view to the replicas and ticks them every [`TICK_MS`], until the core

@@ -9,6 +9,9 @@
 //! dense per shard, and nothing that was never published. Failover time (from the fault to
 //! the first ack of the new leader) is printed per trial, with the median and the maximum.
 //!
+//! Also: a follower behind the leader's archive catches up from its stored log, and no replica
+//! starts from a deposed controller's group records before the stream is placed.
+//!
 //! `FELIX_REPLICATION_TRIALS` sets the number of trials (default 24; the faults take turns:
 //! four kinds with network namespaces and `nft`, fewer without);
 //! `FELIX_TEST_KEEP=1` keeps the brokers' data directories and logs.
@@ -50,28 +53,47 @@ enum Fault {
 /// Starts b1-b3 with replication factor 3; b2 and b3 get b1's development certificate, so
 /// the brokers verify each other (and clients verify all of them) with one certificate.
 fn start_brokers(hosts: &std::rc::Rc<Hosts>, root: &std::path::Path, etcd: &str) -> Vec<Node> {
+    let mut nodes = start_first(hosts, root, etcd);
+    for i in 1..3 {
+        start_next(hosts, root, etcd, &mut nodes, i);
+    }
+    nodes
+}
+
+/// The extra `felix serve` arguments of these tests' brokers.
+const EXTRA: [&str; 4] = ["--segment-bytes", "4198400", "--replica-resident-bytes", "65536"];
+
+/// Starts b1, and waits for its development certificate.
+fn start_first(hosts: &std::rc::Rc<Hosts>, root: &std::path::Path, etcd: &str) -> Vec<Node> {
     // The test's stream asks for its replicas itself (CreateStream flag REPLICAS); the brokers
     // keep their default (3 in a cluster of three), which a second stream checks.
     // A small resident set (64 KiB of payloads), so replicas archive old batches and a
     // follower that fell behind catches up from the leader's stored log (`FetchFromLog`).
-    let extra = ["--segment-bytes", "4198400", "--replica-resident-bytes", "65536"];
-    let first = Node::start_with(hosts, 0, "b1", root, etcd, &extra);
+    let first = Node::start_with(hosts, 0, "b1", root, etcd, &EXTRA);
     let deadline = Instant::now() + WAIT;
     while !(first.dir.join("dev-cert.pem").exists() && first.dir.join("dev-key.pem").exists()) {
         assert!(Instant::now() < deadline, "b1 made no certificate: {}", first.log_text());
         std::thread::sleep(Duration::from_millis(20));
     }
     std::thread::sleep(Duration::from_millis(100));
-    let mut nodes = vec![first];
-    for (i, id) in ["b2", "b3"].iter().enumerate() {
-        let dir = root.join(id);
-        std::fs::create_dir_all(&dir).unwrap();
-        for f in ["dev-cert.pem", "dev-key.pem"] {
-            std::fs::copy(nodes[0].dir.join(f), dir.join(f)).unwrap();
-        }
-        nodes.push(Node::start_with(hosts, i + 1, id, root, etcd, &extra));
+    vec![first]
+}
+
+/// Starts broker `b<i + 1>` on host `i` with b1's certificate.
+fn start_next(
+    hosts: &std::rc::Rc<Hosts>,
+    root: &std::path::Path,
+    etcd: &str,
+    nodes: &mut Vec<Node>,
+    i: usize,
+) {
+    let id = format!("b{}", i + 1);
+    let dir = root.join(&id);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["dev-cert.pem", "dev-key.pem"] {
+        std::fs::copy(nodes[0].dir.join(f), dir.join(f)).unwrap();
     }
-    nodes
+    nodes.push(Node::start_with(hosts, i, &id, root, etcd, &EXTRA));
 }
 
 fn client_config(nodes: &[Node]) -> ClientConfig {
@@ -539,6 +561,98 @@ async fn a_follower_behind_the_archive_catches_up_from_the_leaders_log() {
         assert_eq!((r.shard.0, r.offset.0), (0, offset));
     }
     reader.close();
+    client.close();
+    drop(nodes);
+    drop(etcd);
+}
+
+/// A deposed controller's group records of a stream it never placed (it wrote them, then
+/// crashed before the placement): [b0, b1, b2], b0 gone. The brokers must not start replicas
+/// from them (docs/replication.md, "The controller on etcd": an unplaced stream's groups are
+/// neither served nor elected on); once a third broker joins, the controller places the stream
+/// with groups of its own (other replicas, so other replica numbers) and a durable publish to
+/// every shard succeeds. Before the host checked the placement, b1 and b2 kept replicas
+/// numbered by the old records, following b0, and every shard refused writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_start_only_once_their_stream_is_placed() {
+    let hosts = std::rc::Rc::new(Hosts::new(3));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let url = etcd.client_url.clone();
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = start_first(&hosts, root.path(), &url);
+    start_next(&hosts, root.path(), &url, &mut nodes, 1);
+
+    let cluster = felix_broker::config::DEFAULT_CLUSTER_NAME;
+    let mut kv = etcd_client::Client::connect([url.as_str()], None).await.unwrap();
+    let members = format!("/felix/{cluster}/members/");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+        if kv.get(members.as_str(), Some(opts)).await.unwrap().count() == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b1 and b2 never registered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Three replicas: not placeable while two brokers are live.
+    let def = serde_json::json!({
+        "shards": SHARDS, "retention_bytes": 0, "retention_ms": 0, "replicas": 3
+    });
+    kv.put(format!("/felix/{cluster}/streams/{STREAM}"), def.to_string(), None).await.unwrap();
+    let replicas: Vec<felix_cluster::NodeId> =
+        ["b0", "b1", "b2"].iter().map(|n| felix_cluster::NodeId::new(n).unwrap()).collect();
+    for shard in 0..SHARDS {
+        let group = felix_cluster::ShardGroup::initial(replicas.clone(), Some(1));
+        kv.put(format!("/felix/{cluster}/groups/{STREAM}/{shard}"), group.to_json(), None)
+            .await
+            .unwrap();
+    }
+    // The hosts look at the view every 10 ms: ample time to (wrongly) start replicas.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    for n in &nodes {
+        let log = n.log_text();
+        assert!(
+            !log.contains("replica started"),
+            "{}: a replica of an unplaced stream: {log}",
+            n.id
+        );
+    }
+
+    start_next(&hosts, root.path(), &url, &mut nodes, 2);
+    let b0 = felix_cluster::NodeId::new("b0").unwrap();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let placed =
+            felix_cluster::cluster_status(std::slice::from_ref(&url), cluster).await.ok().and_then(
+                |st| st.streams.into_iter().find(|s| s.name == STREAM && s.placement.is_some()),
+            );
+        if placed.is_some_and(|s| s.groups.iter().all(|g| !g.replicas.contains(&b0))) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never placed: {}", status(&url));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let client = connect(&nodes).await;
+    let settings =
+        felix_client::PublishSettings { retry_timeout_ms: 15_000, ..client_config(&nodes).publish };
+    let publisher = client.publisher_with(STREAM, settings).await.unwrap();
+    let mut tickets = Vec::new();
+    for shard in 0..SHARDS {
+        let key = (0..)
+            .map(|k| format!("k{k}"))
+            .find(|k| felix_proto::shard_for_key(k.as_bytes(), SHARDS).0 == shard)
+            .unwrap();
+        tickets.push((shard, publisher.send(Record::keyed(key, b"v".to_vec())).await.unwrap()));
+    }
+    for (shard, t) in tickets {
+        let acked = tokio::time::timeout(Duration::from_secs(20), t).await;
+        assert!(
+            matches!(acked, Ok(Ok(Some(_)))),
+            "shard {shard}: {acked:?}; logs:\n{}",
+            nodes.iter().map(|n| n.log_text()).collect::<Vec<_>>().join("\n----\n")
+        );
+    }
     client.close();
     drop(nodes);
     drop(etcd);

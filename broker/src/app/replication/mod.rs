@@ -85,6 +85,9 @@ pub struct Host {
     opening: RefCell<HashSet<(String, u32)>>,
     /// Replicas that could not start, and when they may be tried again.
     retry_at: RefCell<HashMap<(String, u32), Time>>,
+    /// Replicas stopped because their group's replicas changed under a log that holds
+    /// batches: not opened again until the broker restarts (see [`Adoption::Refuse`]).
+    refused: RefCell<HashSet<(String, u32)>>,
     /// The in-sync-set proposals on their way to the agent, one per shard at most.
     proposing: Rc<OnePerShard>,
     peers: RefCell<HashMap<felix_cluster::NodeId, Rc<PeerLink>>>,
@@ -128,6 +131,7 @@ impl Host {
             shards: RefCell::default(),
             opening: RefCell::default(),
             retry_at: RefCell::default(),
+            refused: RefCell::default(),
             proposing: Rc::default(),
             peers: RefCell::default(),
             last_report: std::cell::Cell::new(0),
@@ -305,15 +309,28 @@ impl Host {
         }
     }
 
-    /// Starts a replica for every group of the view with a replica on this core.
+    /// Starts a replica for every group of a placed stream with a replica on this core, and
+    /// replaces one whose group's replicas changed ([`adoption`]).
     fn adopt(self: &Rc<Self>, app: &Rc<CoreApp>, view: &ClusterView) {
         for ((stream, shard), group) in &view.groups {
             if *shard as usize % self.cores != usize::from(self.core.0) {
                 continue;
             }
-            let Some(me) = group.number(&self.me) else { continue };
             let key = (stream.clone(), *shard);
-            if self.replica(stream, ShardId(*shard)).is_some()
+            let running = self.replica(stream, ShardId(*shard));
+            let placed = view.placements.contains_key(stream);
+            let opened = running.as_ref().map(|r| (r.nodes.as_slice(), r.replica().log().end()));
+            let me = match adoption(placed, group, &self.me, opened) {
+                Adoption::Keep | Adoption::Skip => continue,
+                Adoption::Open(me) => me,
+                decision @ (Adoption::Reopen | Adoption::Refuse) => {
+                    if let Some(old) = running {
+                        self.retire(key, old, &group.replicas, decision == Adoption::Reopen);
+                    }
+                    continue;
+                }
+            };
+            if self.refused.borrow().contains(&key)
                 || self.retry_at.borrow().get(&key).is_some_and(|at| self.now() < *at)
                 || !self.opening.borrow_mut().insert(key.clone())
             {
@@ -338,6 +355,40 @@ impl Host {
         }
     }
 
+    /// Stops `old`, whose group's replicas are now `replicas`; with `reopen` (its log is
+    /// empty) the next round opens the shard's replica again with them, once the old one's
+    /// disk task has ended. Otherwise it stays stopped until the broker restarts.
+    fn retire(
+        self: &Rc<Self>,
+        key: (String, u32),
+        old: Rc<ShardReplica>,
+        replicas: &[felix_cluster::NodeId],
+        reopen: bool,
+    ) {
+        old.stop();
+        if let Some(s) = self.shards.borrow_mut().get_mut(&key.0) {
+            s.remove(&key.1);
+        }
+        let (stream, shard, was) = (&key.0, key.1, &old.nodes);
+        if !reopen {
+            tracing::error!(%stream, shard, ?was, now = ?replicas,
+                "replica stopped: its group's replicas changed and its log holds batches of the \
+                 old group, whose epochs a new group may repeat with another leader; not \
+                 reopened until the broker restarts");
+            self.refused.borrow_mut().insert(key);
+            return;
+        }
+        tracing::warn!(%stream, shard, ?was, now = ?replicas,
+            "the group's replicas changed: the replica (its log empty) is opened again");
+        self.opening.borrow_mut().insert(key.clone());
+        let host = self.clone();
+        glommio::spawn_local(async move {
+            old.stopped().await;
+            host.opening.borrow_mut().remove(&key);
+        })
+        .detach();
+    }
+
     async fn open_replica(
         self: &Rc<Self>,
         app: &Rc<CoreApp>,
@@ -351,7 +402,7 @@ impl Host {
         let shard = ShardId(key.1);
         let (replica, disk_rx) =
             ShardReplica::open(entry, log, shard, nodes, me, config, self.resident_bytes).await?;
-        glommio::spawn_local(replica.clone().run_disk(self.clone(), disk_rx)).detach();
+        replica.spawn_disk(self.clone(), disk_rx);
         self.shards.borrow_mut().entry(key.0.clone()).or_default().insert(key.1, replica);
         tracing::info!(stream = %key.0, shard = key.1, replica = me.0, "replica started");
         Ok(())
@@ -461,5 +512,83 @@ impl Host {
                 replica.handle_tick(now);
             });
         }
+    }
+}
+
+/// What [`Host::adopt`] does with one group record of the view.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Adoption {
+    /// Nothing: this broker is not a replica, or the stream is not placed yet (its groups
+    /// may be a deposed controller's partial set, which the next controller overwrites with
+    /// other replicas: docs/replication.md, "The controller on etcd").
+    Skip,
+    /// The running replica has this group's replicas: it goes on.
+    Keep,
+    /// Start the replica, with this replica number.
+    Open(NodeId),
+    /// The running replica was opened with other replicas (its numbers name other brokers)
+    /// and its log is empty: stop it and open it again with these.
+    Reopen,
+    /// As `Reopen`, but its log holds batches: stop it and do not reopen it. Those batches'
+    /// epochs come from another record of the group; a new record starts again at epoch 1,
+    /// maybe with another leader, and log matching (one leader per epoch) would not hold.
+    Refuse,
+}
+
+/// The decision for `group` on broker `me`: `placed` says whether the stream is placed;
+/// `running`, the replicas the replica this core runs for the shard was opened with and where
+/// its log ends, if it runs one.
+fn adoption(
+    placed: bool,
+    group: &felix_cluster::ShardGroup,
+    me: &felix_cluster::NodeId,
+    running: Option<(&[felix_cluster::NodeId], Offset)>,
+) -> Adoption {
+    match (running, placed, group.number(me)) {
+        (None, true, Some(n)) => Adoption::Open(n),
+        (None, _, _) => Adoption::Skip,
+        (Some((nodes, _)), _, _) if nodes == group.replicas.as_slice() => Adoption::Keep,
+        (Some((_, Offset(0))), _, _) => Adoption::Reopen,
+        (Some(_), _, _) => Adoption::Refuse,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use felix_cluster::{NodeId as Node, ShardGroup};
+
+    fn nodes(names: &[&str]) -> Vec<Node> {
+        names.iter().map(|n| Node::new(n).unwrap()).collect()
+    }
+
+    /// A deposed controller's record [b1, b2, b3], then the next controller's [b2, b3, b4]
+    /// with the placement (docs/replication.md, "The controller on etcd").
+    #[test]
+    fn replicas_start_only_for_placed_streams_and_follow_a_changed_group() {
+        let b2 = Node::new("b2").unwrap();
+        let deposed = ShardGroup::initial(nodes(&["b1", "b2", "b3"]), Some(7));
+        let placed = ShardGroup::initial(nodes(&["b2", "b3", "b4"]), Some(8));
+        assert_eq!(adoption(false, &deposed, &b2, None), Adoption::Skip, "unplaced: not started");
+        assert_eq!(adoption(false, &placed, &b2, None), Adoption::Skip);
+        assert_eq!(
+            adoption(true, &placed, &b2, None),
+            Adoption::Open(felix_replication::NodeId(0))
+        );
+        let b5 = Node::new("b5").unwrap();
+        assert_eq!(adoption(true, &placed, &b5, None), Adoption::Skip, "not a replica");
+
+        let opened = nodes(&["b2", "b3", "b4"]);
+        let same = Some((opened.as_slice(), Offset(40)));
+        assert_eq!(adoption(true, &placed, &b2, same), Adoption::Keep);
+        // A replica opened from the deposed controller's record (as before this check).
+        let old = nodes(&["b1", "b2", "b3"]);
+        let empty = Some((old.as_slice(), Offset(0)));
+        assert_eq!(adoption(true, &placed, &b2, empty), Adoption::Reopen);
+        let written = Some((old.as_slice(), Offset(3)));
+        assert_eq!(adoption(true, &placed, &b2, written), Adoption::Refuse);
+        // Not a replica of the new group: stopped all the same (and not opened again).
+        assert_eq!(adoption(true, &placed, &b5, empty), Adoption::Reopen);
+        assert_eq!(adoption(true, &placed, &b5, None), Adoption::Skip);
     }
 }

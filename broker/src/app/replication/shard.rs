@@ -50,7 +50,11 @@ pub struct ShardReplica {
     replica: RefCell<Replica>,
     waiters: RefCell<HashMap<u64, Waiter>>,
     next_request: Cell<u64>,
-    disk_tx: LocalSender<DiskOp>,
+    /// The disk task's queue; taken by [`ShardReplica::stop`], which ends that task once it
+    /// has done what was queued.
+    disk_tx: RefCell<Option<LocalSender<DiskOp>>>,
+    /// The disk task, awaited by [`ShardReplica::stopped`].
+    disk_task: RefCell<Option<glommio::task::JoinHandle<()>>>,
     log: StreamLog,
     entry: Rc<StreamEntry>,
     /// The subscribers' tail has every committed batch below this.
@@ -84,7 +88,8 @@ impl ShardReplica {
             replica: RefCell::new(replica),
             waiters: RefCell::default(),
             next_request: Cell::new(1),
-            disk_tx,
+            disk_tx: RefCell::new(Some(disk_tx)),
+            disk_task: RefCell::default(),
             log,
             entry,
             // Nothing is visible until the replica knows what is committed: a recovered log
@@ -183,14 +188,12 @@ impl ShardReplica {
                         ));
                         return;
                     }
-                    if self.disk_tx.try_send(DiskOp::Truncate { id, to }).is_err() {
-                        self.fail("the disk queue is full");
+                    if !self.queue_disk(DiskOp::Truncate { id, to }) {
                         return;
                     }
                 }
                 Output::Disk(op) => {
-                    if self.disk_tx.try_send(op).is_err() {
-                        self.fail("the disk queue is full");
+                    if !self.queue_disk(op) {
                         return;
                     }
                 }
@@ -330,6 +333,41 @@ impl ShardReplica {
         let waiting: Vec<u64> = self.waiters.borrow().keys().copied().collect();
         for id in waiting {
             self.answer(RequestId(id), Err(AppendError::LeaseExpired));
+        }
+    }
+
+    /// Hands `op` to the disk task; false (and the replica stops) if its queue is full.
+    fn queue_disk(&self, op: DiskOp) -> bool {
+        let queued = self.disk_tx.borrow().as_ref().is_some_and(|tx| tx.try_send(op).is_ok());
+        if !queued {
+            self.fail("the disk queue is full");
+        }
+        queued
+    }
+
+    /// Stops the replica for good (its host replaces it): waiting appends are refused, no
+    /// input reaches the state machine any more, and its disk task ends once the operations
+    /// already queued are done ([`ShardReplica::stopped`]).
+    pub fn stop(&self) {
+        self.failed.set(true);
+        for (_, (tx, _)) in self.waiters.borrow_mut().drain() {
+            let _ = tx.send(Err(AppendError::NotLeader { leader: None }));
+        }
+        self.disk_tx.borrow_mut().take();
+    }
+
+    /// Runs the disk task ([`ShardReplica::run_disk`]) on this core.
+    pub fn spawn_disk(self: &Rc<Self>, host: Rc<Host>, rx: LocalReceiver<DiskOp>) {
+        let task = glommio::spawn_local(self.clone().run_disk(host, rx)).detach();
+        *self.disk_task.borrow_mut() = Some(task);
+    }
+
+    /// Resolves once the disk task has ended: after [`ShardReplica::stop`], when everything it
+    /// was given is in storage (or failed), so another replica may recover the shard's log.
+    pub async fn stopped(&self) {
+        let task = self.disk_task.borrow_mut().take();
+        if let Some(task) = task {
+            task.await;
         }
     }
 

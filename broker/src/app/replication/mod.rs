@@ -280,7 +280,7 @@ impl Host {
 
     /// Hands an in-sync-set proposal to the agent; its outcome comes back with the view. While
     /// the shard's previous proposal is still on its way (the agent's queue full, etcd away)
-    /// this one is dropped and counted: the state machine resends it ([`propose`]).
+    /// this one is dropped and counted: the state machine resends it ([`OnePerShard`]).
     pub fn propose(&self, replica: &ShardReplica, p: IsrProposal) {
         let isr: Vec<felix_cluster::NodeId> =
             p.isr.iter().filter_map(|n| replica.nodes.get(n.0 as usize).cloned()).collect();

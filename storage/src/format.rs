@@ -14,6 +14,11 @@ use felix_proto::{Offset, ProducerId, ProducerTag, Record, ShardId};
 pub const FORMAT_ALIGN_BYTES: u64 = 4096;
 /// Size of the segment header block at the start of each segment file.
 pub const SEGMENT_HEADER_BYTES: u64 = 4096;
+/// The largest log position a segment may reach: recovery refuses a segment header past it
+/// (no log comes near it; a crafted or damaged header could overflow the arithmetic).
+pub const POSITION_MAX: u64 = i64::MAX as u64;
+/// The largest offset a segment header may start a shard at, for the same reason.
+pub const OFFSET_MAX: u64 = i64::MAX as u64;
 /// Magic of a segment header: "FXS1".
 pub const SEGMENT_MAGIC: u32 = u32::from_le_bytes(*b"FXS1");
 /// Magic of a batch header: "FXB1".

@@ -13,7 +13,9 @@ use felix_proto::{Offset, ShardId};
 use crate::config::{StorageConfig, WriteSync};
 use crate::epochs::{EpochIndex, EPOCH_CHANGES_PER_SHARD_MAX};
 use crate::error::{Result, StorageError};
-use crate::format::{align_up, SegmentHeader, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX};
+use crate::format::{
+    align_up, SegmentHeader, OFFSET_MAX, POSITION_MAX, SEGMENT_HEADER_BYTES, SHARDS_PER_LOG_MAX,
+};
 use crate::index::{IndexEntry, ShardIndex};
 use crate::io::{self, LogFile};
 use crate::producers::ProducerTable;
@@ -273,7 +275,10 @@ impl Recovery<'_> {
     ) -> Result<Option<SegmentHeader>> {
         let block = file.read_at(0, SEGMENT_HEADER_BYTES as usize).await?;
         match SegmentHeader::decode(&block) {
-            Ok(h) if h.base_position == base => Ok(Some(h)),
+            Ok(h) if h.base_position == base => {
+                self.check_bounds(path, &h, size)?;
+                Ok(Some(h))
+            }
             Ok(_) => Err(corrupt(path, 0, "segment header names another position".into())),
             Err(_) if is_last && size <= SEGMENT_HEADER_BYTES => {
                 // Crash while creating the segment: nothing was ever written to it.
@@ -286,6 +291,31 @@ impl Recovery<'_> {
             }
             Err(e) => Err(corrupt(path, 0, e.to_string())),
         }
+    }
+
+    /// A header's positions and offsets must leave room to grow (a log never comes near the
+    /// limits: reaching them takes 2^63 bytes or records), and its segment must start where
+    /// the previous one's valid bytes end or later: past a segment's start, positions of the
+    /// log map to one file only.
+    fn check_bounds(&self, path: &Path, header: &SegmentHeader, size: u64) -> Result<()> {
+        let base = header.base_position;
+        if base > POSITION_MAX || size > POSITION_MAX - base {
+            return Err(corrupt(path, 0, format!("segment at log position {base} is past the largest log position {POSITION_MAX}")));
+        }
+        if let Some((shard, next)) = header.next_offsets.iter().find(|(_, o)| o.0 > OFFSET_MAX) {
+            return Err(corrupt(
+                path,
+                0,
+                format!("{shard} starts at {next}, past the largest offset {OFFSET_MAX}"),
+            ));
+        }
+        if let Some(prev) = self.segments.last() {
+            let prev_end = prev.base_position + prev.end;
+            if base < prev_end {
+                return Err(corrupt(path, 0, format!("segment starts at log position {base}, inside the previous segment, whose batches end at {prev_end}")));
+            }
+        }
+        Ok(())
     }
 
     /// The first segment's header starts the indexes; every later one must start each

@@ -635,3 +635,94 @@ fn losing_random_unflushed_blocks_never_loses_durable_records() {
         });
     }
 }
+
+/// A segment header block (CRC set) at log position `base` starting each `(shard, offset)`.
+fn header_block(base: u64, starts: &[(u32, u64)]) -> Vec<u8> {
+    use felix_storage::format::{SegmentHeader, SEGMENT_HEADER_BYTES};
+    let header = SegmentHeader {
+        base_position: base,
+        created_ms: 0,
+        next_offsets: starts.iter().map(|(s, o)| (ShardId(*s), Offset(*o))).collect(),
+    };
+    let mut block = vec![0u8; SEGMENT_HEADER_BYTES as usize];
+    header.encode(&mut block);
+    block
+}
+
+/// One CRC-valid batch of shard 0 at `base` holding one record of `len` bytes, padded to its
+/// slot.
+fn batch_block(base: u64, len: usize) -> Vec<u8> {
+    use felix_storage::format::{batch_encoded_len, batch_slot, encode_batch};
+    let records = [felix_proto::Record::unkeyed(vec![b'v'; len])];
+    let encoded = batch_encoded_len(&records, None, None);
+    let mut out = vec![0u8; batch_slot(encoded as u64) as usize];
+    encode_batch(&mut out[..encoded], ShardId(0), Offset(base), 1, None, None, &records);
+    out
+}
+
+/// Opens the log of `files` (name, bytes); the refusal's file and reason.
+fn open_files(files: Vec<(String, Vec<u8>)>) -> (PathBuf, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    std::fs::create_dir_all(path.join("log")).unwrap();
+    for (name, bytes) in &files {
+        std::fs::write(path.join("log").join(name), bytes).unwrap();
+    }
+    run(move || async move {
+        let shards = [ShardId(0)];
+        let config = small_config(&path);
+        let log_dir = path.join("log");
+        match StreamLog::open("t/ns/s", &log_dir, &shards, &config, RetentionConfig::default())
+            .await
+        {
+            Err(StorageError::Corrupt { path: p, position, reason }) => {
+                assert_eq!(position, 0, "{reason}");
+                (p.strip_prefix(&log_dir).unwrap().to_owned(), reason)
+            }
+            Err(e) => panic!("expected Corrupt naming the file, got {e}"),
+            Ok((log, _)) => {
+                let next = log.next_offset(ShardId(0)).unwrap();
+                panic!("the log opened, shard 0 at {next}")
+            }
+        }
+    })
+}
+
+/// Found by fuzzing: CRC-valid headers no broker writes, whose positions or offsets leave no
+/// room to grow, made appends and recovery overflow (a panic, or in release builds an ack at
+/// an offset no read returns). They are refused, naming the file.
+#[test]
+fn a_segment_header_past_the_largest_position_or_offset_is_refused() {
+    use felix_storage::format::{OFFSET_MAX, POSITION_MAX};
+    let name = |base: u64| format!("{base:020}.log");
+    for base in [u64::MAX - 4095, POSITION_MAX - 4095 + 1] {
+        let (file, reason) = open_files(vec![(name(base), header_block(base, &[(0, 0)]))]);
+        assert_eq!(file, PathBuf::from(name(base)));
+        assert!(reason.contains("largest log position"), "{reason}");
+    }
+    for next in [u64::MAX, OFFSET_MAX + 1] {
+        let (file, reason) = open_files(vec![(name(0), header_block(0, &[(0, next)]))]);
+        assert_eq!(file, PathBuf::from(name(0)));
+        assert!(reason.contains("largest offset"), "{reason}");
+    }
+}
+
+/// Found by fuzzing: a segment whose base lies inside the previous segment's batches (every
+/// CRC valid, names matching headers) opened, and reads of the shard then looked in the wrong
+/// file and underflowed. It is refused, naming the later file.
+#[test]
+fn a_segment_starting_inside_the_previous_one_is_refused() {
+    // 0.log holds offsets 0 and 1 at log positions 4096 and 4160 (the second is 6 KiB), so
+    // its batches end past 8192; 4096.log claims to start at 4096.
+    let mut first = header_block(0, &[(0, 0)]);
+    first.extend(batch_block(0, 1));
+    first.extend(batch_block(1, 6000));
+    first.resize(first.len().next_multiple_of(4096), 0);
+    let mut second = header_block(4096, &[(0, 2)]);
+    second.extend(batch_block(2, 1));
+    second.resize(second.len().next_multiple_of(4096), 0);
+    let files = vec![(format!("{:020}.log", 0), first), (format!("{:020}.log", 4096), second)];
+    let (file, reason) = open_files(files);
+    assert_eq!(file, PathBuf::from(format!("{:020}.log", 4096)));
+    assert!(reason.contains("inside the previous segment"), "{reason}");
+}

@@ -378,8 +378,11 @@ pub fn decode_records(batch: &Bytes, header: &BatchHeader) -> Result<Vec<Record>
     if batch.len() < header.records_start() {
         return Err(FormatError::BadRecords);
     }
-    let mut records = Vec::with_capacity(header.record_count as usize);
     let mut rest = batch.slice(header.records_start()..);
+    // Sized by what the bytes can hold, not by the count alone: a header that was only
+    // probed must not size an allocation.
+    let fits = rest.len() / RECORD_HEADER_BYTES;
+    let mut records = Vec::with_capacity((header.record_count as usize).min(fits));
     for _ in 0..header.record_count {
         if rest.len() < RECORD_HEADER_BYTES {
             return Err(FormatError::BadRecords);
@@ -502,6 +505,17 @@ mod tests {
         let decoded = decode_records(&Bytes::from(buf), &header).unwrap();
         assert_eq!(decoded, records);
         assert_eq!(decoded[1].key, Some(Bytes::new()));
+    }
+
+    /// Found by fuzzing: a header's record count sized the allocation before the bytes were
+    /// looked at (u32::MAX records: hundreds of GB, the process aborted).
+    #[test]
+    fn a_record_count_the_bytes_cannot_hold_sizes_no_allocation() {
+        let buf = encoded(&sample());
+        let mut header = verify_batch(&buf, 1 << 20).unwrap();
+        header.record_count = u32::MAX;
+        let got = decode_records(&Bytes::from(buf), &header);
+        assert!(matches!(got, Err(FormatError::BadRecords)), "{got:?}");
     }
 
     #[test]

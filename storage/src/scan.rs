@@ -145,12 +145,16 @@ pub(crate) async fn valid_batch_beyond_window(
     let mut pos = align_up(damage + WRITE_IN_FLIGHT_BYTES_MAX as u64);
     while pos < end {
         let chunk_len = (SCAN_CHUNK_BYTES as u64).min(end - pos);
-        let chunk = file.read_at(pos, chunk_len as usize).await?;
+        // One read covers every batch that may start in this chunk (a batch is at most
+        // `batch_bytes_limit`): a read per plausible header would read up to that limit for
+        // each aligned block, thousands of times the file for crafted or random headers.
+        let span = (chunk_len + batch_bytes_limit as u64).min(end - pos);
+        let bytes = file.read_at(pos, span as usize).await?;
         let mut at = 0usize;
-        while at + crate::format::BATCH_HEADER_BYTES <= chunk.len() {
-            if let Probe::Header(h) = probe(&chunk[at..], batch_bytes_limit) {
-                let bytes = file.read_at(pos + at as u64, h.len as usize).await?;
-                if verify_batch(&bytes, batch_bytes_limit).is_ok() {
+        while at < chunk_len as usize && at + crate::format::BATCH_HEADER_BYTES <= bytes.len() {
+            if let Probe::Header(h) = probe(&bytes[at..], batch_bytes_limit) {
+                let batch = bytes.get(at..at + h.len as usize);
+                if batch.is_some_and(|b| verify_batch(b, batch_bytes_limit).is_ok()) {
                     return Ok(Some(pos + at as u64));
                 }
             }

@@ -726,3 +726,44 @@ fn a_segment_starting_inside_the_previous_one_is_refused() {
     assert_eq!(file, PathBuf::from(format!("{:020}.log", 4096)));
     assert!(reason.contains("inside the previous segment"), "{reason}");
 }
+
+/// Found by fuzzing: looking for a valid batch past the in-flight window after damage, recovery
+/// read each plausible header's whole claimed batch (up to `BATCH_BYTES_LIMIT`) on its own,
+/// so a region of such headers cost up to 4 MiB of reads per 4 KiB block (a 256 MiB segment:
+/// about 250 GB). Each chunk is now read once with the longest batch that may start in it.
+#[test]
+fn a_search_past_damage_reads_each_byte_a_bounded_number_of_times() {
+    use felix_storage::format::{align_up, BATCH_MAGIC};
+    use felix_storage::{BATCH_BYTES_LIMIT, WRITE_IN_FLIGHT_BYTES_MAX};
+    const BLOCKS: usize = 64;
+    let mut segment = header_block(0, &[(0, 0)]);
+    // The damage: a bad magic where the first batch would be.
+    segment.resize(4096 + 8, 0);
+    segment[4096..4100].copy_from_slice(b"JUNK");
+    // Past the window, blocks that each claim a batch of the largest size (never valid).
+    let window = align_up(4096 + WRITE_IN_FLIGHT_BYTES_MAX as u64) as usize;
+    segment.resize(window + BLOCKS * 4096 + BATCH_BYTES_LIMIT, 0);
+    for i in 0..BLOCKS {
+        let at = window + i * 4096;
+        segment[at..at + 4].copy_from_slice(&BATCH_MAGIC.to_le_bytes());
+        segment[at + 4] = 1;
+        segment[at + 12..at + 16].copy_from_slice(&(BATCH_BYTES_LIMIT as u32).to_le_bytes());
+    }
+    let size = segment.len() as u64;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    std::fs::create_dir_all(path.join("log")).unwrap();
+    std::fs::write(path.join("log").join(format!("{:020}.log", 0)), &segment).unwrap();
+    drop(segment);
+    let read = run(move || async move {
+        let config = small_config(&path);
+        let before = glommio::executor().io_stats().all_rings().file_reads().1;
+        // A torn tail: cut, the log opens empty.
+        let (log, report) = open(&path, &config).await.unwrap();
+        assert_eq!(log.next_offset(ShardId(0)).unwrap(), Offset(0));
+        assert!(report.torn_at.is_some());
+        glommio::executor().io_stats().all_rings().file_reads().1 - before
+    });
+    // Before: about BLOCKS x 4 MiB (256 MiB) for this 13 MiB file.
+    assert!(read < 3 * size, "{read} bytes read for a {size}-byte segment");
+}

@@ -1,4 +1,5 @@
-//! End to end with 2 cores: subscribe from each start position, fanout, consumer groups.
+//! End to end with 2 cores: subscribe from each start position, fanout, consumer groups;
+//! with 1 core: the slots of dropped subscriptions.
 
 mod e2e_support;
 
@@ -6,8 +7,10 @@ use std::time::Duration;
 
 use e2e_support::{TestBroker, WAIT};
 use felix_client::{
-    AckMode, Client, Offset, PublishSettings, Record, ShardId, StartAt, SubscribeOptions,
+    AckMode, Client, ClientError, Offset, PublishSettings, Record, ShardId, StartAt,
+    SubscribeOptions,
 };
+use felix_proto::ErrorCode;
 
 async fn publish(client: &Client, stream: &str, from: usize, n: usize) {
     let settings =
@@ -413,4 +416,65 @@ async fn each_core_sends_its_own_shards_to_a_subscription_split_by_core() {
         }
         client.close();
     }
+}
+
+/// A client of the broker at `addr` (trusting the development certificate in `dir`) on one
+/// connection, that reconnects quickly and patiently (restarts).
+fn patient_config(addr: &str, dir: &std::path::Path) -> felix_client::ClientConfig {
+    felix_client::ClientConfig {
+        addr: addr.to_owned(),
+        trust: Some(felix_client::Trust::CaFile(dir.join("dev-cert.pem"))),
+        connections: Some(1),
+        connect_timeout_ms: 1_000,
+        reconnect_attempts_max: 200,
+        reconnect_backoff_min_ms: 20,
+        reconnect_backoff_max_ms: 100,
+        publish: PublishSettings { linger_us: 200, ..PublishSettings::default() },
+        ..felix_client::ClientConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dropped_subscriptions_on_a_quiet_stream_free_their_slots() {
+    use felix_broker::app::subscribe::SUBSCRIPTIONS_PER_CONN_MAX;
+    const STREAM: &str = "acme/app/quiet";
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 1, &[]);
+    let client = broker.client_with(patient_config(&broker.addr.to_string(), dir.path())).await;
+    client.create_stream(STREAM, 1, Default::default()).await.unwrap();
+    // Each dropped subscriber stops its stream; no record ever comes to end it otherwise. The
+    // broker may see a Subscribe before the previous stream's STOP_SENDING: a subscription
+    // refused for the limit is asked again for a while.
+    for i in 0..SUBSCRIPTIONS_PER_CONN_MAX + 16 {
+        let deadline = std::time::Instant::now() + WAIT;
+        loop {
+            match client.subscribe(SubscribeOptions::new(STREAM)).await {
+                Ok(sub) => break drop(sub),
+                Err(ClientError::Broker { code: ErrorCode::LimitReached, .. })
+                    if std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => panic!("subscription {i}: {e}"),
+            }
+        }
+    }
+    // Every slot but the one taken here is free: SUBSCRIPTIONS_PER_CONN_MAX - 1 more fit.
+    let mut subs = Vec::new();
+    let deadline = std::time::Instant::now() + WAIT;
+    while subs.len() < SUBSCRIPTIONS_PER_CONN_MAX {
+        match client.subscribe(SubscribeOptions::new(STREAM)).await {
+            Ok(sub) => subs.push(sub),
+            Err(e) if std::time::Instant::now() < deadline => {
+                assert!(matches!(e, ClientError::Broker { code: ErrorCode::LimitReached, .. }));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("after {} subscriptions: {e}", subs.len()),
+        }
+    }
+    publish(&client, STREAM, 0, 1).await;
+    for sub in &mut subs {
+        assert_eq!(values(sub, 1).await, vals(0..1));
+    }
+    assert!(client.subscribe(SubscribeOptions::new(STREAM)).await.is_err(), "over the limit");
 }

@@ -5,7 +5,8 @@
 //! waiting there for new data) and queues them for the subscription's writer. The queue is bounded ([`SUBSCRIPTION_QUEUE_FRAMES`]) and the writer is
 //! bounded by QUIC flow control, so a slow subscriber stops its pumps rather than growing
 //! memory; a writer blocked longer than the slow-consumer limit resets the stream with
-//! `SlowConsumer` (18) and the subscription ends.
+//! `SlowConsumer` (18) and the subscription ends. A subscriber that stops the stream ends the
+//! subscription at once, see [`write_subscription`].
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -14,10 +15,12 @@ use bytes::Bytes;
 use felix_proto::{ErrorCode, Frame, Offset, ShardId, Subscribe, SubscribeOk, SubscriptionId};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
+use super::core::CoreApp;
 use super::error::WireError;
 use super::mesh::{CoreRequest, CoreResponse};
 use super::session::Session;
 use super::stats;
+use crate::net::SendStream;
 
 /// Subscriptions one connection may hold at once.
 pub const SUBSCRIPTIONS_PER_CONN_MAX: usize = 64;
@@ -92,7 +95,6 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     }
     stats::add(&app.stats.counters.subscriptions, 1);
     let (tx, rx) = queue();
-    let slow = app.settings.slow_consumer;
     let writer_app = app.clone();
     let cancelled = Rc::new(std::cell::Cell::new(false));
     let writer_cancel = cancelled.clone();
@@ -100,30 +102,7 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
         // However the writer ends, its pumps stop and the connection's slot is freed.
         let _slot = slot;
         let _guard = OnDrop(move || writer_cancel.set(true));
-        let c = &writer_app.stats.counters;
-        while let Some(Queued { frame, frames }) = rx.recv().await {
-            let len = frame.len() as u64;
-            // Handed to quinn as it is: a tail batch's frame is shared by all its subscribers.
-            let mut chunks = [frame];
-            match glommio::timer::timeout(slow, async {
-                send.write_all_chunks(&mut chunks).await.map_err(|e| {
-                    glommio::GlommioError::IoError(std::io::Error::other(e.to_string()))
-                })
-            })
-            .await
-            {
-                Ok(()) => {
-                    stats::add(&c.event_batches, u64::from(frames));
-                    stats::add(&c.event_bytes, len);
-                }
-                Err(glommio::GlommioError::TimedOut(_)) => {
-                    stats::add(&c.slow_consumers, 1);
-                    send.reset(ErrorCode::SlowConsumer as u32);
-                    return;
-                }
-                Err(_) => return,
-            }
-        }
+        write_subscription(&writer_app, rx, send).await;
     })
     .detach();
     let tx = Rc::new(tx);
@@ -190,6 +169,56 @@ async fn pump(
             next = Offset(b.end());
         }
     }
+}
+
+/// The writer of one subscription: writes what its pumps queue, until
+/// - the subscriber stops the stream (STOP_SENDING, sent when it drops it): the subscription
+///   ends at once, whether or not a record is coming;
+/// - a write stays blocked longer than the slow-consumer limit: the stream is reset with
+///   `SlowConsumer`;
+/// - every pump has ended: the stream is finished.
+async fn write_subscription(app: &CoreApp, rx: QueueReceiver, mut send: SendStream) {
+    let c = &app.stats.counters;
+    loop {
+        let next = futures_lite::future::or(async { Next::Queued(rx.recv().await) }, async {
+            send.stopped().await;
+            Next::Stopped
+        });
+        let Queued { frame, frames } = match next.await {
+            Next::Queued(Some(q)) => q,
+            Next::Queued(None) => break,
+            Next::Stopped => return,
+        };
+        let len = frame.len() as u64;
+        // Handed to quinn as it is: a tail batch's frame is shared by all its subscribers.
+        let mut chunks = [frame];
+        match glommio::timer::timeout(app.settings.slow_consumer, async {
+            send.write_all_chunks(&mut chunks)
+                .await
+                .map_err(|e| glommio::GlommioError::IoError(std::io::Error::other(e.to_string())))
+        })
+        .await
+        {
+            Ok(()) => {
+                stats::add(&c.event_batches, u64::from(frames));
+                stats::add(&c.event_bytes, len);
+            }
+            Err(glommio::GlommioError::TimedOut(_)) => {
+                stats::add(&c.slow_consumers, 1);
+                send.reset(ErrorCode::SlowConsumer as u32);
+                return;
+            }
+            Err(_) => return,
+        }
+    }
+}
+
+/// What a subscription's writer waits for.
+enum Next {
+    /// Frames from the pumps; `None` once every pump has ended.
+    Queued(Option<Queued>),
+    /// The subscriber stopped the stream, or the connection is gone.
+    Stopped,
 }
 
 /// One of a connection's [`SUBSCRIPTIONS_PER_CONN_MAX`] subscription slots, held from the

@@ -494,6 +494,27 @@ impl SendStream {
         }
     }
 
+    /// Waits until the peer no longer wants the stream: it sent STOP_SENDING (its code is
+    /// returned), or the stream or the connection is gone (`None`). A task that also writes
+    /// the stream may wait on this between writes: both wait in the stream's writer slot.
+    pub async fn stopped(&self) -> Option<u64> {
+        poll_fn(|cx| self.poll_stopped(cx)).await
+    }
+
+    fn poll_stopped(&self, cx: &mut std::task::Context<'_>) -> Poll<Option<u64>> {
+        let id = self.id;
+        let r = self.conn.with(|cs| match cs.conn.send_stream(id).stopped() {
+            Ok(Some(code)) => Poll::Ready(Some(code.into_inner())),
+            Ok(None) if cs.error.borrow().is_none() => {
+                // Woken by `StreamEvent::Stopped` (or by the connection's end).
+                cs.waiters.writers.insert(id, cx.waker().clone());
+                Poll::Pending
+            }
+            Ok(None) | Err(_) => Poll::Ready(None),
+        });
+        r.unwrap_or(Poll::Ready(None))
+    }
+
     /// Abandons the stream with an application error code.
     pub fn reset(&mut self, code: u32) {
         self.finished = true;
@@ -506,14 +527,18 @@ impl SendStream {
 }
 
 impl Drop for SendStream {
-    /// A dropped, unfinished stream is finished (as quinn does).
+    /// A dropped, unfinished stream is finished, or reset with the peer's code when the peer
+    /// stopped it, so that quinn-proto frees it (as quinn does).
     fn drop(&mut self) {
         if self.finished {
             return;
         }
         let id = self.id;
         self.conn.try_with(|cs| {
-            let _ = cs.conn.send_stream(id).finish();
+            let mut stream = cs.conn.send_stream(id);
+            if let Err(quinn_proto::FinishError::Stopped(code)) = stream.finish() {
+                let _ = stream.reset(code);
+            }
             cs.wake_driver();
         });
     }

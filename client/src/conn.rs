@@ -227,6 +227,11 @@ impl Conn {
         self.connection.stats()
     }
 
+    /// Waits until the connection is closed (by either side, or lost), for at most `limit`.
+    pub(crate) async fn closed_within(&self, limit: Duration) {
+        let _ = tokio::time::timeout(limit, self.connection.closed()).await;
+    }
+
     /// The ack and request limit.
     pub(crate) fn ack_timeout(&self) -> Duration {
         self.ack_timeout

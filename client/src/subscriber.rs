@@ -140,6 +140,8 @@ struct Part {
     shards: Vec<ShardId>,
     stream: SubStream,
     ended: bool,
+    /// The broker reset the stream with `ShuttingDown`: the part is to resume.
+    stopping: bool,
 }
 
 impl Subscriber {
@@ -211,7 +213,9 @@ impl Subscriber {
     /// at `Latest` over several shards, without a commit of this subscriber on each of them
     /// (or on one shard before its first record; in a cluster, where positions are not
     /// replicated, always), cannot resume without possibly missing records: it fails with
-    /// `ConnectionLost` instead.
+    /// `ConnectionLost` instead. A stopping broker resets its subscription streams with
+    /// `ShuttingDown`: the part resumes the same way once the connection is closed (it fails
+    /// with `ConnectionLost` when it cannot resume), and never ends with `Ok(None)`.
     pub async fn next(&mut self) -> Result<Option<ReceivedRecord>, ClientError> {
         loop {
             if let Some(r) = self.buffered.pop_front() {
@@ -224,6 +228,16 @@ impl Subscriber {
             if self.parts.iter().all(|p| p.ended) {
                 return Ok(None);
             }
+            if let Some(i) = self.parts.iter().position(|p| p.stopping && !p.ended) {
+                // The broker is stopping (a restart, say): it closes the connection once it
+                // has drained, and the part resumes on a fresh one. A part whose resume is
+                // cancelled (this future dropped) or fails is resumed again next time.
+                let conn = self.parts[i].conn.clone();
+                conn.closed_within(conn.ack_timeout()).await;
+                let lost = ClientError::ConnectionLost("the broker is shutting down".into());
+                self.resume_after(i, lost).await?;
+                continue;
+            }
             self.decode_buffered()?;
             if !self.buffered.is_empty() {
                 continue;
@@ -233,9 +247,14 @@ impl Subscriber {
                 Ok(Some(chunk)) => self.parts[i].stream.decoder.handle_chunk(chunk),
                 Ok(None) => self.parts[i].ended = true,
                 Err(quinn::ReadError::Reset(code)) => {
-                    self.parts[i].ended = true;
                     let code = u16::try_from(code.into_inner())
                         .map_or(ErrorCode::Unknown, ErrorCode::from_u16);
+                    if code == ErrorCode::ShuttingDown {
+                        // Resumed above, next time round (the stream reads as ended now).
+                        self.parts[i].stopping = true;
+                        continue;
+                    }
+                    self.parts[i].ended = true;
                     let message = "the broker reset the subscription stream".to_owned();
                     return Err(ClientError::Broker { code, message });
                 }
@@ -539,7 +558,14 @@ async fn open_part(
         other => return Err(unexpected(&other, FrameType::SubscribeOk)),
     };
     let stream = conn.take_subscription_stream(ok.subscription_id).await?;
-    Ok(Part { conn, id: ok.subscription_id, shards: ok.shards, stream, ended: false })
+    Ok(Part {
+        conn,
+        id: ok.subscription_id,
+        shards: ok.shards,
+        stream,
+        ended: false,
+        stopping: false,
+    })
 }
 
 /// `group`, the shards owned by the broker at `address`, split by the slot of that broker's

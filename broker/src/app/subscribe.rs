@@ -6,7 +6,8 @@
 //! bounded by QUIC flow control, so a slow subscriber stops its pumps rather than growing
 //! memory; a writer blocked longer than the slow-consumer limit resets the stream with
 //! `SlowConsumer` (18) and the subscription ends. A subscriber that stops the stream ends the
-//! subscription at once, see [`write_subscription`].
+//! subscription at once, and a stopping broker resets it with `ShuttingDown` (22), see
+//! [`write_subscription`].
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -39,6 +40,9 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     // The slot is taken before the first await: concurrent Subscribes on one connection
     // each see the ones accepted before them, so the limit cannot be overrun.
     let slot = SubscriptionSlot::take(&session)?;
+    if app.stopping.get() {
+        return Err(WireError::new(ErrorCode::ShuttingDown, "the broker is shutting down"));
+    }
     if let Some(g) = &s.group {
         if g.is_empty() || g.chars().any(char::is_control) {
             return Err(WireError::new(
@@ -176,7 +180,9 @@ async fn pump(
 ///   ends at once, whether or not a record is coming;
 /// - a write stays blocked longer than the slow-consumer limit: the stream is reset with
 ///   `SlowConsumer`;
-/// - every pump has ended: the stream is finished.
+/// - every pump has ended: when the broker is stopping, the stream is reset with
+///   `ShuttingDown`, so that the subscriber resumes elsewhere instead of reading a clean end
+///   (which means the broker finished the subscription); otherwise it is finished.
 async fn write_subscription(app: &CoreApp, rx: QueueReceiver, mut send: SendStream) {
     let c = &app.stats.counters;
     loop {
@@ -210,6 +216,9 @@ async fn write_subscription(app: &CoreApp, rx: QueueReceiver, mut send: SendStre
             }
             Err(_) => return,
         }
+    }
+    if app.stopping.get() {
+        send.reset(ErrorCode::ShuttingDown as u32);
     }
 }
 

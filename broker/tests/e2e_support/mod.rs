@@ -229,6 +229,37 @@ impl Drop for Killed {
     }
 }
 
+impl Killed {
+    /// Stops the broker gracefully (SIGTERM, as a service manager does) and waits for its
+    /// exit, which must be clean.
+    pub fn terminate(mut self) {
+        let pid = libc::pid_t::try_from(self.0.id()).expect("a pid");
+        // SAFETY: kill(2) with a pid of our own child and a valid signal has no memory effect.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0, "SIGTERM");
+        let status = self.0.wait().expect("wait for the broker");
+        assert!(status.success(), "graceful stop exited with {status}");
+    }
+}
+
+/// A free loopback address (`127.0.0.1:port`) below the kernel's ephemeral port range, for a
+/// broker restarted on its address: while it is down, a client's reconnect attempts bind
+/// ephemeral ports and may take an address handed out from that range.
+///
+/// Each call of one test process starts at a port of its own (the tests run in parallel: a
+/// port free while one broker restarts must not go to another).
+pub fn free_addr_for_restarts() -> String {
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let start = std::process::id().wrapping_mul(31).wrapping_add(call * 1_009) % 12_000;
+    (0..2_000u32)
+        .map(|i| (20_000 + (start + i * 7) % 12_000) as u16)
+        .find_map(|port| {
+            let addr = format!("127.0.0.1:{port}");
+            std::net::UdpSocket::bind(&addr).ok().map(|_| addr)
+        })
+        .expect("a free port below the ephemeral range")
+}
+
 /// A free loopback address (`127.0.0.1:port`) for a broker process.
 pub fn free_addr() -> String {
     let port = std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
@@ -238,11 +269,17 @@ pub fn free_addr() -> String {
 /// Starts the `felix` binary serving `dir` on `addr` with 2 cores, unpinned, no metrics and
 /// the tests' free-space floor, plus `extra` flags; its output is discarded.
 pub fn spawn_felix(dir: &Path, addr: &str, extra: &[&str]) -> Killed {
+    spawn_felix_cores(dir, addr, 2, extra)
+}
+
+/// Like [`spawn_felix`], with `cores` cores.
+pub fn spawn_felix_cores(dir: &Path, addr: &str, cores: usize, extra: &[&str]) -> Killed {
+    let cores = cores.to_string();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_felix"));
     for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FELIX_")) {
         cmd.env_remove(k);
     }
-    cmd.args(["serve", "--listen", addr, "--cores", "2", "--no-pin", "--metrics", "off"])
+    cmd.args(["serve", "--listen", addr, "--cores", &cores, "--no-pin", "--metrics", "off"])
         .args(["--min-free-bytes", TEST_FLOOR_BYTES])
         .args(extra)
         .arg("--data-dir")

@@ -1,5 +1,6 @@
 //! End to end with 2 cores: subscribe from each start position, fanout, consumer groups;
-//! with 1 core: resumes across graceful restarts, and the slots of dropped subscriptions.
+//! with 1 core: resumes across graceful restarts and past retention, and the slots of dropped
+//! subscriptions.
 
 mod e2e_support;
 
@@ -534,6 +535,7 @@ async fn a_subscription_resumes_across_graceful_restarts_without_loss_or_duplica
         assert_eq!(w[1], w[0] + 1, "records lost or repeated across a restart");
     }
     assert!(sub.resumes() >= RESTARTS as u64, "resumes: {}", sub.resumes());
+    assert_eq!(sub.skipped(), 0);
     drop(broker);
 }
 
@@ -580,4 +582,68 @@ async fn dropped_subscriptions_on_a_quiet_stream_free_their_slots() {
         assert_eq!(values(sub, 1).await, vals(0..1));
     }
     assert!(client.subscribe(SubscribeOptions::new(STREAM)).await.is_err(), "over the limit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_shard_resume_past_retention_continues_at_the_oldest_retained_record() {
+    const STREAM: &str = "acme/app/retained";
+    const SEGMENT_BYTES: &str = "4198400";
+    let flags = ["--segment-bytes", SEGMENT_BYTES];
+    let dir = tempfile::tempdir().unwrap();
+    let addr = e2e_support::free_addr_for_restarts();
+    let broker = e2e_support::spawn_felix_cores(dir.path(), &addr, 1, &flags);
+    let client = e2e_support::connect_when_up(&addr, dir.path(), patient_config).await;
+    let retention = felix_client::Retention { bytes_max: Some(4198400), age_max_ms: None };
+    client.create_stream(STREAM, 1, retention).await.unwrap();
+    publish(&client, STREAM, 0, 10).await;
+    let mut sub =
+        client.subscribe(SubscribeOptions::new(STREAM).start(StartAt::Earliest)).await.unwrap();
+    assert_eq!(values(&mut sub, 5).await, vals(0..5));
+    // The subscriber's connection is lost (a restart); while it is away, retention deletes
+    // the records after those it read.
+    let _broker = restart(broker, dir.path(), &addr, &flags).await;
+    let writer = e2e_support::connect_when_up(&addr, dir.path(), patient_config).await;
+    let settings = PublishSettings { ack_mode: AckMode::Durable, ..PublishSettings::default() };
+    let p = writer.publisher_with(STREAM, settings).await.unwrap();
+    let payload = "x".repeat(4000);
+    let deadline = std::time::Instant::now() + 2 * WAIT;
+    let mut published = 10u64;
+    loop {
+        // Over three segments' worth, then retention runs (every 10 s).
+        if published < 3_500 {
+            let mut tickets = Vec::new();
+            for _ in 0..100 {
+                tickets.push(p.send(Record::unkeyed(payload.clone())).await.unwrap());
+            }
+            for t in tickets {
+                t.await.unwrap();
+            }
+            published += 100;
+            continue;
+        }
+        let probe = SubscribeOptions::new(STREAM).start(StartAt::Offset(Offset(10))).resume(false);
+        let answer = writer.subscribe(probe).await;
+        if matches!(answer, Err(ClientError::Broker { code: ErrorCode::OffsetOutOfRange, .. })) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "retention deleted nothing");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // The subscriber continues at the oldest retained record, and counts what it skipped.
+    let mut read = 5u64;
+    let first = loop {
+        let r = tokio::time::timeout(WAIT, sub.next()).await.expect("stalled");
+        let r = r.expect("resumed").expect("not ended");
+        if r.offset.0 < 10 {
+            assert_eq!(r.offset.0, read, "read from before the restart");
+            read += 1;
+            continue;
+        }
+        break r;
+    };
+    assert!(first.offset.0 > read, "{first:?} was deleted");
+    assert_eq!(sub.skipped(), first.offset.0 - read);
+    assert!(sub.resumes() >= 1);
+    let r = tokio::time::timeout(WAIT, sub.next()).await.unwrap().unwrap().unwrap();
+    assert_eq!(r.offset.0, first.offset.0 + 1);
 }

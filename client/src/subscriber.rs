@@ -131,6 +131,8 @@ pub struct Subscriber {
     /// never held across an await).
     committed: std::sync::Mutex<BTreeMap<ShardId, Offset>>,
     resumes: u64,
+    /// Records skipped because retention deleted them before they were read.
+    skipped: u64,
 }
 
 /// One Subscribe on one connection and the stream it delivers on.
@@ -168,6 +170,7 @@ impl Subscriber {
             consumed: BTreeMap::new(),
             committed: std::sync::Mutex::new(BTreeMap::new()),
             resumes: 0,
+            skipped: 0,
         };
         sub.update_shards();
         Ok(sub)
@@ -176,6 +179,14 @@ impl Subscriber {
     /// How many times the subscription resumed after a lost connection.
     pub fn resumes(&self) -> u64 {
         self.resumes
+    }
+
+    /// How many records of the shards read were skipped because retention deleted them
+    /// before this subscriber read them: a shard whose next record is gone continues at its
+    /// oldest retained one (when the broker's reading falls behind retention, or when a resume
+    /// finds the position it needs deleted). Each skip is also logged.
+    pub fn skipped(&self) -> u64 {
+        self.skipped
     }
 
     /// The broker's id for this subscription (of its first part, when it has several).
@@ -215,12 +226,24 @@ impl Subscriber {
     /// replicated, always), cannot resume without possibly missing records: it fails with
     /// `ConnectionLost` instead. A stopping broker resets its subscription streams with
     /// `ShuttingDown`: the part resumes the same way once the connection is closed (it fails
-    /// with `ConnectionLost` when it cannot resume), and never ends with `Ok(None)`.
+    /// with `ConnectionLost` when it cannot resume), and never ends with `Ok(None)`. Where records
+    /// were deleted by retention before they were read, a shard continues at its oldest
+    /// retained record (see [`Subscriber::skipped`]).
     pub async fn next(&mut self) -> Result<Option<ReceivedRecord>, ClientError> {
         loop {
             if let Some(r) = self.buffered.pop_front() {
-                if self.consumed.get(&r.shard).is_some_and(|next| r.offset < *next) {
-                    continue; // returned before a resume
+                if let Some(next) = self.consumed.get(&r.shard).copied() {
+                    if r.offset < next {
+                        continue; // returned before a resume
+                    }
+                    if r.offset > next {
+                        let gap = r.offset.0 - next.0;
+                        tracing::warn!(
+                            stream = %self.options.stream, shard = r.shard.0, from = next.0, gap,
+                            "records deleted by retention before they were read are skipped"
+                        );
+                        self.skipped += gap;
+                    }
                 }
                 self.consumed.insert(r.shard, Offset(r.offset.0 + 1));
                 return Ok(Some(r));
@@ -357,7 +380,35 @@ impl Subscriber {
         // Whatever was decoded but not returned from this part is read again.
         let shards = self.parts[i].shards.clone();
         self.buffered.retain(|r| !shards.contains(&r.shard));
-        let fresh = match self.client.shared.cluster.clone() {
+        let fresh = match self.open_again(&shards, start).await {
+            // Retention deleted records past the position while the part was away: it
+            // continues at the oldest retained one (`next` counts what was skipped); what it
+            // returned before is skipped as usual.
+            Err(ClientError::Broker { code: ErrorCode::OffsetOutOfRange, message })
+                if matches!(start, StartAt::Offset(_)) && shards.len() == 1 =>
+            {
+                tracing::warn!(
+                    stream = %self.options.stream, ?start, %message,
+                    "resuming at the oldest retained offset"
+                );
+                self.open_again(&shards, StartAt::Earliest).await?
+            }
+            other => other?,
+        };
+        self.parts.splice(i..=i, fresh);
+        self.update_shards();
+        self.resumes += 1;
+        Ok(())
+    }
+
+    /// Opens the parts that read `shards` again, from `start`.
+    async fn open_again(
+        &mut self,
+        shards: &[ShardId],
+        start: StartAt,
+    ) -> Result<Vec<Part>, ClientError> {
+        let shards = shards.to_vec();
+        Ok(match self.client.shared.cluster.clone() {
             Some(cluster) => {
                 cluster.invalidate(&self.options.stream);
                 let per_core = self.client.shared.config.subscribe_per_core;
@@ -372,11 +423,7 @@ impl Subscriber {
                 self.split |= split;
                 parts
             }
-        };
-        self.parts.splice(i..=i, fresh);
-        self.update_shards();
-        self.resumes += 1;
-        Ok(())
+        })
     }
 
     /// Where a resumed part reading `shards` starts, when it can resume without missing

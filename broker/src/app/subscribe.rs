@@ -27,8 +27,13 @@ use crate::net::SendStream;
 pub const SUBSCRIPTIONS_PER_CONN_MAX: usize = 64;
 /// Queue entries per subscription (each one EventBatch, or one log read's small batches).
 pub const SUBSCRIPTION_QUEUE_FRAMES: usize = 8;
-/// Bytes one read asks the owner for.
+/// Bytes one read asks the owner for, at most.
 pub const READ_BYTES_MAX: usize = 1 << 20;
+/// Bytes one read asks for, at least (a subscription over very many shards).
+pub const READ_BYTES_MIN: usize = 64 << 10;
+/// The bytes all of one subscription's reads may ask for at once: each shard's pump holds
+/// one read's batches while the queue is full, so its reads shrink as its shards grow.
+pub const SUBSCRIPTION_READ_BYTES: usize = 16 << 20;
 /// How long one read waits at the tail before it asks again.
 pub const TAIL_WAIT_MS: u64 = 500;
 /// How long a pump waits before it asks the owner again after a failed read.
@@ -110,12 +115,20 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     })
     .detach();
     let tx = Rc::new(tx);
+    let read_bytes = read_bytes(positions.len());
     for (shard, pos) in positions {
-        let pump =
-            pump(session.clone(), s.stream.clone(), shard, pos, tx.clone(), cancelled.clone());
+        let (session, stream, tx) = (session.clone(), s.stream.clone(), tx.clone());
+        let pump = pump(session, stream, shard, pos, read_bytes, tx, cancelled.clone());
         glommio::spawn_local(pump).detach();
     }
     Ok(SubscribeOk { request_id: s.request_id, subscription_id: id, shards })
+}
+
+/// The bytes each read of a subscription over `shards` shards asks for: together at most
+/// [`SUBSCRIPTION_READ_BYTES`] (above [`READ_BYTES_MIN`] each), so that the batches its pumps
+/// hold while the queue is full stay bounded however many shards it reads.
+fn read_bytes(shards: usize) -> usize {
+    (SUBSCRIPTION_READ_BYTES / shards.max(1)).clamp(READ_BYTES_MIN, READ_BYTES_MAX)
 }
 
 async fn pump(
@@ -123,6 +136,7 @@ async fn pump(
     stream: String,
     shard: ShardId,
     mut next: Offset,
+    read_bytes: usize,
     tx: Rc<LocalSender<Queued>>,
     cancelled: Rc<std::cell::Cell<bool>>,
 ) {
@@ -132,7 +146,7 @@ async fn pump(
             stream: stream.clone(),
             shard,
             from: next,
-            max_bytes: READ_BYTES_MAX,
+            max_bytes: read_bytes,
             wait_ms: TAIL_WAIT_MS,
         };
         let batches = match app.on_owner(shard, req).await {
@@ -305,5 +319,30 @@ struct OnDrop<F: FnMut()>(F);
 impl<F: FnMut()> Drop for OnDrop<F> {
     fn drop(&mut self) {
         (self.0)();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A subscription's pumps hold one read each while its queue is full: up to 16 shards
+    /// read 1 MiB at a time, more read less, so that 508 shards hold 32 MiB, not 508 MiB.
+    #[test]
+    fn reads_shrink_as_a_subscription_reads_more_shards() {
+        assert_eq!(read_bytes(0), READ_BYTES_MAX);
+        assert_eq!(read_bytes(1), READ_BYTES_MAX);
+        assert_eq!(read_bytes(16), READ_BYTES_MAX);
+        assert_eq!(read_bytes(32), 512 << 10);
+        for shards in [17, 100, 256, 508, 4096] {
+            let each = read_bytes(shards);
+            assert!((READ_BYTES_MIN..READ_BYTES_MAX).contains(&each), "{shards}: {each}");
+            let total = each * shards;
+            assert!(
+                total <= SUBSCRIPTION_READ_BYTES || each == READ_BYTES_MIN,
+                "{shards} shards: {total} bytes"
+            );
+        }
+        assert_eq!(read_bytes(508) * 508, 508 * READ_BYTES_MIN);
     }
 }

@@ -169,7 +169,12 @@ async fn pump(
                         next = p;
                         continue;
                     }
-                    _ => return,
+                    // Asked again, as after a failed read: a pump that ended here would stop
+                    // its shard while the subscription's other shards go on.
+                    _ => {
+                        glommio::timer::sleep(Duration::from_millis(READ_RETRY_MS)).await;
+                        continue;
+                    }
                 }
             }
             _ => {

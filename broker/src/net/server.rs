@@ -315,9 +315,12 @@ async fn setup_core<Fut: Future<Output = ()> + 'static>(
         Instant::now(),
     );
     let core = CoreShell::new(state, io, mesh);
-    for rx in mesh_rx {
-        glommio::spawn_local(driver::mesh_loop(core.clone(), rx)).detach();
-    }
+    // Kept to be cancelled at shutdown: each holds this core (its socket) and waits on a
+    // channel whose sender another core's shell holds, so neither would ever end.
+    let mesh_tasks: Vec<_> = mesh_rx
+        .into_iter()
+        .map(|rx| glommio::spawn_local(driver::mesh_loop(core.clone(), rx)).detach())
+        .collect();
     let recv = glommio::spawn_local(driver::recv_loop(core.clone(), ready_sock)).detach();
     let app_task =
         glommio::spawn_local(app(CoreContext { core: core.clone(), core_id: s.core_id })).detach();
@@ -336,6 +339,13 @@ async fn setup_core<Fut: Future<Output = ()> + 'static>(
     driver::shutdown(&core, Duration::from_millis(SHUTDOWN_GRACE_MS)).await;
     app_task.cancel();
     recv.cancel();
+    for t in &mesh_tasks {
+        t.cancel();
+    }
+    // One more turn of the reactor: the cancelled receive task's in-flight io_uring recvmsg
+    // holds the socket, and is cancelled here rather than by the ring's teardown after the
+    // thread exits (which leaves the port bound for up to ~50 ms after join).
+    glommio::timer::sleep(Duration::from_millis(1)).await;
     CoreStats::set(&s.stats.cpu_time_us, socket::thread_cpu_time_us());
     core.state().sample_paths();
     Ok(())

@@ -28,12 +28,17 @@ pub const TEST_FLOOR_BYTES: &str = "16777216";
 impl TestBroker {
     /// Starts a broker with `cores` cores on `dir` (extra flags appended).
     pub fn start(dir: &Path, cores: usize, extra: &[&str]) -> TestBroker {
+        Self::start_at("127.0.0.1:0", dir, cores, extra)
+    }
+
+    /// [`TestBroker::start`] listening on `listen`.
+    pub fn start_at(listen: &str, dir: &Path, cores: usize, extra: &[&str]) -> TestBroker {
         let cores_s = cores.to_string();
         let dir_s = dir.display().to_string();
         let mut args = vec![
             "felix",
             "--listen",
-            "127.0.0.1:0",
+            listen,
             "--data-dir",
             &dir_s,
             "--cores",

@@ -98,19 +98,18 @@ impl DiskFloor {
     }
 
     /// Refreshes `floor` every `DISK_CHECK_INTERVAL_MS` on the current core until it is
-    /// dropped. Does nothing when the floor is off.
-    pub fn spawn_watch(floor: &Rc<DiskFloor>) {
+    /// dropped or the core stops. Does nothing when the floor is off.
+    pub fn spawn_watch(floor: &Rc<DiskFloor>, tasks: &super::core::CoreTasks) {
         if floor.min_free_bytes == 0 {
             return;
         }
         let weak: Weak<DiskFloor> = Rc::downgrade(floor);
-        glommio::spawn_local(async move {
+        tasks.spawn(async move {
             loop {
                 glommio::timer::sleep(Duration::from_millis(DISK_CHECK_INTERVAL_MS)).await;
                 let Some(floor) = weak.upgrade() else { return };
                 floor.refresh();
             }
-        })
-        .detach();
+        });
     }
 }

@@ -229,9 +229,12 @@ impl CoreLauncher {
                     return;
                 }
             };
-            glommio::spawn_local(watch_stop(app.clone(), stop, drained)).detach();
+            // Once the server stops accepting (it has closed every connection), or when this
+            // future is dropped, the core's tasks end, and with them its state and open logs.
+            let _stop = app.tasks.stop_on_drop();
+            app.tasks.spawn(watch_stop(app.clone(), stop, drained));
             while let Some(conn) = ctx.accept().await {
-                glommio::spawn_local(session::serve_connection(app.clone(), conn)).detach();
+                app.tasks.spawn(session::serve_connection(app.clone(), conn));
             }
         }
     }
@@ -413,19 +416,18 @@ async fn open_core(
         let host = replication::Host::new(ctx.clone(), app.settings.cores, &r, agent, link, stats)
             .map_err(|source| CoreOpenError::PeerTls { core, source })?;
         let _ = app.replication.set(host.clone());
-        glommio::spawn_local(host.run(Rc::downgrade(&app))).detach();
+        app.tasks.spawn(host.run(Rc::downgrade(&app)));
     }
     // Replies only complete local waiters: their loops never block.
     for (_, rx) in reply_rx {
         let app = app.clone();
-        glommio::spawn_local(async move {
+        app.tasks.clone().spawn(async move {
             while let Some(msg) = rx.recv().await {
                 if let MeshMsg::Reply { id, resp } = msg {
                     app.mesh.complete(id, resp);
                 }
             }
-        })
-        .detach();
+        });
     }
     // Requests: at most MESH_REQUESTS_IN_FLIGHT_MAX at once; past it this core stops taking
     // them and the senders wait on the bounded channels (replies still flow).
@@ -433,7 +435,7 @@ async fn open_core(
     for (_, rx) in request_rx {
         let app = app.clone();
         let limit = limit.clone();
-        glommio::spawn_local(async move {
+        app.tasks.clone().spawn(async move {
             while let Some(msg) = rx.recv().await {
                 let MeshMsg::Request { id, from, req } = msg else { continue };
                 let Ok(permit) = limit.acquire_static_permit(1).await else { return };
@@ -453,37 +455,34 @@ async fn open_core(
                     }
                 };
                 let app = app.clone();
-                glommio::spawn_local(async move {
+                app.tasks.clone().spawn(async move {
                     let resp = work.await;
                     drop(permit);
                     app.mesh.reply(from, id, resp).await;
-                })
-                .detach();
+                });
             }
-        })
-        .detach();
+        });
     }
-    store
-        .start_retention(Duration::from_millis(RETENTION_INTERVAL_MS))
-        .map_err(|source| CoreOpenError::Retention { core, source })?;
+    if let Err(source) = store.start_retention(Duration::from_millis(RETENTION_INTERVAL_MS)) {
+        app.tasks.stop();
+        return Err(CoreOpenError::Retention { core, source });
+    }
     let sweeper = Rc::downgrade(&app);
-    glommio::spawn_local(async move {
+    app.tasks.spawn(async move {
         loop {
             glommio::timer::sleep(Duration::from_millis(tail::TAIL_SWEEP_MS)).await;
             let Some(app) = sweeper.upgrade() else { return };
             app.release_tails(Instant::now());
         }
-    })
-    .detach();
+    });
     let publisher = app.clone();
-    glommio::spawn_local(async move {
+    app.tasks.spawn(async move {
         loop {
             glommio::timer::sleep(Duration::from_millis(stats::HISTOGRAM_PUBLISH_INTERVAL_MS))
                 .await;
             publisher.publish_stats();
         }
-    })
-    .detach();
+    });
     Ok(app)
 }
 

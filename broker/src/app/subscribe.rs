@@ -107,19 +107,18 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     let writer_app = app.clone();
     let cancelled = Rc::new(std::cell::Cell::new(false));
     let writer_cancel = cancelled.clone();
-    glommio::spawn_local(async move {
+    app.tasks.spawn(async move {
         // However the writer ends, its pumps stop and the connection's slot is freed.
         let _slot = slot;
         let _guard = OnDrop(move || writer_cancel.set(true));
         write_subscription(&writer_app, rx, send).await;
-    })
-    .detach();
+    });
     let tx = Rc::new(tx);
     let read_bytes = read_bytes(positions.len());
     for (shard, pos) in positions {
         let (session, stream, tx) = (session.clone(), s.stream.clone(), tx.clone());
         let pump = pump(session, stream, shard, pos, read_bytes, tx, cancelled.clone());
-        glommio::spawn_local(pump).detach();
+        app.tasks.spawn(pump);
     }
     Ok(SubscribeOk { request_id: s.request_id, subscription_id: id, shards })
 }

@@ -260,3 +260,58 @@ fn cluster_settings_come_from_flags_environment_and_file_and_are_checked() {
         assert!(!out.status.success() && err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// Two brokers on one data directory would each recover, append to and truncate the other's
+/// logs (acked records vanished that way): the second is refused, naming the directory and the
+/// holder's pid; a holder killed with -9 leaves no lock behind.
+#[test]
+fn a_second_broker_on_the_same_data_directory_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let serve = |dir: &std::path::Path| {
+        felix()
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics",
+                "off",
+                "--cores",
+                "1",
+                "--no-pin",
+                "--data-dir",
+            ])
+            .arg(dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let mut first = serve(dir.path());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !dir.path().join("core-0").exists() {
+        assert!(Instant::now() < deadline, "broker did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let second = serve(dir.path()).wait_with_output().unwrap();
+    assert!(!second.status.success(), "a second broker started on the same data directory");
+    let err = String::from_utf8_lossy(&second.stderr);
+    let line = err.lines().find(|l| l.starts_with("felix: data directory")).unwrap_or("");
+    assert!(line.contains(&dir.path().display().to_string()), "names the directory: {err}");
+    assert!(line.contains(&format!("pid {}", first.id())), "names the holder's pid: {err}");
+    assert!(line.contains("--data-dir"), "says what to do: {err}");
+    assert!(first.try_wait().unwrap().is_none(), "the first broker keeps running");
+
+    // kill -9 releases the lock with the process: a restart on the directory starts.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let mut third = serve(dir.path());
+    std::thread::sleep(Duration::from_millis(1500));
+    let still_running = third.try_wait().unwrap().is_none();
+    third.kill().unwrap();
+    let out = third.wait_with_output().unwrap();
+    assert!(
+        still_running,
+        "a restart after kill -9 was refused: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -188,6 +188,30 @@ async fn three_brokers_place_route_refuse_and_survive_a_kill() {
     }
     let index_of = |id: &str| nodes.iter().position(|n| n.id == id).unwrap();
 
+    // More replicas than brokers: refused at once with InvalidArgument, and nothing defined.
+    let five = "acme/app/five";
+    let refused = raws[0]
+        .ask(Frame::CreateStream(CreateStream {
+            request_id: RequestId(5),
+            stream: five.into(),
+            shards: 2,
+            retention: Retention::default(),
+            replicas: Some(5),
+        }))
+        .await;
+    match refused {
+        Frame::Error(e) => {
+            assert_eq!((e.request_id, e.code), (RequestId(5), ErrorCode::InvalidArgument), "{e:?}");
+            assert!(e.message.contains("5 replicas need 5 live brokers, 3 are live"), "{e:?}");
+        }
+        other => panic!("--replicas 5 on 3 brokers: {other:?}"),
+    }
+    let st = status(&etcd.client_url);
+    assert!(
+        st["streams"].as_array().unwrap().iter().all(|x| x["name"] != five),
+        "the refused stream was defined: {st:#}"
+    );
+
     // Acked at the owner; NotOwner (typed, with the owner's address) anywhere else.
     let mut acked = Vec::new();
     for shard in 0..SHARDS {

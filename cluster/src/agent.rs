@@ -38,6 +38,7 @@ use crate::keys;
 use crate::keyspace::{apply_or_skip, Candidates};
 use crate::lease::KeepAlives;
 use crate::placement::{self, PlacementError, StreamPlacement};
+use crate::throttle::WarnEvery;
 use crate::view::{ClusterView, Member, StreamDef, StreamRecord};
 use crate::NodeId;
 
@@ -64,6 +65,8 @@ pub const LEASE_TTL_S_MIN: u32 = 2;
 pub const COMMANDS_QUEUED_MAX: usize = 64;
 /// How long [`AgentHandle::create_stream`] waits for the controller's placement.
 pub const PLACEMENT_WAIT_MS: u64 = 10_000;
+/// How often the controller repeats its warning about one stream it cannot place.
+pub const PLACEMENT_WARN_INTERVAL_MS: u64 = 60_000;
 
 /// What the agent needs to join a cluster.
 #[derive(Clone, Debug)]
@@ -329,6 +332,8 @@ struct State {
     lease: Option<i64>,
     /// CreateStream requests waiting for a placement.
     waiting: Vec<(String, Instant, CreateReply)>,
+    /// When each stream that could not be placed was last warned about.
+    placement_warnings: WarnEvery,
 }
 
 async fn run(
@@ -344,6 +349,7 @@ async fn run(
         view_tx,
         lease: None,
         waiting: Vec::new(),
+        placement_warnings: WarnEvery::new(Duration::from_millis(PLACEMENT_WARN_INTERVAL_MS)),
     };
     while *stop.borrow() == Stop::Run {
         match session(&mut st, &mut commands, &mut stop).await {
@@ -497,9 +503,17 @@ async fn session(
                 let Some(cmd) = cmd else { return Ok(()) };
                 match cmd {
                     Command::CreateStream { name, def, replicas, reply } => {
-                        match define_stream(st, &mut client, &name, def, replicas).await {
-                            Ok(()) => st.waiting.push((name, Instant::now(), reply)),
-                            Err(e) => { let _ = reply.send(Err(e)); }
+                        // More replicas than live brokers can never be placed: refuse before
+                        // anything is written (a definition that cannot be placed would stay).
+                        let live = st.view.members.len();
+                        if !st.view.streams.contains_key(&name) && usize::from(replicas) > live {
+                            let e = PlacementError::TooFewBrokers { replicas, live };
+                            let _ = reply.send(Err(e.into()));
+                        } else {
+                            match define_stream(st, &mut client, &name, def, replicas).await {
+                                Ok(()) => st.waiting.push((name, Instant::now(), reply)),
+                                Err(e) => { let _ = reply.send(Err(e)); }
+                            }
                         }
                         st.answer_waiting();
                     }
@@ -653,7 +667,9 @@ async fn place_new_streams(
         let p = match placement::assign_replicas(def.shards, replicas, &live, &load, &leaders) {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!(stream = %name, error = %e, "cannot place stream yet");
+                if st.placement_warnings.should_warn(&name, Instant::now()) {
+                    tracing::warn!(stream = %name, error = %e, "cannot place stream yet");
+                }
                 continue;
             }
         };

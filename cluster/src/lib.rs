@@ -20,6 +20,7 @@ mod lease;
 pub mod placement;
 mod status;
 pub mod testing;
+mod throttle;
 mod view;
 
 pub use agent::{Agent, AgentClient, AgentConfig, AgentHandle};

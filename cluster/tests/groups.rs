@@ -337,3 +337,38 @@ fn a_replicated_stream_with_more_shards_than_one_etcd_transaction_holds_is_place
         (0..shards).all(|s| v.group(STREAM, s).is_some_and(|g| g.epoch == 1 && g.isr.len() == 2))
     });
 }
+
+/// Issue 41, item 5: a replication factor above the live brokers is refused at once, with
+/// nothing written (before, the definition stayed for ever, unplaceable, and the controller
+/// warned every 500 ms); a factor the cluster can hold still works afterwards.
+#[test]
+fn more_replicas_than_live_brokers_is_refused_at_once_and_writes_nothing() {
+    let Some(etcd) = Etcd::start() else { return };
+    let all = vec![agent(&etcd, "g5", "b1"), agent(&etcd, "g5", "b2")];
+    let refs: Vec<&AgentHandle> = all.iter().collect();
+    until(SETTLE, &refs, "two members", |v| v.members.len() == 2 && v.controller.is_some());
+    let started = Instant::now();
+    let refused = block_on(all[0].create_replicated_stream("acme/app/five", def(2), 3));
+    assert!(
+        matches!(
+            refused,
+            Err(ClusterError::Placement(felix_cluster::placement::PlacementError::TooFewBrokers {
+                replicas: 3,
+                live: 2
+            }))
+        ),
+        "{refused:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(felix_cluster::agent::PLACEMENT_WAIT_MS),
+        "refused without waiting for a placement"
+    );
+    block_on(async {
+        let mut c = connect(&etcd).await;
+        let key = keys::stream("g5", "acme/app/five");
+        let got = c.get(key.as_str(), None).await.unwrap();
+        assert!(got.kvs().is_empty(), "nothing written for the refused stream");
+    });
+    let (_, p) = block_on(all[1].create_replicated_stream("acme/app/two", def(2), 2)).unwrap();
+    assert_eq!(p.replicas.len(), 2);
+}

@@ -227,6 +227,10 @@ impl ClusterLink {
                 ErrorCode::ShardUnavailable,
                 format!("the cluster did not place {stream} within {ms} ms"),
             )),
+            Err(ClusterError::Placement(e)) => Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                format!("cannot create {stream}: {e}"),
+            )),
             Err(e) => Err(WireError::new(ErrorCode::ShardUnavailable, format!("cluster: {e}"))),
         }
     }

@@ -62,6 +62,9 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    /// Another broker holds the data directory's lock (`felix.lock`), or it cannot be taken.
+    #[error(transparent)]
+    DataDirLocked(crate::sys::lock::LockError),
     /// The listen address is bound by another socket (another broker?), and stayed bound for
     /// `PORT_RELEASE_WAIT_MS`.
     #[error("port in use: {addr} is already bound (another broker?)")]

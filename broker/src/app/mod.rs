@@ -84,6 +84,8 @@ pub struct Broker {
     pub ready: Arc<AtomicBool>,
     /// The cluster agent (`--cluster-etcd`), stopped last at shutdown.
     agent: Option<felix_cluster::AgentHandle>,
+    /// The data directory's lock, held until the broker is dropped (after its cores stopped).
+    _lock: crate::sys::lock::DataDirLock,
 }
 
 impl Broker {
@@ -93,7 +95,7 @@ impl Broker {
     /// settings, storage and network configurations, then the server, whose cores each open
     /// their storage and report back ([`CoreLauncher`]).
     pub fn start(args: &ServeArgs) -> Result<Broker, StartError> {
-        check_startup(args)?;
+        let lock = check_startup(args)?;
         let agent = start_agent(args)?;
         let settings = core_settings(args, &agent)?;
         let storage = storage_config(args, &settings)?;
@@ -125,6 +127,7 @@ impl Broker {
             net: Arc::new(Mutex::new(Vec::new())),
             ready: Arc::new(AtomicBool::new(true)),
             agent,
+            _lock: lock,
         };
         broker.refresh();
         Ok(broker)
@@ -240,10 +243,13 @@ impl CoreLauncher {
     }
 }
 
-/// The checks made before anything starts: the data directory, the port, io_uring, the
-/// layout file, and `--default-shards`.
-fn check_startup(args: &ServeArgs) -> Result<(), StartError> {
+/// The checks made before anything starts: the data directory (and its lock, which the
+/// caller holds for the broker's life), the port, io_uring, the layout file, and
+/// `--default-shards`.
+fn check_startup(args: &ServeArgs) -> Result<crate::sys::lock::DataDirLock, StartError> {
     check_data_dir(&args.data_dir)?;
+    let lock = crate::sys::lock::DataDirLock::acquire(&args.data_dir)
+        .map_err(StartError::DataDirLocked)?;
     check_port_free(args.listen)?;
     check_io_uring()?;
     meta::check_layout(&args.data_dir, args.cores).map_err(StartError::Layout)?;
@@ -255,7 +261,7 @@ fn check_startup(args: &ServeArgs) -> Result<(), StartError> {
             cores: args.cores,
         });
     }
-    Ok(())
+    Ok(lock)
 }
 
 /// What every core is told: limits, budgets, retention, tokens, the cluster agent.

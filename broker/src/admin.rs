@@ -1,5 +1,6 @@
 //! The admin thread: `/metrics` (OpenMetrics text), `/histograms` (the latency histograms
-//! themselves, JSON) and `/health` over HTTP/1.1.
+//! themselves, JSON), `/health` (liveness) and `/ready` (readiness, [`crate::ready`]) over
+//! HTTP/1.1.
 //!
 //! Not pinned and off the hot path: one thread, `felix-admin`, runs a current-thread tokio
 //! runtime and serves each connection in its own task with hyper, so a slow or stalled client
@@ -11,7 +12,6 @@
 
 use std::convert::Infallible;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +24,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::sync::Semaphore;
 
 use crate::app::stats::{self, AppStats};
+use crate::ready::Readiness;
 
 /// How long a client may take to send its request line and headers.
 pub const ADMIN_HEADER_READ_TIMEOUT_MS: u64 = 2_000;
@@ -47,7 +48,7 @@ pub use crate::net::stats::NetSnapshot;
 struct Pages {
     cores: Arc<Vec<Arc<AppStats>>>,
     net: NetSnapshot,
-    ready: Arc<AtomicBool>,
+    ready: Readiness,
 }
 
 /// Starts the admin thread on `addr`. Fails at once if the address cannot be bound or the
@@ -56,8 +57,9 @@ pub fn start(
     addr: SocketAddr,
     cores: Arc<Vec<Arc<AppStats>>>,
     net: NetSnapshot,
-    ready: Arc<AtomicBool>,
+    ready: impl Into<Readiness>,
 ) -> std::io::Result<SocketAddr> {
+    let ready = ready.into();
     let listener = TcpListener::bind(addr)?;
     let local = listener.local_addr()?;
     listener.set_nonblocking(true)?;
@@ -122,13 +124,17 @@ fn answer(pages: &Pages, req: &Request<Incoming>) -> Response<Full<Bytes>> {
         "/histograms" => {
             (StatusCode::OK, stats::HISTOGRAMS_CONTENT_TYPE, stats::render_histograms(&pages.cores))
         }
-        "/health" if pages.ready.load(Ordering::Relaxed) => {
-            (StatusCode::OK, TEXT_PLAIN, "ok\n".to_owned())
-        }
+        "/health" if pages.ready.serving() => (StatusCode::OK, TEXT_PLAIN, "ok\n".to_owned()),
         "/health" => (StatusCode::SERVICE_UNAVAILABLE, TEXT_PLAIN, "stopping\n".to_owned()),
-        _ => {
-            (StatusCode::NOT_FOUND, TEXT_PLAIN, "try /metrics, /histograms or /health\n".to_owned())
-        }
+        "/ready" => match pages.ready.answer() {
+            (true, body) => (StatusCode::OK, TEXT_PLAIN, body),
+            (false, body) => (StatusCode::SERVICE_UNAVAILABLE, TEXT_PLAIN, body),
+        },
+        _ => (
+            StatusCode::NOT_FOUND,
+            TEXT_PLAIN,
+            "try /metrics, /histograms, /health or /ready\n".to_owned(),
+        ),
     };
     let mut resp = Response::new(Full::new(Bytes::from(body)));
     *resp.status_mut() = status;

@@ -9,4 +9,5 @@ pub mod admin;
 pub mod app;
 pub mod config;
 pub mod net;
+pub mod ready;
 pub mod sys;

@@ -117,7 +117,7 @@ fn serve(args: ServeArgs, matches: &clap::ArgMatches) -> ExitCode {
             addr,
             broker.stats.clone(),
             broker.net.clone(),
-            broker.ready.clone(),
+            broker.readiness(),
         ) {
             Ok(local) => eprintln!("felix: metrics on http://{local}/metrics"),
             Err(e) => {

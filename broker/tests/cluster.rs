@@ -671,3 +671,47 @@ async fn a_client_through_one_seed_publishes_and_reads_everything_join_and_etcd_
     eprintln!("writes resumed {:?} after etcd returned", back.elapsed());
     client.close();
 }
+
+/// Issue 41, item 6: `/health` is liveness and stays 200 on a broker cut off from etcd, while
+/// `/ready` says it is not ready (its lease is unconfirmed, so it refuses writes) and why, and
+/// is ready again once etcd is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_lease_while_health_stays_live() {
+    let hosts = std::rc::Rc::new(Hosts::new(2));
+    if !hosts.isolated() {
+        eprintln!("SKIPPED: needs network namespaces (root) to cut a broker off etcd");
+        return;
+    }
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let root = tempfile::tempdir().unwrap();
+    let nodes: Vec<Node> = ["b1", "b2"]
+        .iter()
+        .enumerate()
+        .map(|(i, id)| Node::start(&hosts, i, id, root.path(), &etcd.client_url))
+        .collect();
+    let until = |node: &Node, what: &str, ok: &dyn Fn(&str) -> bool| {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let page = node.get("/ready");
+            if ok(&page) {
+                return page;
+            }
+            assert!(Instant::now() < deadline, "{}: {what}: {page}\n{}", node.id, node.log_text());
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    };
+    for node in &nodes {
+        let page = until(node, "ready", &|p| p.starts_with("HTTP/1.1 200"));
+        assert!(page.contains("\r\n\r\nready\n"), "{page}");
+        assert!(page.contains("lease: ok"), "{page}");
+        assert!(page.contains("cores: ok"), "{page}");
+    }
+    let etcd_port: u16 = etcd.client_url.rsplit(':').next().unwrap().parse().unwrap();
+    assert!(hosts.isolate(0, etcd_port));
+    let page = until(&nodes[0], "not ready without etcd", &|p| p.starts_with("HTTP/1.1 503"));
+    assert!(page.contains("not ready\n") && page.contains("lease: FAIL"), "{page}");
+    assert!(nodes[0].get("/health").starts_with("HTTP/1.1 200"), "liveness stays");
+    assert!(nodes[1].get("/ready").starts_with("HTTP/1.1 200"), "the other broker stays ready");
+    assert!(hosts.unisolate(0));
+    until(&nodes[0], "ready again", &|p| p.starts_with("HTTP/1.1 200"));
+}

@@ -836,6 +836,7 @@ impl CoreApp {
         stats::set(&c.storage_read_cache_waits, cache.waits);
         stats::set(&c.storage_read_cache_evictions, cache.evictions);
         stats::set(&c.storage_read_cache_bytes, cache.bytes);
+        stats::set(&c.storage_below_floor, u64::from(self.disk.is_low()));
         stats::publish_histogram(&self.stats.flush_latency_us, &flush_h);
         stats::publish_histogram(&self.stats.write_latency_us, &write_h);
         stats::publish_histogram(&self.stats.fan_in, &fan_in);

@@ -85,6 +85,11 @@ impl DiskFloor {
         }
     }
 
+    /// Whether free space was below the floor at the last refresh.
+    pub fn is_low(&self) -> bool {
+        self.low.get()
+    }
+
     /// `StorageFull` while free space is below the floor (as of the last refresh).
     pub fn check(&self) -> Result<(), WireError> {
         if self.low.get() {

@@ -173,6 +173,13 @@ impl Broker {
         clean
     }
 
+    /// What `/ready` checks: the serving flag, the cores' reports and, in a cluster, the
+    /// lease and the peers ([`crate::ready`]).
+    pub fn readiness(&self) -> crate::ready::Readiness {
+        let views = self.agent.as_ref().map(felix_cluster::AgentHandle::views);
+        crate::ready::Readiness::new(self.ready.clone(), self.stats.clone(), views)
+    }
+
     /// The cluster agent's newest view, for a broker in a cluster.
     pub fn cluster_view(&self) -> Option<Arc<felix_cluster::ClusterView>> {
         self.agent.as_ref().map(felix_cluster::AgentHandle::view)

@@ -77,6 +77,7 @@ counters! {
     storage_read_cache_evictions: "Blocks the read cache dropped to stay within --read-cache-bytes.",
     storage_read_cache_bytes: "Bytes the read cache holds (gauge).",
     inflight_bytes: "Publish bytes received and not yet acked (gauge).",
+    storage_below_floor: "1 while the data directory's free space is below --min-free-bytes, so appends get StorageFull (gauge).",
     cluster_not_owner: "Requests refused because another broker of the cluster owns the shard.",
     replication_bytes_sent: "Batch payload bytes sent to followers in fetch replies.",
     replication_bytes_received: "Batch payload bytes received from leaders in fetch replies.",
@@ -93,11 +94,14 @@ counters! {
     replicas_following: "Replicated shards this core follows (gauge).",
     replication_lag_records: "Largest lag, in records, of a follower of a shard this core leads (gauge).",
     replication_lag_bytes: "Largest lag, in payload bytes, of a follower of a shard this core leads (gauge).",
+    replication_peers_unreachable: "Live brokers of the cluster this core's replication links cannot connect to (gauge).",
 }
 
 /// The counters exported as gauges.
-const GAUGES: [&str; 8] = [
+const GAUGES: [&str; 10] = [
     "inflight_bytes",
+    "storage_below_floor",
+    "replication_peers_unreachable",
     "storage_read_cache_bytes",
     "connections_open",
     "replicas_leading",

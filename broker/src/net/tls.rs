@@ -13,7 +13,7 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -134,10 +134,43 @@ pub fn check_peer_identity(identity: &ServerIdentity, roots: &Path) -> Result<()
         .split_first()
         .ok_or_else(|| TlsError::PeerIdentity("no certificate".into()))?;
     let now = rustls::pki_types::UnixTime::now();
-    verifier
-        .verify_client_cert(leaf, intermediates, now)
-        .map(|_| ())
-        .map_err(|e| TlsError::PeerIdentity(format!("{e} (verified against {})", roots.display())))
+    verifier.verify_client_cert(leaf, intermediates, now).map(|_| ()).map_err(|e| {
+        let hint =
+            certificate_hint(&format!("{e:?}")).map_or_else(String::new, |h| format!(": {h}"));
+        TlsError::PeerIdentity(format!("{e} (verified against {}){hint}", roots.display()))
+    })
+}
+
+/// What to do about a certificate error, in plain words, or `None` when there is nothing more
+/// to say than the error. `error` is the error's `Debug` or `Display` text.
+pub fn certificate_hint(error: &str) -> Option<&'static str> {
+    if error.contains("CaUsedAsEndEntity") {
+        return Some(
+            "the certificate given with --cert is a CA certificate (basicConstraints CA:TRUE, \
+             as `openssl req -x509` makes by default); a broker needs a certificate of its own \
+             signed by the cluster's CA, and every broker --peer-ca with that CA \
+             (docs/operations.md, \"A cluster's certificates\")",
+        );
+    }
+    if error.contains("UnknownIssuer") || error.contains("BadSignature") {
+        return Some(
+            "the certificate is not signed by a CA in --peer-ca: give every broker of the \
+             cluster the same --peer-ca, the CA that signed every broker's --cert \
+             (docs/operations.md, \"A cluster's certificates\")",
+        );
+    }
+    if error.contains("Expired") || error.contains("NotValidYet") {
+        return Some(
+            "the certificate is outside its validity period: renew it, or check the clock",
+        );
+    }
+    if error.contains("NotValidForName") {
+        return Some(
+            "the certificate does not carry the name in --peer-server-name: issue it for that \
+             name (subjectAltName), or set --peer-server-name to the name it carries",
+        );
+    }
+    None
 }
 
 /// Whether `cert` (a peer's verified client certificate) is valid for `name`, the name every
@@ -163,7 +196,89 @@ fn peer_verifier(
     )
     .allow_unauthenticated()
     .build()
+    .map(|inner| -> Arc<dyn rustls::server::danger::ClientCertVerifier> {
+        Arc::new(LoggingVerifier { inner, warned: Mutex::new(None) })
+    })
     .map_err(|e| TlsError::PeerIdentity(e.to_string()))
+}
+
+/// How often a broker says, at `warn`, that a peer presented a certificate it does not trust.
+pub const PEER_CERT_WARN_INTERVAL_MS: u64 = 30_000;
+
+/// The peer verifier, saying at `warn` (at most every [`PEER_CERT_WARN_INTERVAL_MS`]) why a
+/// connecting broker's certificate was refused and what fixes it: without it the refused side
+/// logged nothing, and a cluster whose brokers did not trust each other looked healthy. Only a
+/// refusal takes the lock; a verified certificate does not.
+#[derive(Debug)]
+struct LoggingVerifier {
+    inner: Arc<dyn rustls::server::danger::ClientCertVerifier>,
+    warned: Mutex<Option<std::time::Instant>>,
+}
+
+impl rustls::server::danger::ClientCertVerifier for LoggingVerifier {
+    fn offer_client_auth(&self) -> bool {
+        self.inner.offer_client_auth()
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        self.inner.client_auth_mandatory()
+    }
+
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::server::danger::ClientCertVerified, rustls::Error> {
+        let verified = self.inner.verify_client_cert(end_entity, intermediates, now);
+        if let Err(e) = &verified {
+            let interval = std::time::Duration::from_millis(PEER_CERT_WARN_INTERVAL_MS);
+            let due = self.warned.lock().is_ok_and(|mut at| {
+                let due = at.is_none_or(|t| t.elapsed() >= interval);
+                if due {
+                    *at = Some(std::time::Instant::now());
+                }
+                due
+            });
+            if due {
+                let hint = certificate_hint(&format!("{e:?}")).unwrap_or(
+                    "a broker of the cluster presented a certificate --peer-ca does not verify",
+                );
+                tracing::warn!(error = %e, "refused a peer broker's certificate: {hint}");
+            }
+        }
+        verified
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+
+    fn requires_raw_public_keys(&self) -> bool {
+        self.inner.requires_raw_public_keys()
+    }
 }
 
 /// The certificates of a PEM file as trust roots (at least one).

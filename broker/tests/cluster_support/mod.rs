@@ -291,17 +291,24 @@ impl Node {
         Stdio::from(f)
     }
 
-    /// The sum of every sample of `metric` on its `/metrics` page (0 if it cannot be read).
-    pub fn metric_sum(&self, metric: &str) -> f64 {
+    /// GETs `path` from the broker's admin endpoint: the whole answer, head and body (empty
+    /// if it cannot be read).
+    pub fn get(&self, path: &str) -> String {
         use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(&self.metrics) else { return 0.0 };
+        let Ok(mut s) = std::net::TcpStream::connect(&self.metrics) else { return String::new() };
         let _ = s.set_read_timeout(Some(std::time::Duration::from_secs(5)));
         let request =
-            format!("GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.metrics);
+            format!("GET {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.metrics);
         let mut page = String::new();
         if s.write_all(request.as_bytes()).is_err() || s.read_to_string(&mut page).is_err() {
-            return 0.0;
+            return String::new();
         }
+        page
+    }
+
+    /// The sum of every sample of `metric` on its `/metrics` page (0 if it cannot be read).
+    pub fn metric_sum(&self, metric: &str) -> f64 {
+        let page = self.get("/metrics");
         page.lines()
             .filter(|l| l.split(['{', ' ']).next() == Some(metric))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

@@ -273,6 +273,16 @@ impl Host {
         }
     }
 
+    /// Live members of the cluster whose link from this core failed its last connect.
+    fn peers_unreachable(&self) -> u64 {
+        let view = self.link.view();
+        let peers = self.peers.borrow();
+        let down = peers.iter().filter(|(node, link)| {
+            link.state() == peer::LinkState::Down && view.members.contains_key(*node)
+        });
+        down.count() as u64
+    }
+
     /// Where `node` listens, as the cluster view says.
     pub fn address_of(&self, node: &felix_cluster::NodeId) -> Option<String> {
         self.link.view().members.get(node).map(|m| m.advertise.clone())
@@ -478,6 +488,7 @@ impl Host {
         stats::set(&c.replicas_following, shards.len() as u64 - leading);
         stats::set(&c.replication_lag_records, lag_records);
         stats::set(&c.replication_lag_bytes, lag_bytes);
+        stats::set(&c.replication_peers_unreachable, self.peers_unreachable());
         if let Ok(mut slot) = self.stats.replicas.lock() {
             *slot = statuses;
         }

@@ -6,9 +6,10 @@
 //! lost (the protocol resends what matters), so a full queue or a broken connection drops
 //! frames instead of waiting: the link reconnects after [`RECONNECT_MS`].
 
+use std::cell::Cell;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use felix_proto::{Capabilities, Frame, FrameDecoder, Hello, PROTOCOL_VERSION};
@@ -40,53 +41,115 @@ pub fn transport() -> quinn_proto::TransportConfig {
     t
 }
 
-/// One outbound link: its queue.
+/// How often a link that keeps failing to connect says so at `warn` (each failure is logged
+/// at `debug`).
+pub const LINK_WARN_INTERVAL_MS: u64 = 30_000;
+
+/// Where a link stands, for the readiness check and `replication_peers_unreachable`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinkState {
+    /// Not connected yet.
+    Connecting,
+    /// Connected; Hello answered with `REPLICATION`.
+    Up,
+    /// The last attempt to connect failed.
+    Down,
+}
+
+/// One outbound link: its queue and its state.
 pub struct PeerLink {
     tx: LocalSender<Bytes>,
+    state: Rc<Cell<LinkState>>,
 }
 
 impl PeerLink {
     /// A link to `node`, run by a task on this core until the host is dropped.
     pub fn open(host: &Rc<Host>, node: felix_cluster::NodeId) -> Rc<PeerLink> {
         let (tx, rx) = local_channel::new_bounded(LINK_QUEUE_FRAMES);
-        glommio::spawn_local(run(Rc::downgrade(host), node, rx)).detach();
-        Rc::new(PeerLink { tx })
+        let state = Rc::new(Cell::new(LinkState::Connecting));
+        glommio::spawn_local(run(Rc::downgrade(host), node, rx, state.clone())).detach();
+        Rc::new(PeerLink { tx, state })
     }
 
     /// Queues an encoded frame; false when the queue is full (the frame is dropped).
     pub fn send(&self, frame: Bytes) -> bool {
         self.tx.try_send(frame).is_ok()
     }
+
+    /// Where the link stands.
+    pub fn state(&self) -> LinkState {
+        self.state.get()
+    }
 }
 
-async fn run(host: std::rc::Weak<Host>, node: felix_cluster::NodeId, rx: LocalReceiver<Bytes>) {
+async fn run(
+    host: std::rc::Weak<Host>,
+    node: felix_cluster::NodeId,
+    rx: LocalReceiver<Bytes>,
+    state: Rc<Cell<LinkState>>,
+) {
+    let mut warned: Option<Instant> = None;
     loop {
         let Some(h) = host.upgrade() else { return };
         let addr = h.address_of(&node).and_then(|a| resolve(&a));
         let conn = match addr {
-            Some(addr) => connect(&h, addr).await,
-            None => Err(format!("{node} has no known address")),
+            Some(addr) => connect(&h, addr).await.map_err(|e| (e, Some(addr))),
+            None => Err((format!("{node} has no known address"), None)),
         };
         drop(h);
         match conn {
             Ok((conn, mut send)) => {
                 tracing::debug!(%node, "replication link up");
+                if warned.take().is_some() {
+                    tracing::info!(%node, "replication link up again");
+                }
+                state.set(LinkState::Up);
                 while let Some(frame) = rx.recv().await {
                     if let Err(e) = send.write_all(&frame).await {
                         tracing::debug!(%node, error = %e, "replication link broke");
                         break;
                     }
                 }
+                state.set(LinkState::Down);
                 conn.close(0, b"link closed");
             }
-            Err(e) => {
+            Err((e, addr)) => {
+                state.set(LinkState::Down);
                 tracing::debug!(%node, error = %e, "replication link: cannot connect");
+                let due = warned
+                    .is_none_or(|at| at.elapsed() >= Duration::from_millis(LINK_WARN_INTERVAL_MS));
+                if due {
+                    warned = Some(Instant::now());
+                    let addr = addr.map_or_else(|| "no address".to_owned(), |a| a.to_string());
+                    match tls_hint(&e) {
+                        Some(hint) => tracing::warn!(
+                            %node, %addr, error = %e, "replication link: TLS handshake failed: {hint}"
+                        ),
+                        None => tracing::warn!(
+                            %node, %addr, error = %e, "replication link: cannot connect"
+                        ),
+                    }
+                }
                 // Whatever waited is stale by the time a link is up: drop it.
                 while let Some(Some(_)) = futures_lite::future::poll_once(rx.recv()).await {}
             }
         }
         glommio::timer::sleep(Duration::from_millis(RECONNECT_MS)).await;
     }
+}
+
+/// What to do about a link error that is a certificate problem, or `None` for any other.
+pub fn tls_hint(error: &str) -> Option<&'static str> {
+    const TLS_WORDS: [&str; 5] =
+        ["certificate", "Certificate", "handshake failed", "UnknownIssuer", "crypto"];
+    if let Some(hint) = crate::net::tls::certificate_hint(error) {
+        return Some(hint);
+    }
+    TLS_WORDS.iter().any(|w| error.contains(w)).then_some(
+        "the brokers of a cluster must trust each other's certificates: give every broker \
+         --peer-ca with the CA that signed every broker's --cert, and --peer-server-name with \
+         the name those certificates carry (docs/operations.md, \"A cluster's certificates\")",
+    )
 }
 
 fn resolve(advertise: &str) -> Option<SocketAddr> {

@@ -344,7 +344,7 @@ fn a_replicated_stream_with_more_shards_than_one_etcd_transaction_holds_is_place
 #[test]
 fn more_replicas_than_live_brokers_is_refused_at_once_and_writes_nothing() {
     let Some(etcd) = Etcd::start() else { return };
-    let all = vec![agent(&etcd, "g5", "b1"), agent(&etcd, "g5", "b2")];
+    let all = [agent(&etcd, "g5", "b1"), agent(&etcd, "g5", "b2")];
     let refs: Vec<&AgentHandle> = all.iter().collect();
     until(SETTLE, &refs, "two members", |v| v.members.len() == 2 && v.controller.is_some());
     let started = Instant::now();

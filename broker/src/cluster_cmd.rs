@@ -130,13 +130,16 @@ fn render(out: &Output<'_>) -> String {
         s.controller.as_ref().map_or("none".to_owned(), ToString::to_string)
     );
     t.push_str(&format!(
-        "{:<16} {:<24} {:>9} {:>5} {:>6}\n",
-        "MEMBER", "ADDRESS", "LEASE_S", "CORES", "SHARDS"
+        "{:<16} {:<24} {:>9} {:>5} {:>6} {:<10}\n",
+        "MEMBER", "ADDRESS", "LEASE_S", "CORES", "SHARDS", "PEERS"
     ));
     for m in &s.members {
+        // Unverified: its replication links to the others are not verified (a certificate
+        // they do not trust?): it gets no replicas until they are.
+        let peers = if m.member.peers_verified { "verified" } else { "UNVERIFIED" };
         t.push_str(&format!(
-            "{:<16} {:<24} {:>9} {:>5} {:>6}\n",
-            m.member.node, m.member.advertise, m.lease_ttl_left_s, m.member.cores, m.shards
+            "{:<16} {:<24} {:>9} {:>5} {:>6} {:<10}\n",
+            m.member.node, m.member.advertise, m.lease_ttl_left_s, m.member.cores, m.shards, peers
         ));
     }
     t.push_str(&format!(

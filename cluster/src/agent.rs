@@ -179,6 +179,14 @@ impl AgentClient {
         rx.await.map_err(|_| ClusterError::Stopped)?
     }
 
+    /// See [`AgentHandle::mark_peers_verified`].
+    pub async fn mark_peers_verified(&self) -> Result<(), ClusterError> {
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::MarkPeersVerified { reply };
+        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
+        rx.await.map_err(|_| ClusterError::Stopped)?
+    }
+
     /// As the leader of `epoch` of the group of `shard` of `stream`, changes its in-sync set
     /// to `isr` (which must contain this broker), based on the group's version
     /// `expected_version` (`ShardGroup::version` as read in a view). A compare-and-swap in
@@ -237,6 +245,9 @@ enum Command {
         isr: Vec<NodeId>,
         reply: oneshot::Sender<Result<ShardGroup, ClusterError>>,
     },
+    MarkPeersVerified {
+        reply: oneshot::Sender<Result<(), ClusterError>>,
+    },
 }
 
 impl AgentHandle {
@@ -282,6 +293,13 @@ impl AgentHandle {
         replicas: u8,
     ) -> Result<(StreamDef, StreamPlacement), ClusterError> {
         self.client().create_replicated_stream(name, def, replicas).await
+    }
+
+    /// Records in this broker's member key that its replication links reach every other live
+    /// broker (`Member::peers_verified`), so that the controller may place replicas on it; kept
+    /// for the rest of the agent's life, across sessions.
+    pub async fn mark_peers_verified(&self) -> Result<(), ClusterError> {
+        self.client().mark_peers_verified().await
     }
 
     /// See [`AgentClient::propose_isr`].
@@ -526,6 +544,14 @@ async fn session(
                         }
                         let _ = reply.send(r);
                     }
+                    Command::MarkPeersVerified { reply } => {
+                        st.config.member.peers_verified = true;
+                        let r = match st.lease {
+                            Some(lease) => put_member(st, &mut client, lease).await,
+                            None => Ok(()),
+                        };
+                        let _ = reply.send(r);
+                    }
                 }
             }
             _ = placement_tick.tick() => {
@@ -579,6 +605,15 @@ async fn resume_lease(
     }
     st.lease = Some(lease);
     Ok(Some((lease, asked_at + Duration::from_secs(left as u64))))
+}
+
+/// Writes this broker's member key again on `lease` (it holds the key), with what
+/// `st.config.member` says now.
+async fn put_member(st: &State, client: &mut Client, lease: i64) -> Result<(), ClusterError> {
+    let key = keys::member(&st.config.cluster, st.config.member.node.as_str());
+    let value = serde_json::to_vec(&st.config.member).expect("a member serializes");
+    client.put(key, value, Some(PutOptions::new().with_lease(lease))).await?;
+    Ok(())
 }
 
 /// Writes this broker's member key on `lease`, unless another live broker holds the node id.
@@ -660,15 +695,36 @@ async fn place_new_streams(
         .map(|(n, d)| (n.clone(), *d))
         .collect();
     for (name, def) in unplaced {
-        let live: BTreeSet<NodeId> = st.view.members.keys().cloned().collect();
+        let replicas = st.view.replication.get(&name).copied().unwrap_or(1);
+        // Replicas only on brokers whose peer links are verified: a shard led by a broker its
+        // followers cannot connect to (or accept) would never commit.
+        let live: BTreeSet<NodeId> = st
+            .view
+            .members
+            .iter()
+            .filter(|(_, m)| replicas == 1 || m.peers_verified)
+            .map(|(n, _)| n.clone())
+            .collect();
         let load = placement::load(st.view.placements.values());
         let leaders = placement::leaders(st.view.placements.values());
-        let replicas = st.view.replication.get(&name).copied().unwrap_or(1);
         let p = match placement::assign_replicas(def.shards, replicas, &live, &load, &leaders) {
             Ok(p) => p,
             Err(e) => {
                 if st.placement_warnings.should_warn(&name, Instant::now()) {
-                    tracing::warn!(stream = %name, error = %e, "cannot place stream yet");
+                    let unverified: Vec<&str> = st
+                        .view
+                        .members
+                        .values()
+                        .filter(|m| !m.peers_verified)
+                        .map(|m| m.node.as_str())
+                        .collect();
+                    tracing::warn!(
+                        stream = %name,
+                        error = %e,
+                        ?unverified,
+                        "cannot place stream yet (brokers whose replication links to every other \
+                         broker are not verified get no replicas: see their logs)"
+                    );
                 }
                 continue;
             }

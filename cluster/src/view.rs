@@ -21,6 +21,18 @@ pub struct Member {
     pub cores: u16,
     /// Its metrics endpoint (`host:port`, HTTP), if it serves one.
     pub metrics: Option<String>,
+    /// Whether it has connected to every other live broker as a replication peer (mutual TLS
+    /// verified both ways, Hello with `REPLICATION` answered). The controller places replicas
+    /// only on such brokers: one whose certificate its peers do not trust would lead shards
+    /// nobody can follow. A broker registers unverified and says so once it is
+    /// ([`crate::AgentHandle::mark_peers_verified`]); records without the field (written by
+    /// older brokers) read as verified.
+    #[serde(default = "verified_by_default")]
+    pub peers_verified: bool,
+}
+
+fn verified_by_default() -> bool {
+    true
 }
 
 /// A stream's definition, cluster-wide.

@@ -23,6 +23,7 @@ fn agent(etcd: &Etcd, cluster: &str, node: &str) -> AgentHandle {
             advertise: format!("{node}.test:7400"),
             cores: 2,
             metrics: None,
+            peers_verified: true,
         },
         lease_ttl_s: TTL_S,
     })

@@ -29,6 +29,7 @@ fn agent(endpoint: &str, cluster: &str, node: &str) -> AgentHandle {
             advertise: format!("{node}.test:7400"),
             cores: 1,
             metrics: None,
+            peers_verified: true,
         },
         lease_ttl_s: TTL_S,
     })

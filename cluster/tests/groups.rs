@@ -38,8 +38,13 @@ async fn connect(etcd: &Etcd) -> Client {
 /// Registers `node` on a new lease of `ttl_s` seconds, as an agent would; returns the lease.
 async fn register(client: &mut Client, cluster: &str, node: &str, ttl_s: i64) -> i64 {
     let lease = client.lease_grant(ttl_s, None).await.unwrap().id();
-    let member =
-        Member { node: n(node), advertise: format!("{node}.test:7400"), cores: 1, metrics: None };
+    let member = Member {
+        node: n(node),
+        advertise: format!("{node}.test:7400"),
+        cores: 1,
+        metrics: None,
+        peers_verified: true,
+    };
     let value = serde_json::to_vec(&member).unwrap();
     let opts = PutOptions::new().with_lease(lease);
     client.put(keys::member(cluster, node), value, Some(opts)).await.unwrap();
@@ -170,6 +175,10 @@ fn an_expired_leader_cannot_change_the_isr_and_a_restart_does_not_resume_its_epo
 }
 
 fn agent(etcd: &Etcd, cluster: &str, node: &str) -> AgentHandle {
+    agent_verified(etcd, cluster, node, true)
+}
+
+fn agent_verified(etcd: &Etcd, cluster: &str, node: &str, peers_verified: bool) -> AgentHandle {
     Agent::start(AgentConfig {
         endpoints: vec![etcd.client_url.clone()],
         cluster: cluster.into(),
@@ -178,6 +187,7 @@ fn agent(etcd: &Etcd, cluster: &str, node: &str) -> AgentHandle {
             advertise: format!("{node}.test:7400"),
             cores: 1,
             metrics: None,
+            peers_verified,
         },
         lease_ttl_s: TTL_S,
     })
@@ -371,4 +381,35 @@ fn more_replicas_than_live_brokers_is_refused_at_once_and_writes_nothing() {
     });
     let (_, p) = block_on(all[1].create_replicated_stream("acme/app/two", def(2), 2)).unwrap();
     assert_eq!(p.replicas.len(), 2);
+}
+
+/// Issue 41, item 5: a broker whose replication links are not verified (a certificate its
+/// peers do not trust) gets no replicas; once it says they are, it does.
+#[test]
+fn replicas_go_only_to_brokers_whose_peer_links_are_verified() {
+    let Some(etcd) = Etcd::start() else { return };
+    let all = [
+        agent(&etcd, "g6", "b1"),
+        agent(&etcd, "g6", "b2"),
+        agent_verified(&etcd, "g6", "b3", false),
+    ];
+    let refs: Vec<&AgentHandle> = all.iter().collect();
+    until(SETTLE, &refs, "three members", |v| v.members.len() == 3 && v.controller.is_some());
+    for round in 0..4 {
+        let name = format!("acme/app/two{round}");
+        let (_, p) = block_on(all[0].create_replicated_stream(&name, def(3), 2)).unwrap();
+        for set in &p.replicas {
+            assert!(!set.contains(&n("b3")), "an unverified broker got a replica: {p:?}");
+        }
+    }
+    // Three replicas need b3: the create waits for a placement that cannot come.
+    let three = block_on(all[0].create_replicated_stream("acme/app/three", def(1), 3));
+    assert!(matches!(three, Err(ClusterError::TimedOut(_))), "{three:?}");
+    block_on(all[2].mark_peers_verified()).unwrap();
+    until(SETTLE, &refs, "b3 verified", |v| {
+        v.members.get(&n("b3")).is_some_and(|m| m.peers_verified)
+    });
+    until(SETTLE, &refs, "the waiting stream placed on all three", |v| {
+        v.placements.get("acme/app/three").is_some_and(|p| p.replicas[0].len() == 3)
+    });
 }

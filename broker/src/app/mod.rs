@@ -429,7 +429,10 @@ async fn open_core(
         let host = replication::Host::new(ctx.clone(), app.settings.cores, &r, agent, link, stats)
             .map_err(|source| CoreOpenError::PeerTls { core, source })?;
         let _ = app.replication.set(host.clone());
-        app.tasks.spawn(host.run(Rc::downgrade(&app)));
+        app.tasks.spawn(host.clone().run(Rc::downgrade(&app)));
+        if core.0 == 0 {
+            app.tasks.spawn(replication::verify_peers(host));
+        }
     }
     // Replies only complete local waiters: their loops never block.
     for (_, rx) in reply_rx {
@@ -532,6 +535,9 @@ fn start_agent(args: &ServeArgs) -> Result<Option<felix_cluster::AgentHandle>, S
         advertise: advertise.clone(),
         cores: args.cores as u16,
         metrics,
+        // Verified once this broker's replication links reach every other live broker (the
+        // replication host's check on core 0).
+        peers_verified: false,
     };
     let agent = felix_cluster::Agent::start(felix_cluster::AgentConfig {
         endpoints: args.cluster_etcd.clone(),

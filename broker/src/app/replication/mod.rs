@@ -28,6 +28,7 @@ use felix_replication::{
     wire, AckMode, AppendError, IsrProposal, LeaseId, Message, NodeId, ReplicaConfig, Time,
 };
 
+pub use self::peer::verify_peers;
 use self::peer::PeerLink;
 use self::propose::OnePerShard;
 use self::shard::ShardReplica;

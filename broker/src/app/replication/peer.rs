@@ -138,6 +138,116 @@ async fn run(
     }
 }
 
+/// How often the check of [`verify_peers`] runs while it fails, at most (it starts at
+/// [`RECONNECT_MS`] and doubles).
+pub const VERIFY_RETRY_MAX_MS: u64 = 5_000;
+/// How often [`verify_peers`] looks for brokers that joined since its last round.
+pub const VERIFY_POLL_MS: u64 = 1_000;
+
+/// Connects, as a replication peer, to core 0 of every other live broker (mutual TLS verified
+/// both ways, Hello with `REPLICATION` answered). Once enough answered ([`trusted_enough`]),
+/// says so in this broker's member key (`Member::peers_verified`): until then the controller
+/// gives this broker no replicas. Afterwards it checks each broker that joins (or restarts, on a new lease) the
+/// same way, so a newcomer whose certificate this broker does not trust is logged here too,
+/// not only on the newcomer. A failure is logged at `warn` (every [`LINK_WARN_INTERVAL_MS`]
+/// at most) with what fixes it. Runs on core 0 for the broker's life.
+pub async fn verify_peers(host: Rc<Host>) {
+    let mut wait = Duration::from_millis(RECONNECT_MS);
+    let mut warned: Option<Instant> = None;
+    let mut marked = false;
+    // The brokers this one reached, with the lease they were on.
+    let mut reached: std::collections::HashMap<felix_cluster::NodeId, Option<i64>> =
+        std::collections::HashMap::new();
+    loop {
+        let view = host.link.view();
+        reached.retain(|node, lease| view.member_leases.get(node).copied() == *lease);
+        let due: Vec<(felix_cluster::NodeId, String)> = view
+            .members
+            .values()
+            .filter(|m| m.node != host.me && !reached.contains_key(&m.node))
+            .map(|m| (m.node.clone(), m.advertise.clone()))
+            .collect();
+        let mut failed = Vec::new();
+        for (node, advertise) in due {
+            let Some(addr) = resolve(&advertise) else {
+                failed.push((node, advertise, "the address does not resolve".to_owned()));
+                continue;
+            };
+            match connect(&host, addr).await {
+                Ok((conn, _)) => {
+                    conn.close(0, b"verified");
+                    reached.insert(node.clone(), view.member_leases.get(&node).copied());
+                }
+                Err(e) => failed.push((node, advertise, e)),
+            }
+        }
+        if !marked && trusted_enough(&view, &host.me, &reached) {
+            match host.agent.mark_peers_verified().await {
+                Ok(()) => {
+                    marked = true;
+                    tracing::info!("replication links verified");
+                }
+                Err(e) => tracing::debug!(error = %e, "cannot record the verified links yet"),
+            }
+        }
+        if failed.is_empty() {
+            wait = Duration::from_millis(VERIFY_POLL_MS);
+        } else {
+            let due = warned
+                .is_none_or(|at| at.elapsed() >= Duration::from_millis(LINK_WARN_INTERVAL_MS));
+            if due {
+                warned = Some(Instant::now());
+                let consequence = if marked {
+                    "replicas shared with it cannot be followed"
+                } else {
+                    "this broker gets no replicas until it reaches the verified brokers"
+                };
+                for (node, addr, e) in &failed {
+                    // A verified broker says nothing of a peer that is merely down (a crash
+                    // being failed over): its lease tells. A certificate problem it names.
+                    let hint = match (tls_hint(e), marked) {
+                        (Some(hint), _) => hint,
+                        (None, false) => "is it running, and reachable from here?",
+                        (None, true) => {
+                            tracing::debug!(%node, %addr, error = %e, "peer not reached");
+                            continue;
+                        }
+                    };
+                    tracing::warn!(
+                        %node, %addr, error = %e,
+                        "replication link not verified: {consequence}; {hint}"
+                    );
+                }
+            }
+            wait = (wait * 2).min(Duration::from_millis(VERIFY_RETRY_MAX_MS));
+        }
+        glommio::timer::sleep(wait).await;
+    }
+}
+
+/// Whether the brokers this one `reached` are enough to call its links verified: every other
+/// verified member; or, while no other member is verified yet (a cluster starting), a majority
+/// of the live members counting itself. So one broker whose certificate nobody trusts neither
+/// gets verified itself nor keeps the others from it.
+fn trusted_enough(
+    view: &felix_cluster::ClusterView,
+    me: &felix_cluster::NodeId,
+    reached: &std::collections::HashMap<felix_cluster::NodeId, Option<i64>>,
+) -> bool {
+    let verified: Vec<&felix_cluster::NodeId> = view
+        .members
+        .values()
+        .filter(|m| m.peers_verified && m.node != *me)
+        .map(|m| &m.node)
+        .collect();
+    if !verified.is_empty() {
+        return verified.iter().all(|n| reached.contains_key(*n));
+    }
+    let live = view.members.len().max(1);
+    let reached_live = view.members.keys().filter(|n| reached.contains_key(*n)).count();
+    (reached_live + 1) * 2 > live
+}
+
 /// What to do about a link error that is a certificate problem, or `None` for any other.
 pub fn tls_hint(error: &str) -> Option<&'static str> {
     const TLS_WORDS: [&str; 5] =

@@ -428,6 +428,15 @@ async fn acked_records_survive_leader_faults_exactly_once() {
     for (at, record) in &seen {
         assert_eq!(stored.get(at), Some(record), "seen at (shard, offset) {at:?}");
     }
+    // Issue 41, item 7: the plain producer's client resends only what the brokers said was
+    // not stored (ShardUnavailable, NotOwner); a batch a leader appended and then could not
+    // commit is `OutcomeUnknown` and fails instead. So none of its records is stored twice.
+    let mut plain_copies: std::collections::HashMap<(u32, u32), u32> = Default::default();
+    for record in stored.values().filter(|(key, _)| *key >= KEYS) {
+        *plain_copies.entry(*record).or_default() += 1;
+    }
+    let twice: Vec<_> = plain_copies.iter().filter(|(_, n)| **n > 1).take(10).collect();
+    assert!(twice.is_empty(), "records of the plain producer stored twice: {twice:?}");
     let never_sent: Vec<_> = back.all.difference(&s.sent).take(10).collect();
     assert!(never_sent.is_empty(), "stored but never published: {never_sent:?}");
     back.assert_acked_in_order_and_dense(&s.acked, "read-back");

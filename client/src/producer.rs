@@ -114,9 +114,17 @@ fn new_producer_id() -> ProducerId {
 }
 
 /// Whether a tagged batch that got `e` may have been stored, or not, and is worth sending again
-/// (the broker stores it once either way).
+/// (the broker stores it once either way): a lost connection, no answer in time, or the
+/// leader's own `OutcomeUnknown` (it appended the batch, then stepped down before it
+/// committed). A plain batch that gets one of these fails with it: resending could store it
+/// twice.
 pub(crate) fn outcome_unknown(e: &ClientError) -> bool {
-    matches!(e, ClientError::ConnectionLost(_) | ClientError::Timeout { .. })
+    matches!(
+        e,
+        ClientError::ConnectionLost(_)
+            | ClientError::Timeout { .. }
+            | ClientError::Broker { code: felix_proto::ErrorCode::OutcomeUnknown, .. }
+    )
 }
 
 /// Most ids drawn for an unkeyed producer whose shard the connection's core owns (with fewer

@@ -65,6 +65,9 @@ pub const LEASE_TTL_S_MIN: u32 = 2;
 pub const COMMANDS_QUEUED_MAX: usize = 64;
 /// How long [`AgentHandle::create_stream`] waits for the controller's placement.
 pub const PLACEMENT_WAIT_MS: u64 = 10_000;
+/// Lease TTLs after an agent's start during which a CreateStream with more replicas than live
+/// brokers waits for more to join instead of being refused at once.
+pub const FEW_BROKERS_GRACE_TTLS: u32 = 2;
 /// How often the controller repeats its warning about one stream it cannot place.
 pub const PLACEMENT_WARN_INTERVAL_MS: u64 = 60_000;
 
@@ -352,6 +355,10 @@ struct State {
     waiting: Vec<(String, Instant, CreateReply)>,
     /// When each stream that could not be placed was last warned about.
     placement_warnings: WarnEvery,
+    /// CreateStream requests with more replicas than live brokers, held back briefly.
+    deferred: Vec<Deferred>,
+    /// When this agent started.
+    started: Instant,
 }
 
 async fn run(
@@ -368,6 +375,8 @@ async fn run(
         lease: None,
         waiting: Vec::new(),
         placement_warnings: WarnEvery::new(Duration::from_millis(PLACEMENT_WARN_INTERVAL_MS)),
+        deferred: Vec::new(),
+        started: Instant::now(),
     };
     while *stop.borrow() == Stop::Run {
         match session(&mut st, &mut commands, &mut stop).await {
@@ -521,18 +530,11 @@ async fn session(
                 let Some(cmd) = cmd else { return Ok(()) };
                 match cmd {
                     Command::CreateStream { name, def, replicas, reply } => {
-                        // More replicas than live brokers can never be placed: refuse before
-                        // anything is written (a definition that cannot be placed would stay).
-                        let live = st.view.members.len();
-                        if !st.view.streams.contains_key(&name) && usize::from(replicas) > live {
-                            let e = PlacementError::TooFewBrokers { replicas, live };
-                            let _ = reply.send(Err(e.into()));
-                        } else {
-                            match define_stream(st, &mut client, &name, def, replicas).await {
-                                Ok(()) => st.waiting.push((name, Instant::now(), reply)),
-                                Err(e) => { let _ = reply.send(Err(e)); }
-                            }
-                        }
+                        // More replicas than live brokers: held back, nothing written, and
+                        // refused once the start-up grace is over ([`State::few_brokers_until`]).
+                        let until = st.few_brokers_until();
+                        st.deferred.push(Deferred { name, def, replicas, until, reply });
+                        define_deferred(st, &mut client).await?;
                         st.answer_waiting();
                     }
                     Command::ProposeIsr { stream, shard, expected_version, epoch, isr, reply } => {
@@ -556,6 +558,7 @@ async fn session(
             }
             _ = placement_tick.tick() => {
                 run_elections(st, &mut client).await?;
+                define_deferred(st, &mut client).await?;
                 place_new_streams(st, &mut client, leader.as_ref()).await?;
                 st.answer_waiting();
             }
@@ -655,6 +658,42 @@ async fn load(
     }
     view.revision = resp.header().map_or(0, |h| h.revision());
     Ok((view, candidates))
+}
+
+/// A CreateStream held back until enough brokers are live to hold its replicas.
+#[derive(Debug)]
+struct Deferred {
+    name: String,
+    def: StreamDef,
+    replicas: u8,
+    /// Refused with `TooFewBrokers` if still too few by then.
+    until: Instant,
+    reply: CreateReply,
+}
+
+/// Defines each held-back stream whose replicas the live brokers can hold now (or that exists
+/// already: the first definition wins), and refuses those still short past their time, with
+/// nothing written: a definition that can never be placed would stay for ever.
+async fn define_deferred(st: &mut State, client: &mut Client) -> Result<(), ClusterError> {
+    let now = Instant::now();
+    let live = st.view.members.len();
+    for d in std::mem::take(&mut st.deferred) {
+        let fits = usize::from(d.replicas) <= live || st.view.streams.contains_key(&d.name);
+        if fits {
+            match define_stream(st, client, &d.name, d.def, d.replicas).await {
+                Ok(()) => st.waiting.push((d.name, now, d.reply)),
+                Err(e) => {
+                    let _ = d.reply.send(Err(e));
+                }
+            }
+        } else if now >= d.until {
+            let e = PlacementError::TooFewBrokers { replicas: d.replicas, live };
+            let _ = d.reply.send(Err(e.into()));
+        } else {
+            st.deferred.push(d);
+        }
+    }
+    Ok(())
 }
 
 /// Defines `name` with `replicas` replicas per shard unless it exists (the first definition
@@ -862,6 +901,15 @@ impl State {
     }
 
     /// Answers the CreateStream requests whose stream is placed (or that waited too long).
+    /// Until when a CreateStream with more replicas than live brokers waits for more to
+    /// join: while the cluster may still be starting (this agent started less than
+    /// [`FEW_BROKERS_GRACE_TTLS`] lease TTLs ago, so the other brokers' member keys may not be
+    /// in its view yet) until that grace is over; later it is refused at once.
+    fn few_brokers_until(&self) -> Instant {
+        let ttl = Duration::from_secs(u64::from(self.config.lease_ttl_s));
+        (self.started + ttl * FEW_BROKERS_GRACE_TTLS).max(Instant::now())
+    }
+
     fn answer_waiting(&mut self) {
         let wait = Duration::from_millis(PLACEMENT_WAIT_MS);
         let view = &self.view;

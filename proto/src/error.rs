@@ -76,11 +76,17 @@ pub enum ErrorCode {
     /// An idempotent batch's sequence number is older than the ones the shard remembers for
     /// its producer: its outcome is no longer known.
     SequenceTooOld = 30,
+    /// The batch was appended by the shard's leader, which then lost its leadership or its
+    /// lease before the batch was committed: a new leader may keep it or drop it. Unlike
+    /// `ShardUnavailable`, this does not mean nothing was stored: resending is safe only for an
+    /// idempotent producer (which the shard deduplicates); a plain producer that resends may
+    /// store the batch twice.
+    OutcomeUnknown = 31,
 }
 
 impl ErrorCode {
     /// Every known code, in numeric order.
-    pub const ALL: [ErrorCode; 31] = [
+    pub const ALL: [ErrorCode; 32] = [
         Self::Unknown,
         Self::Malformed,
         Self::UnsupportedVersion,
@@ -112,6 +118,7 @@ impl ErrorCode {
         Self::ShardUnavailable,
         Self::OutOfOrderSequence,
         Self::SequenceTooOld,
+        Self::OutcomeUnknown,
     ];
 
     /// The code for a wire value; unknown values become [`ErrorCode::Unknown`].

@@ -12,9 +12,19 @@ pub enum AppendError {
         /// The leader this replica knows of, if any.
         leader: Option<NodeId>,
     },
-    /// This replica's controller lease is not confirmed: it may have been replaced.
+    /// This replica's controller lease is not confirmed: it may have been replaced. Nothing
+    /// was appended.
     #[error("leader lease expired")]
     LeaseExpired,
+    /// The batch was appended to this leader's log, but the leader stepped down (or its lease
+    /// lapsed, or the replica stopped) before the batch was committed: a new leader may keep it
+    /// or truncate it. Unlike every other variant, this one does not mean "nothing was stored":
+    /// only an idempotent producer may send the batch again without risking a duplicate.
+    #[error("appended, but the leader stepped down before it committed: outcome unknown")]
+    OutcomeUnknown {
+        /// The leader this replica knows of now, if any.
+        leader: Option<NodeId>,
+    },
     /// Fewer in-sync replicas than `min_insync`: a durable append cannot be committed safely.
     #[error("in-sync replicas {insync} below min_insync {min_insync}")]
     NotEnoughReplicas {
@@ -47,6 +57,14 @@ pub enum AppendError {
         /// Records of the retry.
         retry: u32,
     },
+}
+
+impl AppendError {
+    /// Whether the batch may have been stored ([`AppendError::OutcomeUnknown`]); every other
+    /// refusal stored nothing.
+    pub fn outcome_unknown(&self) -> bool {
+        matches!(self, AppendError::OutcomeUnknown { .. })
+    }
 }
 
 /// A batch that cannot extend a log.

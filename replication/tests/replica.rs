@@ -505,3 +505,27 @@ fn a_lost_shrink_proposal_is_sent_again() {
     assert!(!h.group.isr.contains(&NodeId(2)), "resent while the laggard is still behind");
     assert_eq!(h.acked(1), Some((Offset(0), 2)));
 }
+
+/// Issue 41, item 7: an append the leader already took into its log, refused because the
+/// leader stepped down before it committed, says its outcome is unknown (the new leader holds
+/// it here and may commit it), never "not the leader", which claims nothing was stored and
+/// made plain producers store such batches twice. An append refused before it was taken still
+/// says nothing was stored.
+#[test]
+fn a_waiting_append_refused_at_a_step_down_has_an_unknown_outcome() {
+    let mut h = Harness::new(3);
+    h.auto_disk[1] = false;
+    h.auto_disk[2] = false;
+    h.append(0, 1, None, AckMode::Durable);
+    assert_eq!(h.nodes[0].log().end(), Offset(2), "taken into the leader's log");
+    assert_eq!(h.acked(1), None, "not committed: the followers have not synced");
+    h.elect(NodeId(1));
+    let refused = h.rejected(1);
+    assert_eq!(refused, Some(AppendError::OutcomeUnknown { leader: Some(NodeId(1)) }));
+    assert!(refused.is_some_and(|e| e.outcome_unknown()));
+    assert_eq!(h.nodes[1].log().end(), Offset(2), "the new leader holds the batch");
+    h.append(0, 2, None, AckMode::Durable);
+    let before = h.rejected(2);
+    assert_eq!(before, Some(AppendError::NotLeader { leader: Some(NodeId(1)) }));
+    assert!(before.is_some_and(|e| !e.outcome_unknown()), "refused before it was taken");
+}

@@ -324,12 +324,13 @@ impl Replica {
         }
     }
 
-    /// Leaves the current role for `next`, failing every append still waiting for its ack.
+    /// Leaves the current role for `next`, failing every append still waiting for its ack
+    /// with `OutcomeUnknown`: each is in this log, and the next leader may keep it.
     fn step_down(&mut self, next: Role) {
         if let Role::Leader(state) = std::mem::replace(&mut self.role, next) {
             let leader = self.group.as_ref().and_then(|g| g.leader).filter(|&l| l != self.id);
             for waiter in state.waiters {
-                let error = AppendError::NotLeader { leader };
+                let error = AppendError::OutcomeUnknown { leader };
                 self.outbox.push_back(Output::Reject { request: waiter.request, error });
             }
         }

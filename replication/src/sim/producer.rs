@@ -100,7 +100,8 @@ impl Producer {
     ) {
         let Some(flight) = self.in_flight.as_mut().filter(|f| f.seq == seq) else { return };
         self.target = match error {
-            AppendError::NotLeader { leader: Some(leader) } => *leader,
+            AppendError::NotLeader { leader: Some(leader) }
+            | AppendError::OutcomeUnknown { leader: Some(leader) } => *leader,
             _ => super::pick(rng, replicas).unwrap_or(self.target),
         };
         flight.resend_at = now.plus_ms(PRODUCER_BACKOFF_MS);

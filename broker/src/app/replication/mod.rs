@@ -194,7 +194,11 @@ impl Host {
             match rx.await {
                 Ok(Ok(base)) => Ok(base),
                 Ok(Err(e)) => Err(host.append_error(&stream, shard, &replica, e)),
-                Err(_) => Err(WireError::new(ErrorCode::ShardUnavailable, "the replica stopped")),
+                // The replica was dropped with the batch in its log.
+                Err(_) => Err(WireError::new(
+                    ErrorCode::OutcomeUnknown,
+                    "the replica stopped before the batch committed: outcome unknown",
+                )),
             }
         })
     }
@@ -216,9 +220,11 @@ impl Host {
             AppendError::NotLeader { .. }
             | AppendError::LeaseExpired
             | AppendError::NotEnoughReplicas { .. } => ErrorCode::ShardUnavailable,
+            AppendError::OutcomeUnknown { .. } => ErrorCode::OutcomeUnknown,
         };
         let leader = match e {
-            AppendError::NotLeader { leader: Some(l) } => {
+            AppendError::NotLeader { leader: Some(l) }
+            | AppendError::OutcomeUnknown { leader: Some(l) } => {
                 replica.nodes.get(l.0 as usize).map(|n| format!(" (leader: {n})"))
             }
             _ => None,

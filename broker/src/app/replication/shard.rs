@@ -325,14 +325,15 @@ impl ShardReplica {
         self.replica.borrow().log().keeping_last_bytes(committed, self.resident_bytes)
     }
 
-    /// Answers every waiting append with `LeaseExpired` (the broker's lease ran out: none can
-    /// be acked here until it is confirmed again, if ever). The clients send them again (to a
-    /// new leader; an idempotent batch is stored once); the state machine's late ack of one, if
-    /// the lease comes back, finds no waiter.
+    /// Answers every waiting append with `OutcomeUnknown` (the broker's lease ran out: none
+    /// can be acked here until it is confirmed again, if ever; but each is in this log, and a
+    /// new leader may keep it). An idempotent client sends them again (stored once); a plain
+    /// one is told the outcome is unknown, not that nothing was stored. The state machine's
+    /// late ack of one, if the lease comes back, finds no waiter.
     pub fn refuse_waiting(&self) {
         let waiting: Vec<u64> = self.waiters.borrow().keys().copied().collect();
         for id in waiting {
-            self.answer(RequestId(id), Err(AppendError::LeaseExpired));
+            self.answer(RequestId(id), Err(AppendError::OutcomeUnknown { leader: None }));
         }
     }
 
@@ -351,7 +352,7 @@ impl ShardReplica {
     pub fn stop(&self) {
         self.failed.set(true);
         for (_, (tx, _)) in self.waiters.borrow_mut().drain() {
-            let _ = tx.send(Err(AppendError::NotLeader { leader: None }));
+            let _ = tx.send(Err(AppendError::OutcomeUnknown { leader: None }));
         }
         self.disk_tx.borrow_mut().take();
     }
@@ -380,7 +381,7 @@ impl ShardReplica {
         }
         tracing::error!(stream = %self.stream, shard = self.shard.0, "replica stopped: {why}");
         for (_, (tx, _)) in self.waiters.borrow_mut().drain() {
-            let _ = tx.send(Err(AppendError::NotLeader { leader: None }));
+            let _ = tx.send(Err(AppendError::OutcomeUnknown { leader: None }));
         }
     }
 

@@ -121,7 +121,11 @@ fn the_documented_cluster_commands_run_as_written() {
         .unwrap();
     let out = String::from_utf8_lossy(&used.stdout);
     let err = String::from_utf8_lossy(&used.stderr);
-    assert!(used.status.success(), "the documented client commands failed:\n{out}\n{err}\n{}", logs());
+    assert!(
+        used.status.success(),
+        "the documented client commands failed:\n{out}\n{err}\n{}",
+        logs()
+    );
     assert!(out.contains("acme/app/orders"), "status names the stream: {out}");
     let st = status(&etcd.client_url);
     let orders = st["streams"].as_array().unwrap().iter().find(|s| s["name"] == "acme/app/orders");

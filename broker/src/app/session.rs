@@ -582,9 +582,11 @@ impl Session {
                         match rx.recv().await {
                             Some(CoreResponse::Appended(r)) => r,
                             Some(_) => Err(WireError::new(ErrorCode::Internal, "unexpected reply")),
+                            // The owner core took the batch and went away without an
+                            // answer: it may have appended it.
                             None => Err(WireError::new(
-                                ErrorCode::ShuttingDown,
-                                "owner core did not answer",
+                                ErrorCode::OutcomeUnknown,
+                                "the owner core did not answer: outcome unknown",
                             )),
                         }
                     }),

@@ -16,7 +16,10 @@
 //!    leaves) holds all of `truth`;
 //! 6. at most one node acks per epoch;
 //! 7. what a reader of a replica's stored log may read (below `Replica::visible_end`) is the
-//!    committed history: a truncation not yet applied to storage is never read as committed.
+//!    committed history: a truncation not yet applied to storage is never read as committed;
+//! 8. a refusal says what is known (checked in `world`, where appends are delivered): one other
+//!    than `OutcomeUnknown` stored nothing (the refusing node's log took no batch of that
+//!    append), so a producer that is not idempotent may resend it safely.
 
 use std::collections::{HashMap, HashSet};
 

@@ -2,7 +2,7 @@
 //! the network between them, all driven by one event queue and one seeded PRNG.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -15,6 +15,7 @@ use super::producer::Producer;
 use super::{SeedReport, SimOptions};
 use crate::config::ReplicaConfig;
 use crate::controller::GroupState;
+use crate::error::AppendError;
 use crate::log::ReplicaLog;
 use crate::message::{Message, Output};
 use crate::replica::{Replica, ReplicaStats, RoleView};
@@ -66,6 +67,11 @@ pub(super) struct World {
     etcd: Etcd,
     producers: Vec<Producer>,
     requests: HashMap<RequestId, (usize, Seq)>,
+    /// (node, request) of the appends whose batch the node's log took and that it has not
+    /// answered yet (invariant 8).
+    taken: HashSet<(usize, RequestId)>,
+    /// The append delivery a node is handling now, and whether its log took the batch.
+    delivering: Option<(RequestId, bool)>,
     next_request: u64,
     checker: Checker,
     faults: Faults,
@@ -100,6 +106,8 @@ impl World {
             etcd: Etcd::new(ids.clone(), LEASE_TTL_MS),
             producers: Vec::new(),
             requests: HashMap::new(),
+            taken: HashSet::new(),
+            delivering: None,
             next_request: 0,
             checker: Checker::new(replicas),
             events: 0,
@@ -287,10 +295,49 @@ impl World {
                 node.lease_sent_at = sent_at;
                 replica.handle_lease(now, lease, sent_at.plus_ms(LEASE_TTL_MS));
             }
-            (Addr::Producer(_), Packet::Append(append)) => replica.handle_append(now, append),
+            (Addr::Producer(_), Packet::Append(append)) => {
+                let (request, tag, from) = (append.request, append.producer, replica.log().end());
+                replica.handle_append(now, append);
+                // Invariant 8: whether this delivery made the node's log take the batch (the
+                // network may deliver one request twice: the second is answered on its own).
+                let took = tag.is_some()
+                    && replica.log().batches().iter().any(|b| b.base >= from && b.producer == tag);
+                if took {
+                    self.taken.insert((n, request));
+                }
+                self.delivering = Some((request, took));
+                let drained = self.drain(n);
+                self.delivering = None;
+                return drained;
+            }
             _ => return Ok(()),
         }
         self.drain(n)
+    }
+
+    /// Invariant 8: a refusal other than `OutcomeUnknown` stored nothing: the refusing node's
+    /// log did not take the append's batch (when it arrived, or since, as a leader's waiter).
+    fn check_refusal(
+        &mut self,
+        n: usize,
+        request: RequestId,
+        error: &AppendError,
+    ) -> Result<(), String> {
+        // Answering the delivery being handled: what that delivery did; answering later (a
+        // waiter refused when its leader stepped down): whether the batch was taken at all.
+        let took = match self.delivering {
+            Some((now_handling, took)) if now_handling == request => took,
+            _ => self.taken.contains(&(n, request)),
+        };
+        self.taken.remove(&(n, request));
+        if took && !error.outcome_unknown() {
+            return Err(format!(
+                "invariant 8: {} refused request {} with {error:?}, which says nothing was \
+                 stored, but its log took the batch",
+                self.nodes[n].id, request.0
+            ));
+        }
+        Ok(())
     }
 
     /// Carries out everything node `n` asked for, then checks it.
@@ -325,10 +372,12 @@ impl World {
                     self.send(Addr::Node(id), Addr::Etcd, Packet::Propose(proposal))
                 }
                 Output::Ack { request, epoch, base, records } => {
+                    self.taken.remove(&(n, request));
                     acks.push((request, epoch, base, records));
                     self.answer(id, request, Output::Ack { request, epoch, base, records });
                 }
                 Output::Reject { request, error } => {
+                    self.check_refusal(n, request, &error)?;
                     self.answer(id, request, Output::Reject { request, error })
                 }
             }
@@ -549,6 +598,7 @@ impl World {
     }
 
     fn crash(&mut self, n: usize) -> Result<(), String> {
+        self.taken.retain(|(node, _)| *node != n);
         let node = &mut self.nodes[n];
         let Some(replica) = node.replica.take() else { return Ok(()) };
         self.retired = super::add_stats(self.retired, replica.stats());

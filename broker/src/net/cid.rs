@@ -135,13 +135,20 @@ impl ConnectionIdGenerator for CoreCidGenerator {
 /// the 4-byte version, RFC 9000 §17.2); the DCID follows it.
 pub const LONG_HEADER_DCID_LEN_INDEX: usize = 5;
 
+/// Whether a UDP payload starts with a QUIC long header (an Initial, 0-RTT, Handshake, Retry
+/// or Version Negotiation packet); `false` for an empty one.
+pub fn is_long_header(datagram: &[u8]) -> bool {
+    datagram.first().is_some_and(|b| b & LONG_HEADER_BIT != 0)
+}
+
 /// The core named by a received UDP payload. A short-header packet (first byte & 0x80 == 0)
 /// carries a DCID of `cid_len` bytes from byte 1. A long-header packet is read only when its
 /// DCID is exactly `cid_len` bytes: that is a CID this broker issued, or the Initial of
 /// another Felix broker, which names the core it wants (`CoreState::connect`); clients pick
 /// longer random Initial DCIDs (quinn: 20 bytes), which give `None`, as do truncated datagrams
 /// and foreign CIDs (the receiving core keeps or drops them). A client whose random 8-byte
-/// DCID happens to decode is handed to the core it names: harmless, that core then owns it.
+/// DCID happens to decode is handed to the core it names when that core exists (harmless: it
+/// then owns the connection), and kept where it landed otherwise (`CoreState::handle_datagram`).
 pub fn core_of_datagram(datagram: &[u8], cid_len: usize) -> Option<CoreId> {
     let (&first, rest) = datagram.split_first()?;
     if first & LONG_HEADER_BIT != 0 {

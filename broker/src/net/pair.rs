@@ -220,9 +220,23 @@ impl Pair {
 
     /// Starts a handshake from `addr` (nothing is sent until the pair runs).
     pub(crate) fn connect(&mut self, addr: SocketAddr) -> ConnectionHandle {
+        let config = self.client_config.clone();
+        self.connect_with(addr, config)
+    }
+
+    /// Starts a handshake from `addr` whose Initial carries the destination CID `dcid` (a
+    /// client that picks its own, as aioquic's 8 random bytes or a Felix client naming a core).
+    pub(crate) fn connect_with_dcid(&mut self, addr: SocketAddr, dcid: &[u8]) -> ConnectionHandle {
+        let mut config = self.client_config.clone();
+        let dcid = quinn_proto::ConnectionId::new(dcid);
+        config.initial_dst_cid_provider(Arc::new(move || dcid));
+        self.connect_with(addr, config)
+    }
+
+    fn connect_with(&mut self, addr: SocketAddr, config: ClientConfig) -> ConnectionHandle {
         let (ch, conn) = self
             .client
-            .connect(self.now, self.client_config.clone(), SERVER_ADDR, "localhost")
+            .connect(self.now, config, SERVER_ADDR, "localhost")
             .expect("client connects");
         self.clients.insert(ch, ClientConn { conn, addr, events: Vec::new() });
         ch

@@ -24,7 +24,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
-use super::cid::{core_of_datagram, CoreCidGenerator, CID_LEN, LONG_HEADER_BIT};
+use super::cid::{steered_core_of_datagram, CoreCidGenerator};
 use super::config::{NetConfig, TlsSource};
 use super::conn::Connection;
 use super::core::{CoreLimits, CoreState, Datagram, DriveOutcome};
@@ -53,7 +53,8 @@ pub(crate) enum Steer {
     /// SO_REUSEPORT without steering: a hash of the 4-tuple, here the client port modulo the
     /// core count (so a test picks a core by picking a port).
     Port,
-    /// BPF steering: a short header goes to the core its CID names, a long header as `Port`.
+    /// BPF steering: a short header goes to the core its CID's config bits and core byte name
+    /// (the check value is not read), a long header as `Port`.
     Cid,
     /// Everything to this core.
     Core(usize),
@@ -377,13 +378,11 @@ impl Pair {
         match self.steer {
             Steer::Port => by_port,
             Steer::Core(i) => i,
-            Steer::Cid if p.data.first().is_some_and(|b| b & LONG_HEADER_BIT == 0) => {
-                match core_of_datagram(&p.data, CID_LEN) {
-                    Some(c) if usize::from(c.0) < n => usize::from(c.0),
-                    _ => by_port,
-                }
-            }
-            Steer::Cid => by_port,
+            // As the programs do: bytes 1 and 2 of a short header, no check value.
+            Steer::Cid => match steered_core_of_datagram(&p.data) {
+                Some(c) if usize::from(c.0) < n => usize::from(c.0),
+                _ => by_port,
+            },
         }
     }
 

@@ -13,7 +13,7 @@ use quinn_proto::{ConnectionError, ConnectionHandle, Dir, StreamId, TransportErr
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::cid::{core_of, CID_LEN};
+use super::cid::{core_of, CHECK_BYTE_INDEX, CID_LEN};
 use super::conn::{Connection, RecvStream};
 use super::core::Datagram;
 use super::pair::{client_addr, poll_once, Pair, Steer};
@@ -307,6 +307,32 @@ fn an_initial_naming_a_core_that_does_not_exist_is_served_where_it_landed() {
         };
         assert_eq!(read_available(&mut recv), (b"served".to_vec(), true));
     }
+}
+
+#[test]
+fn an_initial_naming_a_core_is_handed_to_it_and_a_random_one_stays() {
+    let mut p = Pair::new(2, |_| {});
+    // A Felix client names core 1; the Initial lands on core 0 (even port).
+    let named = cid_for_core(CoreId(1), [0x17; CID_LEN]).unwrap();
+    let ch = p.connect_with_dcid(client_addr(7900), &named);
+    assert!(p.run_until(Duration::from_secs(5), |p| {
+        p.clients[&ch].is_connected() && p.handshakes() == 1
+    }));
+    assert!(p.cores[1].accept().is_some(), "the named core accepts");
+    assert!(p.cores[0].accept().is_none());
+    assert!(p.cores[0].stats().misrouted >= 1);
+    // 8 random bytes that the layout without a check value read as core 1: they stay on core 0.
+    let mut p = Pair::new(2, |_| {});
+    let mut random = named;
+    random[CHECK_BYTE_INDEX] ^= 0xFF;
+    assert_eq!(core_of(&random), None);
+    let ch = p.connect_with_dcid(client_addr(7902), &random);
+    assert!(p.run_until(Duration::from_secs(5), |p| {
+        p.clients[&ch].is_connected() && p.handshakes() == 1
+    }));
+    assert!(p.cores[0].accept().is_some(), "the core it landed on accepts");
+    let s0 = p.cores[0].stats();
+    assert_eq!((s0.misrouted, s0.kept_bad_core, p.cores[1].stats().datagrams_in), (0, 0, 0));
 }
 
 #[test]

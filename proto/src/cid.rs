@@ -181,10 +181,23 @@ mod tests {
         }
     }
 
+    /// Asserts that docs/connection-ids.md shows `bytes` as space-separated hex.
+    fn assert_in_doc(bytes: &[u8]) {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/connection-ids.md");
+        let doc = std::fs::read_to_string(path).expect("docs/connection-ids.md");
+        let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = hex.join(" ");
+        assert!(doc.contains(&hex), "docs/connection-ids.md does not show {hex}");
+    }
+
     #[test]
     fn hex_example_from_docs() {
         // docs/connection-ids.md, "Example".
         let cid = [0x1b, 0x02, 0x9f, 0x4c, 0x07, 0xe1, 0x5a, 0x7f];
+        for shown in [&cid[..], &[0x1b, 0x02, 0x9f, 0x4c, 0x07, 0xe1, 0x5a, 0x33]] {
+            assert_in_doc(shown);
+        }
+        assert_in_doc(&[0xfb, 0x02, 0x9f, 0x4c, 0x07, 0xe1, 0x5a, 0x11]);
         assert_eq!(check_value(&cid), 0x7f);
         assert_eq!(core_of(&cid), Some(CoreId(2)));
         assert_eq!(cid_for_core(CoreId(2), cid), Some(cid));

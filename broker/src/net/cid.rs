@@ -252,25 +252,39 @@ mod tests {
 
     #[test]
     fn hex_example_from_docs() {
-        // docs/connection-ids.md, "Example".
+        // docs/connection-ids.md, "Example": the vectors, and the doc shows each of them.
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../docs/connection-ids.md"
+        ))
+        .expect("docs/connection-ids.md");
+        let assert_shown = |bytes: &[u8]| {
+            let hex: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+            let hex = hex.join(" ");
+            assert!(doc.contains(&hex), "docs/connection-ids.md does not show {hex}");
+        };
         let cid = [0x1b, 0x02, 0x9f, 0x4c, 0x07, 0xe1, 0x5a, 0x7f];
         assert_eq!(core_of(&cid), Some(CoreId(2)));
         let datagram = [0x41, 0x1b, 0x02, 0x9f, 0x4c, 0x07, 0xe1, 0x5a, 0x7f, 0x8e, 0x01];
+        assert_shown(&datagram);
         assert_eq!(core_of_datagram(&datagram, CID_LEN), Some(CoreId(2)));
         assert_eq!(steered_core_of_datagram(&datagram), Some(CoreId(2)));
         // The same CID with QUIC-LB's "unroutable" config bits (and their check value).
         let unroutable = [0xfb, 0x02, 0x9f, 0x4c, 0x07, 0xe1, 0x5a, 0x11];
+        assert_shown(&unroutable);
         assert_eq!(check_value(&unroutable), 0x11);
         assert_eq!(core_of(&unroutable), None);
         // Another last byte: a random DCID, which BPF steers to core 2 and nothing decodes.
         let datagram = [0x41, 0x1b, 0x02, 0x9f, 0x4c, 0x07, 0xe1, 0x5a, 0x33, 0x8e, 0x01];
+        assert_shown(&datagram[1..1 + CID_LEN]);
         assert_eq!(core_of_datagram(&datagram, CID_LEN), None);
         assert_eq!(steered_core_of_datagram(&datagram), Some(CoreId(2)));
         // The Initial of a client that names core 2 with that CID ("Clients that ask for a
-        // core"), and of one whose 8 random bytes are the second vector.
+        // core"), and of one whose 8 random bytes are the previous vector.
         let mut initial = vec![0xc3, 0x00, 0x00, 0x00, 0x01, 0x08];
         initial.extend_from_slice(&cid);
         initial.extend_from_slice(&[0x00, 0x00, 0x44, 0xd0]);
+        assert_shown(&initial);
         assert_eq!(core_of_datagram(&initial, CID_LEN), Some(CoreId(2)));
         assert_eq!(steered_core_of_datagram(&initial), None, "BPF leaves long headers to the hash");
         initial[6 + CHECK_BYTE_INDEX] = 0x33;

@@ -100,6 +100,14 @@ pub fn start_echo(config: NetConfig) -> (ServerHandle, Arc<Mutex<Seen>>) {
 
 /// A quinn client endpoint on 127.0.0.1:0 trusting the dev certificate in `dir`.
 pub fn client(dir: &Path) -> quinn::Endpoint {
+    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
+    ep.set_default_client_config(client_config(dir));
+    ep
+}
+
+/// A quinn client config trusting the dev certificate in `dir` (quinn's defaults otherwise:
+/// 20-byte random Initial DCIDs).
+pub fn client_config(dir: &Path) -> quinn::ClientConfig {
     let cert = CertificateDer::from_pem_file(dir.join(DEV_CERT_FILE)).expect("dev cert");
     let mut roots = rustls::RootCertStore::empty();
     roots.add(cert).unwrap();
@@ -115,9 +123,7 @@ pub fn client(dir: &Path) -> quinn::Endpoint {
     let mut transport = quinn::TransportConfig::default();
     transport.max_idle_timeout(Some(Duration::from_secs(10).try_into().unwrap()));
     cc.transport_config(Arc::new(transport));
-    let mut ep = quinn::Endpoint::client("127.0.0.1:0".parse().unwrap()).unwrap();
-    ep.set_default_client_config(cc);
-    ep
+    cc
 }
 
 /// Connects and reads the server's core tag.

@@ -74,7 +74,8 @@ pub(crate) struct Conn {
 /// for a millisecond or two, and every datagram dropped there halves the broker's window.
 pub const SOCKET_RECV_BUFFER_BYTES: usize = 8 << 20;
 
-/// An Initial destination connection ID naming broker core `core`, its other bits random
+/// An Initial destination connection ID naming broker core `core` in the broker's layout (with
+/// its check value, which `felix_proto::cid::cid_for_core` computes), its other bits random
 /// (from the TLS provider's generator, as quinn's own Initial IDs are); `None` when the core
 /// cannot be named or no random bytes could be had (the connection then takes quinn's own).
 fn initial_dcid_for(core: CoreId) -> Option<[u8; felix_proto::cid::CID_LEN]> {
@@ -733,6 +734,18 @@ pub(crate) fn unexpected(frame: &Frame, wanted: FrameType) -> ClientError {
 mod tests {
     use super::*;
     use felix_proto::{AckMode, AckRequest, Publish, Subscribe};
+
+    #[test]
+    fn an_initial_dcid_names_its_core_for_the_broker() {
+        // The broker hands the Initial to the core only when `core_of` decodes the DCID
+        // (config bits, core byte and check value).
+        for core in [0u16, 1, 7, 254] {
+            let dcid = initial_dcid_for(CoreId(core)).expect("random bytes");
+            assert_eq!(felix_proto::cid::core_of(&dcid), Some(CoreId(core)));
+            assert_ne!(initial_dcid_for(CoreId(core)), Some(dcid), "random bits");
+        }
+        assert_eq!(initial_dcid_for(CoreId(255)), None);
+    }
 
     #[tokio::test]
     async fn a_request_given_up_leaves_no_entry_behind() {

@@ -18,7 +18,7 @@ use quinn_proto::{
     Endpoint, Event, VarInt,
 };
 
-use super::cid::{core_of_datagram, CoreCidGenerator, CID_LEN};
+use super::cid::{core_of_datagram, is_long_header, CoreCidGenerator, CID_LEN};
 use super::config::{NetConfig, ACCEPT_QUEUE_DEPTH};
 use super::conn::{ConnState, ConnTable, ConnTableRef, Connection};
 use super::stats::CoreStats;
@@ -199,12 +199,26 @@ impl CoreState {
     }
 
     /// Handles one datagram this core's socket received: forwards it to its owner core if its
-    /// CID names another core (the safety net), else feeds it to this core's endpoint.
+    /// CID names another core (the safety net), else feeds it to this core's endpoint. A long
+    /// header whose CID names a core this broker does not have is fed to this core's endpoint
+    /// (`kept_bad_core`): it may be the Initial of a client whose DCID names a core it cannot
+    /// have, and whichever core it reached owns that connection; a short header naming such a
+    /// core belongs to no connection here and is dropped (`dropped_bad_core`).
     pub(crate) fn handle_datagram(&mut self, now: Instant, d: Datagram) {
         if self.cores > 1 {
-            if let Some(owner) = core_of_datagram(&d.data, CID_LEN) {
-                if owner != self.core {
+            match core_of_datagram(&d.data, CID_LEN) {
+                None => {}
+                Some(owner) if owner == self.core => {}
+                Some(owner) if usize::from(owner.0) < self.cores => {
                     self.forward(owner, d);
+                    return;
+                }
+                Some(_) if is_long_header(&d.data) => {
+                    CoreStats::add(&self.stats.kept_bad_core, 1);
+                }
+                Some(_) => {
+                    CoreStats::add(&self.stats.misrouted, 1);
+                    CoreStats::add(&self.stats.dropped_bad_core, 1);
                     return;
                 }
             }
@@ -240,11 +254,8 @@ impl CoreState {
 
     fn forward(&mut self, owner: CoreId, d: Datagram) {
         debug_assert_ne!(owner, self.core, "a core forwards only datagrams of other cores");
+        debug_assert!(usize::from(owner.0) < self.cores, "a core forwards only to a core");
         CoreStats::add(&self.stats.misrouted, 1);
-        if usize::from(owner.0) >= self.cores {
-            CoreStats::add(&self.stats.dropped_bad_core, 1);
-            return;
-        }
         self.outbox.forwards.push_back((owner, d));
     }
 

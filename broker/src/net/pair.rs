@@ -24,7 +24,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 
-use super::cid::{core_of_datagram, CoreCidGenerator, CID_LEN, LONG_HEADER_BIT};
+use super::cid::{steered_core_of_datagram, CoreCidGenerator};
 use super::config::{NetConfig, TlsSource};
 use super::conn::Connection;
 use super::core::{CoreLimits, CoreState, Datagram, DriveOutcome};
@@ -53,7 +53,8 @@ pub(crate) enum Steer {
     /// SO_REUSEPORT without steering: a hash of the 4-tuple, here the client port modulo the
     /// core count (so a test picks a core by picking a port).
     Port,
-    /// BPF steering: a short header goes to the core its CID names, a long header as `Port`.
+    /// BPF steering: a short header goes to the core its CID's config bits and core byte name
+    /// (the check value is not read), a long header as `Port`.
     Cid,
     /// Everything to this core.
     Core(usize),
@@ -220,9 +221,23 @@ impl Pair {
 
     /// Starts a handshake from `addr` (nothing is sent until the pair runs).
     pub(crate) fn connect(&mut self, addr: SocketAddr) -> ConnectionHandle {
+        let config = self.client_config.clone();
+        self.connect_with(addr, config)
+    }
+
+    /// Starts a handshake from `addr` whose Initial carries the destination CID `dcid` (a
+    /// client that picks its own, as aioquic's 8 random bytes or a Felix client naming a core).
+    pub(crate) fn connect_with_dcid(&mut self, addr: SocketAddr, dcid: &[u8]) -> ConnectionHandle {
+        let mut config = self.client_config.clone();
+        let dcid = quinn_proto::ConnectionId::new(dcid);
+        config.initial_dst_cid_provider(Arc::new(move || dcid));
+        self.connect_with(addr, config)
+    }
+
+    fn connect_with(&mut self, addr: SocketAddr, config: ClientConfig) -> ConnectionHandle {
         let (ch, conn) = self
             .client
-            .connect(self.now, self.client_config.clone(), SERVER_ADDR, "localhost")
+            .connect(self.now, config, SERVER_ADDR, "localhost")
             .expect("client connects");
         self.clients.insert(ch, ClientConn { conn, addr, events: Vec::new() });
         ch
@@ -363,13 +378,11 @@ impl Pair {
         match self.steer {
             Steer::Port => by_port,
             Steer::Core(i) => i,
-            Steer::Cid if p.data.first().is_some_and(|b| b & LONG_HEADER_BIT == 0) => {
-                match core_of_datagram(&p.data, CID_LEN) {
-                    Some(c) if usize::from(c.0) < n => usize::from(c.0),
-                    _ => by_port,
-                }
-            }
-            Steer::Cid => by_port,
+            // As the programs do: bytes 1 and 2 of a short header, no check value.
+            Steer::Cid => match steered_core_of_datagram(&p.data) {
+                Some(c) if usize::from(c.0) < n => usize::from(c.0),
+                _ => by_port,
+            },
         }
     }
 

@@ -78,8 +78,13 @@ core_stats! {
     streams_blocked_rx,
     /// Datagrams dropped because the core-mesh queue to their owner was full.
     dropped_mesh_full,
-    /// Datagrams dropped because their connection ID names a core that does not exist.
+    /// Short-header datagrams dropped because their connection ID names a core that does not
+    /// exist (a connection of a run with more cores: gone).
     dropped_bad_core,
+    /// Long-header datagrams (a handshake's Initial, 0-RTT, Handshake) whose destination CID
+    /// names a core that does not exist, handled by the core they reached instead: the
+    /// Initial of a client that asked for a core this broker does not have. Never dropped.
+    kept_bad_core,
     /// Established connections dropped because the application's accept queue was full.
     dropped_accept_full,
     /// Sends that found the socket buffer full (retried after `SEND_RETRY_US`).

@@ -376,7 +376,9 @@ impl fmt::Display for EffectiveSteering {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::cid::{core_of_datagram, CID_LEN};
+    use crate::net::cid::{
+        check_value, core_of_datagram, steered_core_of_datagram, CHECK_BYTE_INDEX, CID_LEN,
+    };
     use felix_proto::CoreId;
 
     #[test]
@@ -474,7 +476,10 @@ mod tests {
     }
 
     #[test]
-    fn cbpf_agrees_with_core_of_datagram() {
+    fn cbpf_agrees_with_steered_core_of_datagram() {
+        // The program reads the config bits and the core byte of short headers, as
+        // `steered_core_of_datagram` does; every short header the safety net decodes
+        // (`core_of_datagram`, which also checks the check value) goes to the same core.
         let n = 4u32;
         let prog = cbpf_program(n);
         let mut cases: Vec<Vec<u8>> = vec![vec![], vec![0x40], vec![0x40, 0x00]];
@@ -483,16 +488,34 @@ mod tests {
                 for core in [0u8, 1, 3, 4, 200, 255] {
                     let mut d = vec![first, dcid0, core];
                     d.extend_from_slice(&[0u8; 20]);
+                    cases.push(d.clone());
+                    // The same CID with its check value.
+                    let mut cid = [0u8; CID_LEN];
+                    cid.copy_from_slice(&d[1..1 + CID_LEN]);
+                    d[1 + CHECK_BYTE_INDEX] = check_value(&cid);
                     cases.push(d);
                 }
             }
         }
+        let (mut decoded, mut unchecked) = (0, 0);
         for d in cases {
-            let want = match core_of_datagram(&d, CID_LEN) {
+            let want = match steered_core_of_datagram(&d) {
                 Some(CoreId(c)) if u32::from(c) < n => u32::from(c),
                 _ => n,
             };
-            assert_eq!(run_cbpf(&prog, &d), want, "datagram {d:02x?}");
+            let got = run_cbpf(&prog, &d);
+            assert_eq!(got, want, "datagram {d:02x?}");
+            match core_of_datagram(&d, CID_LEN) {
+                Some(CoreId(c)) if d[0] & LONG_HEADER_BIT == 0 && u32::from(c) < n => {
+                    assert_eq!(got, u32::from(c), "datagram {d:02x?}");
+                    decoded += 1;
+                }
+                None if got < n => unchecked += 1,
+                _ => {}
+            }
         }
+        // Short headers (2 first bytes) with config bits 0 (2 DCID bytes 0) and a core under 4
+        // (3): decoded with their check value, steered without it.
+        assert_eq!((decoded, unchecked), (12, 12), "cases of each kind");
     }
 }

@@ -7,10 +7,13 @@ use std::task::Poll;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
+use felix_proto::cid::cid_for_core;
 use felix_proto::CoreId;
 use quinn_proto::{ConnectionError, ConnectionHandle, Dir, StreamId, TransportErrorCode, VarInt};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 
-use super::cid::{CID_LEN, CORE_BYTE_INDEX};
+use super::cid::{core_of, CHECK_BYTE_INDEX, CID_LEN};
 use super::conn::{Connection, RecvStream};
 use super::core::Datagram;
 use super::pair::{client_addr, poll_once, Pair, Steer};
@@ -213,25 +216,123 @@ fn a_migrated_client_stays_on_its_core() {
 }
 
 #[test]
-fn a_datagram_naming_a_core_that_does_not_exist_is_dropped() {
+fn a_short_header_naming_a_core_that_does_not_exist_is_dropped() {
     let mut p = Pair::new(2, |_| {});
     let mut data = vec![0x40u8]; // short header
-    let mut cid = [0u8; CID_LEN];
-    cid[CORE_BYTE_INDEX] = 5;
-    data.extend_from_slice(&cid);
+    data.extend_from_slice(&cid_for_core(CoreId(5), [0; CID_LEN]).unwrap());
     data.extend_from_slice(&[0xAA; 32]);
-    let d = Datagram {
-        data: BytesMut::from(&data[..]),
-        remote: client_addr(7600),
-        local_ip: None,
-        ecn: None,
-    };
     let now = p.now;
-    p.cores[0].state.handle_datagram(now, d);
+    p.cores[0].state.handle_datagram(now, datagram(&data, 7600));
     assert!(p.cores[0].state.poll_forward().is_none());
     assert!(p.cores[0].state.poll_transmit().is_none(), "no stateless reset either");
     let s = p.cores[0].stats();
     assert_eq!((s.misrouted, s.dropped_bad_core, s.forwarded_out), (1, 1, 0));
+    assert_eq!(s.kept_bad_core, 0);
+}
+
+fn datagram(data: &[u8], port: u16) -> Datagram {
+    Datagram { data: BytesMut::from(data), remote: client_addr(port), local_ip: None, ecn: None }
+}
+
+/// An Initial's long header with destination CID `dcid`, padded to 1200 bytes; its payload
+/// is not a real one (the endpoint cannot decrypt it and drops it without an answer).
+fn initial_with_dcid(dcid: &[u8]) -> Vec<u8> {
+    let mut d = vec![0xc3, 0x00, 0x00, 0x00, 0x01, dcid.len() as u8];
+    d.extend_from_slice(dcid);
+    d.extend_from_slice(&[0x00, 0x00, 0x44, 0xd0]); // no SCID, no token, length 1232
+    d.resize(1200, 0xAA);
+    d
+}
+
+#[test]
+fn no_initial_is_dropped_for_its_dcid() {
+    // 4,096 seeded random 8-byte DCIDs (as aioquic and Chromium send) and CIDs in the layout
+    // naming each of the 255 cores: core 0 forwards an Initial only to a core that exists and
+    // that its DCID names (`core_of`), and keeps every other one; it drops none.
+    const CORES: u16 = 4;
+    let seed = 0x1a17_1a1d;
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut dcids: Vec<[u8; CID_LEN]> = (0..4096).map(|_| rng.gen()).collect();
+    dcids.extend((0..=254).map(|c| cid_for_core(CoreId(c), rng.gen()).unwrap()));
+    let mut p = Pair::new(usize::from(CORES), |_| {});
+    let (mut forwarded, mut kept) = (0u64, 0u64);
+    for dcid in &dcids {
+        let now = p.now;
+        p.cores[0].state.handle_datagram(now, datagram(&initial_with_dcid(dcid), 7900));
+        let forward = p.cores[0].state.poll_forward().map(|(owner, _)| owner);
+        assert!(p.cores[0].state.poll_forward().is_none());
+        while p.cores[0].state.poll_transmit().is_some() {}
+        let counted = p.cores[0].stats().kept_bad_core;
+        match core_of(dcid) {
+            Some(c) if c.0 != 0 && c.0 < CORES => {
+                assert_eq!(forward, Some(c), "seed {seed:#x}, DCID {dcid:02x?}");
+                forwarded += 1;
+            }
+            Some(c) if c.0 >= CORES => {
+                assert_eq!(forward, None, "seed {seed:#x}, DCID {dcid:02x?}");
+                kept += 1;
+            }
+            _ => assert_eq!(forward, None, "seed {seed:#x}, DCID {dcid:02x?}"),
+        }
+        assert_eq!(counted, kept, "seed {seed:#x}, DCID {dcid:02x?}: kept_bad_core");
+    }
+    let s = p.cores[0].stats();
+    assert_eq!((s.dropped_bad_core, s.misrouted, s.forwarded_out), (0, forwarded, 0));
+    assert!(kept >= 251 && forwarded >= 3, "kept {kept}, forwarded {forwarded}");
+}
+
+#[test]
+fn an_initial_naming_a_core_that_does_not_exist_is_served_where_it_landed() {
+    for steer in [Steer::Port, Steer::Cid] {
+        let mut p = Pair::new(2, |_| {});
+        p.steer = steer;
+        // The client believes in more cores than the broker has (or reuses a DCID meant for
+        // another broker): a real handshake, its Initial naming core 5.
+        let dcid = cid_for_core(CoreId(5), [0x5A; CID_LEN]).unwrap();
+        let ch = p.connect_with_dcid(client_addr(7801), &dcid); // odd port: core 1
+        let done = p.run_until(Duration::from_secs(5), |p| {
+            p.clients[&ch].is_connected() && p.handshakes() == 1
+        });
+        assert!(done, "{steer:?}: the handshake completes");
+        let conn = p.cores[1].accept().expect("core 1, where the Initial landed, accepts");
+        assert_eq!(conn.core(), CoreId(1));
+        let (s0, s1) = (p.cores[0].stats(), p.cores[1].stats());
+        assert!(s1.kept_bad_core >= 1, "{steer:?}: {s1:?}");
+        assert_eq!((s1.dropped_bad_core, s1.misrouted, s0.datagrams_in), (0, 0, 0), "{steer:?}");
+        // The connection's own CIDs name core 1, and the rest of it stays there.
+        send_uni(&mut p, ch, b"served", true);
+        p.run_for(EXCHANGE);
+        let Poll::Ready(Ok(mut recv)) = poll_once(conn.accept_uni()) else {
+            panic!("{steer:?}: the stream reached core 1");
+        };
+        assert_eq!(read_available(&mut recv), (b"served".to_vec(), true));
+    }
+}
+
+#[test]
+fn an_initial_naming_a_core_is_handed_to_it_and_a_random_one_stays() {
+    let mut p = Pair::new(2, |_| {});
+    // A Felix client names core 1; the Initial lands on core 0 (even port).
+    let named = cid_for_core(CoreId(1), [0x17; CID_LEN]).unwrap();
+    let ch = p.connect_with_dcid(client_addr(7900), &named);
+    assert!(p.run_until(Duration::from_secs(5), |p| {
+        p.clients[&ch].is_connected() && p.handshakes() == 1
+    }));
+    assert!(p.cores[1].accept().is_some(), "the named core accepts");
+    assert!(p.cores[0].accept().is_none());
+    assert!(p.cores[0].stats().misrouted >= 1);
+    // 8 random bytes that the layout without a check value read as core 1: they stay on core 0.
+    let mut p = Pair::new(2, |_| {});
+    let mut random = named;
+    random[CHECK_BYTE_INDEX] ^= 0xFF;
+    assert_eq!(core_of(&random), None);
+    let ch = p.connect_with_dcid(client_addr(7902), &random);
+    assert!(p.run_until(Duration::from_secs(5), |p| {
+        p.clients[&ch].is_connected() && p.handshakes() == 1
+    }));
+    assert!(p.cores[0].accept().is_some(), "the core it landed on accepts");
+    let s0 = p.cores[0].stats();
+    assert_eq!((s0.misrouted, s0.kept_bad_core, p.cores[1].stats().datagrams_in), (0, 0, 0));
 }
 
 #[test]

@@ -21,6 +21,7 @@ pub mod error;
 mod pool;
 mod producer;
 pub mod publisher;
+mod race;
 mod resend;
 pub mod send_stats;
 mod socket;

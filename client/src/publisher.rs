@@ -49,7 +49,7 @@ use crate::error::ClientError;
 use crate::pool::Pool;
 pub use crate::producer::PRODUCER_IN_FLIGHT_MAX;
 use crate::producer::{mark_broken, outcome_unknown, take_tag, Producer, TagHold};
-use crate::resend::{resolve, Resend};
+use crate::resend::{is_shutting_down, note_failure, resolve, Resend};
 use crate::send_stats::{SendRecorder, SendStats, SendStatsReader};
 use crate::timer::FineTimer;
 
@@ -80,11 +80,12 @@ struct WorkerCtx {
     settings: PublishSettings,
     /// The stream's shard count when the publisher started (keys map to producers by shard).
     shard_count: Option<u32>,
-    /// In a cluster, the producers of keyed batches, by (shard, lane), shared by the workers
-    /// of every broker: when a shard's leader changes, its keys' batches go on under the same
+    /// In a cluster, the producers of tagged batches, by (shard, lane), shared by the workers
+    /// of every broker: when a shard's leader changes, its batches go on under the same
     /// producer at the next leader, whose sequence check keeps them in order behind the
-    /// retried ones.
-    keyed_producers: Mutex<HashMap<(ShardId, usize), Producer>>,
+    /// retried ones. Each producer's id names its shard (`Producer::on_shard`), so an unkeyed
+    /// batch is stored there too.
+    shard_producers: Mutex<HashMap<(ShardId, usize), Producer>>,
     /// In a cluster, each key with records queued and not yet tagged: the worker holding them
     /// (its broker's address and index) and how many. A key's next records go to that worker
     /// too, whatever the placement says meanwhile, so a key's batches take their producer's
@@ -163,7 +164,7 @@ impl Publisher {
             stream,
             settings,
             shard_count,
-            keyed_producers: Mutex::default(),
+            shard_producers: Mutex::default(),
             untagged: Mutex::default(),
             send_stats: Arc::default(),
         });
@@ -327,7 +328,14 @@ impl Publisher {
                 Ok((broker, worker))
             }
             None => {
-                let live = placement.live_addresses();
+                let mut live = placement.live_addresses();
+                // A broker that failed a moment ago is left out while others are live.
+                if let Some(c) = self.cluster() {
+                    let up = |a: &&str| c.resolved(a).is_none_or(|a| c.penalty(a).is_none());
+                    if live.iter().any(up) {
+                        live.retain(up);
+                    }
+                }
                 if live.is_empty() {
                     return Ok((s.home.clone(), self.home_worker_for(None)));
                 }
@@ -413,7 +421,7 @@ impl BrokerWorkers {
                     next_lane: 0,
                     in_flight: Arc::new(Semaphore::new(settings.in_flight_batches_max)),
                     producers: HashMap::new(),
-                    unreachable_until: None,
+                    next_unkeyed: 0,
                     lost: Arc::new(Mutex::new(Vec::new())),
                     sent: 0,
                 };
@@ -455,9 +463,8 @@ struct Worker {
     in_flight: Arc<Semaphore>,
     /// The producer of each (shard, lane) this worker sent tagged batches on.
     producers: HashMap<(Option<ShardId>, usize), Producer>,
-    /// In a cluster: until when the worker's broker counts as unreachable (it could not be
-    /// reached a moment ago).
-    unreachable_until: Option<Instant>,
+    /// In a cluster: the turn of the next unkeyed batch among the shards its broker owns.
+    next_unkeyed: usize,
     /// Tagged batches to send again (bounded: each held an in-flight permit when parked).
     lost: Arc<Mutex<Vec<Outgoing>>>,
     /// Batches sent so far: the send order of parked batches.
@@ -467,6 +474,9 @@ struct Worker {
 /// A batch on its way: what sending it (again) needs.
 struct Outgoing {
     key: Option<Bytes>,
+    /// The batch's shard, when the client knows it: a tagged batch's, or a key's by the
+    /// shard count.
+    shard: Option<ShardId>,
     records: Vec<Payload>,
     completion: Completion,
     lane: usize,
@@ -578,10 +588,15 @@ impl Worker {
         }
     }
 
-    /// Lane `index` on the slot's current connection, opening the connection (with backoff) or
-    /// lanes as needed. The flag says the connection is not the one the last batch took.
+    /// Lane `index` on the slot's current connection, opening the connection or lanes as
+    /// needed: with backoff on one broker, in a cluster with one attempt (the batch fails over
+    /// to its shard's next owner instead of waiting for a broker that may be gone). The flag
+    /// says the connection is not the one the last batch took.
     async fn lane(&mut self, index: usize) -> Result<(Arc<Conn>, Arc<Lane>, bool), ClientError> {
-        let conn = self.pool.conn(self.slot).await?;
+        let conn = match &self.ctx.client.shared.cluster {
+            Some(cluster) => cluster.pool_conn(&self.pool, self.slot).await?,
+            None => self.pool.conn(self.slot).await?,
+        };
         let same = self.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn));
         let changed = !same && self.conn.is_some();
         if !same || self.lanes.iter().any(|l| l.is_closed()) {
@@ -595,7 +610,11 @@ impl Worker {
     }
 
     /// The producer a batch with `key` on `lane` belongs to, when batches are idempotent.
-    fn producer_of(&self, key: Option<&Bytes>, lane: usize) -> Option<(Option<ShardId>, usize)> {
+    fn producer_of(
+        &mut self,
+        key: Option<&Bytes>,
+        lane: usize,
+    ) -> Option<(Option<ShardId>, usize)> {
         let settings = &self.ctx.settings;
         let caps = self.pool.hello().capabilities;
         if !settings.idempotent
@@ -610,16 +629,45 @@ impl Worker {
             // shard is unknown, and the batch goes untagged.
             Some(k) => Some(shard_for_key(k, shards)),
             // An unkeyed tagged batch goes to the producer's shard (producer id mod shards),
-            // not to a shard of the core it reached: tagged only on one broker whose core
-            // the connection names, with a producer id whose shard that core owns (below), so
-            // it costs no hop. In a cluster the placement decides, and it goes untagged.
-            None if self.ctx.client.shared.cluster.is_some() => return None,
+            // not to a shard of the core it reached. In a cluster: a shard this broker owns,
+            // its producer's id naming it. On one broker: tagged only where the connection
+            // names its core, with a producer id whose shard that core owns (below), so it
+            // costs no hop.
+            None if self.ctx.client.shared.cluster.is_some() => Some(self.unkeyed_shard(shards)),
             None => {
                 self.pool.slot_core(self.slot)?;
                 None
             }
         };
         Some((shard, lane))
+    }
+
+    /// In a cluster, the shard of the next unkeyed batch: in turn, one that the cached
+    /// placement shows this worker's broker owning (live), on the core of the worker's
+    /// connection if it can; any shard in turn when it owns none (the batch then fails over to
+    /// that shard's owner).
+    fn unkeyed_shard(&mut self, shards: u32) -> ShardId {
+        self.next_unkeyed = self.next_unkeyed.wrapping_add(1);
+        let turn = self.next_unkeyed;
+        let any = ShardId((turn % shards.max(1) as usize) as u32);
+        let Some(cluster) = &self.ctx.client.shared.cluster else { return any };
+        let Some(placement) = cluster.cached(&self.ctx.stream) else { return any };
+        let here = self.pool.addr();
+        let owned: Vec<u32> = (0..shards)
+            .filter(|s| {
+                placement.owner(ShardId(*s)).is_some_and(|o| {
+                    o.live && cluster.resolved(&o.address).is_some_and(|a| a == here)
+                })
+            })
+            .collect();
+        let cores = u32::from(self.pool.hello().core_count.max(1));
+        let core = self.pool.slot_core(self.slot).map(u32::from);
+        let on_core: Vec<u32> = owned.iter().copied().filter(|s| Some(s % cores) == core).collect();
+        match (on_core.is_empty(), owned.is_empty()) {
+            (false, _) => ShardId(on_core[turn % on_core.len()]),
+            (true, false) => ShardId(owned[turn % owned.len()]),
+            (true, true) => any,
+        }
     }
 
     /// The next tag of producer `which`, once its window (`PRODUCER_IN_FLIGHT_MAX` sequence numbers from its oldest unresolved batch)
@@ -632,7 +680,7 @@ impl Worker {
             let fresh = move || new_producer(ctx, pool, slot, which);
             let taken = match which {
                 (Some(shard), lane) if cluster => {
-                    let mut shared = ctx.keyed_producers.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut shared = ctx.shard_producers.lock().unwrap_or_else(|p| p.into_inner());
                     take_tag(&mut shared, (shard, lane), fresh)
                 }
                 _ => take_tag(&mut self.producers, which, fresh),
@@ -663,14 +711,21 @@ impl Worker {
         let ready_at = batch.ready_at();
         let Batch { key, records, completion, .. } = batch;
         let lane = self.lane_index(key.as_ref());
-        let tag = match self.producer_of(key.as_ref(), lane) {
+        let which = self.producer_of(key.as_ref(), lane);
+        let tag = match which {
             Some(which) => Some(self.next_tag(which).await),
             None => None,
         };
+        let shard = which.and_then(|w| w.0).or_else(|| {
+            let cluster = self.ctx.client.shared.cluster.as_ref();
+            let shards = cluster.and_then(|c| c.cached_shards(&self.ctx.stream));
+            Some(shard_for_key(key.as_ref()?, shards.or(self.ctx.shard_count)?))
+        });
         self.ctx.tagged(key.as_ref(), records.len());
         self.sent += 1;
         let out = Outgoing {
             key,
+            shard,
             records,
             completion,
             lane,
@@ -690,15 +745,15 @@ impl Worker {
     async fn send_outgoing(&mut self, mut out: Outgoing) {
         let cluster = self.ctx.client.shared.cluster.clone();
         let mode = self.ctx.settings.ack_mode;
-        // In a cluster, a broker that could not be reached a moment ago is not waited for
-        // again (each wait costs the reconnect attempts): its batches go to the shard's next
-        // owner at once.
-        let down = cluster.is_some() && self.unreachable_until.is_some_and(|t| Instant::now() < t);
-        let lane = match down {
-            true => Err(ClientError::ConnectionLost("the broker was unreachable just now".into())),
-            false => self.lane(out.lane).await,
-        };
-        let (conn, lane, changed) = match lane {
+        // In a cluster, an acked batch whose broker failed a moment ago (penalized), or whose
+        // shard the cached placement shows elsewhere (or down), is not sent here: it fails over
+        // to the shard's owner at once. Nothing was sent, so this is safe for any batch.
+        if let Some(c) = cluster.as_ref().filter(|_| mode != AckMode::None) {
+            if self.leaves(c, &out) {
+                return self.fail_over(c.clone(), out).await;
+            }
+        }
+        let (conn, lane, changed) = match self.lane(out.lane).await {
             Ok(x) => x,
             Err(e) => {
                 if out.tag.is_some() && cluster.is_none() && is_unreachable(&e) {
@@ -707,40 +762,14 @@ impl Worker {
                 // Nothing was sent: in a cluster, an acked batch whose broker is out of reach
                 // is retried at the shard's owner after a fresh look at the placement (an
                 // idempotent one keeps its place in its producer's window until answered).
-                if let Some(cluster) = cluster.filter(|_| mode != AckMode::None) {
-                    if is_unreachable(&e) {
-                        if !down {
-                            let pause = Duration::from_millis(crate::cluster::POOL_RETRY_AFTER_MS);
-                            self.unreachable_until = Some(Instant::now() + pause);
-                        }
-                        cluster.invalidate(&self.ctx.stream);
-                        let Some(permit) = self.in_flight_permit().await else {
-                            return out
-                                .completion
-                                .resolve(BatchResult::Failed(ClientError::Closed));
-                        };
-                        let Outgoing { key, records, completion, tag, .. } = out;
-                        let producer = tag.as_ref().map(|t| t.tag);
-                        let stream = self.ctx.stream.clone();
-                        let retry_ms = self.ctx.settings.retry_timeout_ms;
-                        let resend = Resend { stream, key, producer, records, mode, retry_ms };
-                        let first = Err(unavailable(&self.ctx.stream, None));
-                        tokio::spawn(async move {
-                            let _permit = permit;
-                            let answer = resend.follow(&cluster, first).await;
-                            if !matches!(answer, Ok(Frame::PublishAck(_))) {
-                                mark_broken(tag.as_ref());
-                            }
-                            resolve(completion, resend.records.len(), answer);
-                        });
-                        return;
-                    }
+                if let Some(c) = cluster.filter(|_| mode != AckMode::None && is_unreachable(&e)) {
+                    c.invalidate(&self.ctx.stream);
+                    return self.fail_over(c, out).await;
                 }
                 mark_broken(out.tag.as_ref());
                 return out.completion.resolve(BatchResult::Failed(e));
             }
         };
-        self.unreachable_until = None;
         if changed && out.tag.is_some() {
             // A new connection: the batches of the old one are answered or parked first, so
             // that a producer's parked batches go out again before this later one.
@@ -772,17 +801,8 @@ impl Worker {
         drop(frame);
         // In a cluster, an acked batch is kept until its ack: a broker that refuses it with
         // NotOwner or ShardUnavailable stored nothing, and it is sent again.
-        let resend = match &cluster {
-            Some(_) if mode != AckMode::None => Some(Resend {
-                stream: self.ctx.stream.clone(),
-                key: out.key.clone(),
-                producer: out.tag.as_ref().map(|t| t.tag),
-                records: out.records.clone(),
-                mode,
-                retry_ms: self.ctx.settings.retry_timeout_ms,
-            }),
-            _ => None,
-        };
+        let resend =
+            cluster.as_ref().filter(|_| mode != AckMode::None).map(|_| self.resend_of(&out));
         let write_started = Instant::now();
         let rx = match lane.send_request(id, bytes).await {
             Ok(rx) => {
@@ -805,6 +825,7 @@ impl Worker {
                     (cluster, resend.filter(|r| r.producer.is_some()))
                 {
                     // An idempotent batch follows its shard to the next leader.
+                    cluster.mark_unreachable(conn.peer(), e.clone());
                     tokio::spawn(async move {
                         let _permit = permit;
                         let answer = resend.follow(&cluster, Err(e)).await;
@@ -832,20 +853,24 @@ impl Worker {
         let ctx = self.ctx.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let mut answer = waiter.wait(id, rx, limit, "ack").await;
+            let wait = waiter.wait(id, rx, limit, "ack");
+            let mut answer = match (&cluster, &resend) {
+                // An idempotent batch leaves a broker its shard has left (see `Resend`).
+                (Some(c), Some(r)) => r.wait_or_leave(c, peer, wait).await,
+                _ => wait.await,
+            };
             if let (Some(cluster), Some(resend)) = (cluster, resend) {
-                if answer.as_ref().is_err_and(ClientError::is_connection_lost) {
-                    // The outcome is unknown (no resend), but the broker may be gone.
+                if answer.as_ref().is_err_and(outcome_unknown) {
+                    // Its broker may be gone: look at the placement again.
                     cluster.invalidate(&resend.stream);
                 }
-                if let Err(e @ ClientError::Timeout { .. }) = &answer {
-                    cluster.invalidate(&resend.stream);
-                    cluster.mark_unreachable(peer, e.clone());
-                }
+                note_failure(&cluster, peer, &answer);
                 answer = resend.follow(&cluster, answer).await;
             } else if out.tag.is_some() {
                 match answer {
-                    Err(e) if outcome_unknown(&e) => {
+                    // Outcome unknown, or the broker is stopping: sent again (after a
+                    // reconnect), and stored once.
+                    Err(e) if outcome_unknown(&e) || is_shutting_down(&e) => {
                         return park_or_fail(&lost, &queue, &ctx.settings, out, e);
                     }
                     // Ahead of the shard's next sequence number: an earlier batch of the
@@ -872,18 +897,63 @@ impl Worker {
             resolve(out.completion, count, answer);
         });
     }
+
+    /// In a cluster, whether `out` must not be sent on this worker's broker: the broker is
+    /// penalized (it failed a moment ago), or the cached placement shows the batch's shard
+    /// owned elsewhere or down.
+    fn leaves(&self, cluster: &Cluster, out: &Outgoing) -> bool {
+        let here = self.pool.addr();
+        cluster.penalty(here).is_some()
+            || out.shard.is_some_and(|s| cluster.owner_elsewhere(&self.ctx.stream, s, here))
+    }
+
+    /// Sends `out`, which was not sent, to its shard's owner from a task of its own
+    /// (`Resend::follow`), holding an in-flight slot (an idempotent one keeps its place in its
+    /// producer's window until answered).
+    async fn fail_over(&mut self, cluster: Arc<Cluster>, out: Outgoing) {
+        let Some(permit) = self.in_flight_permit().await else {
+            return out.completion.resolve(BatchResult::Failed(ClientError::Closed));
+        };
+        let resend = self.resend_of(&out);
+        let Outgoing { completion, tag, .. } = out;
+        let first = Err(unavailable(&self.ctx.stream, resend.shard));
+        tokio::spawn(async move {
+            let _permit = permit;
+            let answer = resend.follow(&cluster, first).await;
+            if !matches!(answer, Ok(Frame::PublishAck(_))) {
+                mark_broken(tag.as_ref());
+            }
+            resolve(completion, resend.records.len(), answer);
+        });
+    }
+
+    /// What sending `out` again in a cluster needs.
+    fn resend_of(&self, out: &Outgoing) -> Resend {
+        Resend {
+            stream: self.ctx.stream.clone(),
+            key: out.key.clone(),
+            shard: out.shard,
+            producer: out.tag.as_ref().map(|t| t.tag),
+            records: out.records.clone(),
+            mode: self.ctx.settings.ack_mode,
+            retry_ms: self.ctx.settings.retry_timeout_ms,
+        }
+    }
 }
 
-/// A new producer for `which` on worker `slot` of `pool`. An unkeyed producer's id is drawn
-/// until its shard (`id mod shards`) is owned by the core of the worker's connection (shard
-/// `s` lives on core `s % cores`), so its batches need no hop inside the broker.
+/// A new producer for `which` on worker `slot` of `pool`. In a cluster, its id names its shard
+/// (`Producer::on_shard`). On one broker, an unkeyed producer's id is drawn until its shard
+/// (`id mod shards`) is owned by the core of the worker's connection (shard `s` lives on core
+/// `s % cores`), so its batches need no hop inside the broker.
 fn new_producer(
     ctx: &WorkerCtx,
     pool: &Pool,
     slot: usize,
     which: (Option<ShardId>, usize),
 ) -> Producer {
+    let cluster = ctx.client.shared.cluster.is_some();
     match (which.0, ctx.shard_count, pool.slot_core(slot)) {
+        (Some(shard), Some(shards), _) if cluster => Producer::on_shard(shards, shard),
         (None, Some(shards), Some(core)) => {
             Producer::on_core(shards, pool.hello().core_count, core)
         }

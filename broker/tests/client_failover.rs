@@ -50,9 +50,15 @@ struct Outcome {
 impl Outcome {
     /// The longest pause between two consecutive acks (from the first ack on).
     fn longest_gap(&self) -> Duration {
+        self.longest_gap_since(None)
+    }
+
+    /// The longest pause between two consecutive acks from the last ack before `since`.
+    fn longest_gap_since(&self, since: Option<Instant>) -> Duration {
         let mut at = self.acks_at.clone();
         at.sort();
-        at.windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default()
+        let from = since.and_then(|s| at.iter().rposition(|a| *a < s)).unwrap_or(0);
+        at[from..].windows(2).map(|w| w[1] - w[0]).max().unwrap_or_default()
     }
 }
 
@@ -207,6 +213,7 @@ async fn idempotent_publishers_ride_out_a_killed_and_a_stopped_leader() {
         let at = nodes.iter().position(|n| n.id == leader).expect("leader is a node");
         let acks_before = keyed.lock().unwrap().acked.len() + unkeyed.lock().unwrap().acked.len();
         let struck = Instant::now();
+        tracing::info!(?fault, leader, "strike");
         match fault {
             Fault::Kill => nodes[at].kill9(),
             Fault::Term => {
@@ -231,10 +238,10 @@ async fn idempotent_publishers_ride_out_a_killed_and_a_stopped_leader() {
         nodes[at].spawn();
         let acks = keyed.lock().unwrap().acked.len() + unkeyed.lock().unwrap().acked.len();
         println!(
-            "{fault:?} of {leader}: {} acks since; longest gaps so far: keyed {:?}, unkeyed {:?}",
+            "{fault:?} of {leader}: {} acks since; longest pauses since: keyed {:?}, unkeyed {:?}",
             acks - acks_before,
-            keyed.lock().unwrap().longest_gap(),
-            unkeyed.lock().unwrap().longest_gap()
+            keyed.lock().unwrap().longest_gap_since(Some(struck)),
+            unkeyed.lock().unwrap().longest_gap_since(Some(struck))
         );
     }
     wait_healthy(&url, &nodes, "at the end").await;

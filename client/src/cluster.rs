@@ -70,6 +70,11 @@ pub const OUT_OF_ORDER_RETRY_MS: u64 = 20;
 /// How long an idempotent batch waits for its broker's answer before the client starts looking
 /// whether its shard has left that broker, in milliseconds (see [`OWNER_CHECK_INTERVAL_MS`]).
 pub const ANSWER_SUSPECT_MS: u64 = 500;
+/// How long the broker of a batch awaited past [`ANSWER_SUSPECT_MS`] has to answer a probe
+/// (`Metadata` on the same connection) before its connection counts as dead and is closed, in
+/// milliseconds. A broker restarted on its address, or killed, leaves its old connections open
+/// in the client's view until the idle timeout (its new process does not know them).
+pub const PROBE_TIMEOUT_MS: u64 = 1_000;
 /// How often a placement is fetched again, at most, to see whether the shard of a batch
 /// waiting for its ack has a new owner, in milliseconds (many batches share a fetch).
 pub const OWNER_CHECK_INTERVAL_MS: u64 = 200;
@@ -835,6 +840,34 @@ pub(crate) fn is_unreachable(e: &ClientError) -> bool {
             | ClientError::Connect(_)
             | ClientError::Resolve { .. }
     )
+}
+
+/// Whether the broker on `conn` answers at all: a `Metadata` request for `stream` on the same
+/// connection, answered (with anything) within [`PROBE_TIMEOUT_MS`]; an answer to a probe
+/// within the last [`OWNER_CHECK_INTERVAL_MS`] counts, and one probe at a time is sent per
+/// connection (the others wait for its result). A connection that does not answer is closed,
+/// so that everything waiting on it fails over and the next request reconnects.
+pub(crate) async fn conn_answers(conn: &Conn, stream: &str) -> bool {
+    let mut probed = conn.probed.lock().await;
+    let fresh = Duration::from_millis(OWNER_CHECK_INTERVAL_MS);
+    if probed.is_some_and(|at| at.elapsed() < fresh) {
+        return true;
+    }
+    if conn.is_closed() {
+        return false;
+    }
+    let limit = Duration::from_millis(PROBE_TIMEOUT_MS);
+    match tokio::time::timeout(limit, metadata(conn, stream)).await {
+        Ok(Err(e)) if is_unreachable(&e) => {}
+        Ok(_) => {
+            *probed = Some(Instant::now());
+            return true;
+        }
+        Err(_) => {}
+    }
+    tracing::debug!(broker = %conn.peer(), "no answer to a probe: closing the connection");
+    conn.close();
+    false
 }
 
 /// Sends `Metadata` for `stream` on `conn`'s control lane.

@@ -848,6 +848,7 @@ impl Worker {
         let waiter = lane.waiter();
         let limit = conn.ack_timeout();
         let peer = conn.peer();
+        let probe_conn = conn.clone();
         let lost = self.lost.clone();
         let queue = self.queue.clone();
         let ctx = self.ctx.clone();
@@ -856,7 +857,7 @@ impl Worker {
             let wait = waiter.wait(id, rx, limit, "ack");
             let mut answer = match (&cluster, &resend) {
                 // An idempotent batch leaves a broker its shard has left (see `Resend`).
-                (Some(c), Some(r)) => r.wait_or_leave(c, peer, wait).await,
+                (Some(c), Some(r)) => r.wait_or_leave(c, &probe_conn, wait).await,
                 _ => wait.await,
             };
             if let (Some(cluster), Some(resend)) = (cluster, resend) {

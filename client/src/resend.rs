@@ -22,7 +22,9 @@ use felix_proto::{
 };
 
 use crate::batch::{BatchResult, Completion};
-use crate::cluster::{unavailable, Cluster, ANSWER_SUSPECT_MS, OWNER_CHECK_INTERVAL_MS};
+use crate::cluster::{
+    conn_answers, unavailable, Cluster, ANSWER_SUSPECT_MS, OWNER_CHECK_INTERVAL_MS,
+};
 use crate::conn::Conn;
 use crate::error::ClientError;
 use crate::producer::outcome_unknown;
@@ -82,22 +84,25 @@ impl Resend {
             records: self.records.clone(),
         });
         let peer = conn.peer();
-        let answer = self.wait_or_leave(cluster, peer, conn.request(id, &frame)).await;
+        let answer = self.wait_or_leave(cluster, &conn, conn.request(id, &frame)).await;
         note_failure(cluster, peer, &answer);
         self.retryable(answer)
     }
 
-    /// `answer` (the broker at `peer` answering this batch), or, for an idempotent batch with
+    /// `answer` (the broker on `conn` answering this batch), or, for an idempotent batch with
     /// no answer after [`ANSWER_SUSPECT_MS`], a lost connection as soon as its shard has left
-    /// that broker ([`Cluster::owner_moved`], looked at every [`OWNER_CHECK_INTERVAL_MS`]);
-    /// the broker is then penalized. A batch that is not idempotent waits for its answer: its
-    /// outcome would be unknown, and it cannot be sent again.
+    /// that broker ([`Cluster::owner_moved`], looked at every [`OWNER_CHECK_INTERVAL_MS`]; the
+    /// broker is then penalized), or as soon as the broker, still the owner, does not answer a
+    /// probe on that connection (`conn_answers`: the connection is closed). A batch that is not
+    /// idempotent waits for its answer: its outcome would be unknown, and it cannot be sent
+    /// again.
     pub(crate) async fn wait_or_leave(
         &self,
         cluster: &Cluster,
-        peer: SocketAddr,
+        conn: &Arc<Conn>,
         answer: impl Future<Output = Result<Frame, ClientError>>,
     ) -> Result<Frame, ClientError> {
+        let peer = conn.peer();
         let (Some(_), Some(shard)) = (self.producer, self.shard(cluster)) else {
             return answer.await;
         };
@@ -120,6 +125,13 @@ impl Resend {
                     "no answer from {peer}, and shard {} of {} has left it",
                     shard.0, self.stream
                 ));
+                cluster.mark_unreachable(peer, e.clone());
+                return Err(e);
+            }
+            // Still the owner: it must at least answer (a broker restarted on its address
+            // does not know this connection, which stays open until the idle timeout).
+            if !conn_answers(conn, &self.stream).await {
+                let e = ClientError::ConnectionLost(format!("{peer} does not answer"));
                 cluster.mark_unreachable(peer, e.clone());
                 return Err(e);
             }

@@ -197,11 +197,12 @@ for trial in $(seq 1 "$TRIALS"); do
 done
 exec 3>&-
 wait "$pub"
-cp "$DATA_ROOT"/*.log "$OUT/" 2>/dev/null || true
+tar czf "$OUT/logs.tar.gz" -C "$DATA_ROOT" $(cd "$DATA_ROOT" && ls ./*.log) 2>/dev/null || true
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
 
-python3 - "$OUT" "$TTL_S" "$TRIALS" "$RATE" "${KEY:-}" "$PROFILE" <<'EOF'
+python3 - "$OUT" "$TTL_S" "$TRIALS" "$RATE" "${KEY:-}" "$PROFILE" "$COMMIT" "$(nproc)" <<'EOF'
 import json, statistics, sys
-out, ttl, trials, rate, key, profile = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6]
+out, ttl, trials, rate, key, profile, commit, cpus = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], sys.argv[6], sys.argv[7], sys.argv[8]
 rows = [json.loads(l) for l in open(f"{out}/trials.jsonl") if l.strip()]
 summary = next((r for r in rows if r.get("summary")), {})
 by = {}
@@ -209,11 +210,13 @@ for r in rows:
     if "trial" in r:
         by.setdefault(r["trial"].split()[0], []).append(r)
 res = {"ttl_s": ttl, "trials_per_fault": trials, "rate": rate, "keyed": bool(key), "profile": profile,
+       "commit": commit, "cpus": cpus,
        "faults": {}, "records": summary}
 lines = [f"# Client-side failover ({sum(len(v) for v in by.values())} trials)", "",
          f"3 brokers (one core each, network namespaces), replication factor 3, lease TTL {ttl:g} s, "
          f"one {'keyed' if key else 'unkeyed'} idempotent publisher at {rate} records/s through the "
-         f"Rust client's default configuration, every broker a seed; {profile} builds. "
+         f"Rust client's default configuration, every broker a seed; {profile} builds of {commit} "
+         f"on {cpus} CPUs shared by everything. "
          "Pause: the longest gap between two consecutive acks, from the last ack before the strike "
          "until the cluster is healthy again (bench/failover.sh).", "",
          f"Target: median <= {ttl + 1:g} s, max <= {ttl + 2:g} s.", "",

@@ -28,6 +28,7 @@ mod socket;
 pub mod subscriber;
 pub(crate) mod timer;
 pub mod tls;
+mod worker;
 
 pub use client::{Client, QuicStats, StreamDescription, COVER_ATTEMPTS_PER_CONNECTION};
 pub use config::{CertFingerprint, ClientConfig, PublishSettings, Trust, ENV_KEYS};

@@ -4,7 +4,8 @@
 //! Call order: [`Client::connect`], then any of the requests, [`Client::publisher`] and
 //! [`Client::subscribe`], then [`Client::close`] (or drop).
 //!
-//! `connect` tries the seed addresses of `addr` in order and keeps the first broker that
+//! `connect` tries the seed addresses of `addr` (in order, each a moment after the one before
+//! unless that one failed sooner: [`SEED_STAGGER_MS`]) and keeps the first broker that
 //! answers as the home broker, whose pool (`crate::pool`) carries the administration requests.
 //! When that broker advertises `CLUSTER`, the client routes by placement (`crate::cluster`):
 //! each keyed batch, subscription part and commit goes to its shard's owner, through a pool
@@ -13,6 +14,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use felix_proto::{
@@ -26,10 +28,16 @@ use crate::conn::{unexpected, Conn, ConnParams};
 use crate::error::ClientError;
 use crate::pool::{is_permanent, resolve, Pool};
 use crate::publisher::Publisher;
+use crate::race::first_decisive;
 use crate::subscriber::{SubscribeOptions, Subscriber};
 use crate::tls;
 
 pub use crate::pool::COVER_ATTEMPTS_PER_CONNECTION;
+
+/// With several seeds, how long `connect` waits on the seeds tried so far before it tries the
+/// next one as well, in milliseconds (RFC 8305's connection attempt delay): a live first seed
+/// still wins, a dead one costs this much.
+pub const SEED_STAGGER_MS: u64 = 250;
 
 /// A connected client. Cheap to clone; all clones share the connections.
 #[derive(Clone)]
@@ -92,7 +100,7 @@ impl Client {
             config.max_udp_payload,
             config.send_in_write_order,
         )?;
-        let template = ConnParams {
+        let mut template = ConnParams {
             addr: SocketAddr::from(([0, 0, 0, 0], 0)),
             server_name: config.server_name.clone(),
             quic: tls.quic,
@@ -103,9 +111,16 @@ impl Client {
             max_udp_payload: config.max_udp_payload,
         };
         let closed = Arc::new(AtomicBool::new(false));
-        let (name, params, first) = connect_seed(&template, &config.seeds()).await?;
+        let attempt = config.connect_attempt_timeout();
+        let (name, mut params, first) = connect_seed(&template, &config.seeds(), attempt).await?;
+        let in_cluster = first.hello().capabilities.contains(Capabilities::CLUSTER);
+        if in_cluster {
+            // Other brokers can answer: a connection attempt to one of them is short.
+            template.connect_timeout = attempt;
+        }
+        params.connect_timeout = template.connect_timeout;
         let home = Pool::with_first(name, params, first, &config, closed.clone()).await?;
-        let cluster = home.hello().capabilities.contains(Capabilities::CLUSTER).then(|| {
+        let cluster = in_cluster.then(|| {
             Arc::new(Cluster::new(config.clone(), template, closed.clone(), home.clone()))
         });
         Ok(Self { shared: Arc::new(Shared { config, home, cluster, closed }) })
@@ -360,31 +375,53 @@ impl Shared {
     }
 }
 
-/// Opens the first connection to the first seed that answers. A refusal no retry can fix
-/// (certificate, token, version) is returned at once; otherwise the last seed's error.
+/// Opens the first connection to the first seed that answers. One seed: one attempt within
+/// the connect timeout (`template.connect_timeout`). Several: rounds of attempts within the
+/// connect timeout, each attempt bounded by `attempt` and the seeds raced in order
+/// ([`SEED_STAGGER_MS`]), so a dead seed costs a moment, not a connect timeout. A refusal no
+/// retry can fix (certificate, token, version) is returned at once; otherwise the last error.
 async fn connect_seed(
     template: &ConnParams,
     seeds: &[String],
+    attempt: Duration,
 ) -> Result<(String, ConnParams, Arc<Conn>), ClientError> {
+    let open = |seed: &String, limit: Duration| {
+        let seed = seed.clone();
+        async move {
+            let addr = resolve(&seed).await?;
+            let params = ConnParams { addr, connect_timeout: limit, ..template.clone() };
+            let conn = Conn::open(&params).await;
+            if let Err(e) = &conn {
+                tracing::warn!(seed, error = %e, "seed broker unreachable");
+            }
+            Ok::<_, ClientError>((seed, params, conn?))
+        }
+    };
     let mut last = ClientError::Connect("no seed address".into());
-    for seed in seeds {
-        let attempt = async {
-            let params = ConnParams { addr: resolve(seed).await?, ..template.clone() };
-            let conn = Conn::open(&params).await?;
-            Ok::<_, ClientError>((params, conn))
-        };
-        match attempt.await {
-            Ok((params, conn)) => return Ok((seed.clone(), params, conn)),
-            Err(e) if is_permanent(&e) => return Err(e),
-            Err(e) => {
-                if seeds.len() > 1 {
-                    tracing::warn!(seed, error = %e, "seed broker unreachable, trying the next");
-                }
-                last = e;
+    if let [seed] = seeds {
+        return open(seed, template.connect_timeout).await;
+    }
+    let deadline = tokio::time::Instant::now() + template.connect_timeout;
+    let stagger = Duration::from_millis(SEED_STAGGER_MS);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() || seeds.is_empty() {
+            return Err(last);
+        }
+        let attempts = seeds.iter().map(|s| open(s, attempt.min(left))).collect();
+        let decisive = |r: &Result<_, ClientError>| r.as_ref().err().is_none_or(is_permanent);
+        let outcome = tokio::time::timeout(left, first_decisive(attempts, stagger, decisive));
+        match outcome.await {
+            Ok(Ok(done)) => return done,
+            Ok(Err(Some(Err(e)))) => last = e,
+            Ok(Err(_)) => {}
+            Err(_) => {
+                let after_ms = template.connect_timeout.as_millis() as u64;
+                return Err(ClientError::Timeout { what: "connect", after_ms });
             }
         }
+        tokio::time::sleep(stagger.min(left)).await;
     }
-    Err(last)
 }
 
 pub(crate) fn check_stream_name(name: &str) -> Result<(), ClientError> {

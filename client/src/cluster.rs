@@ -11,6 +11,14 @@
 //! Bounded: at most [`BROKER_POOLS_MAX`] pools, [`PLACEMENT_CACHE_STREAMS_MAX`] cached
 //! placements (the oldest is dropped), [`NOT_OWNER_REDIRECTS_MAX`] redirects and
 //! [`SHARD_UNAVAILABLE_DEADLINE_MS`] of retries per operation.
+//!
+//! A broker that could not be reached, or did not answer in time, is penalized for a moment
+//! ([`ADDRESS_PENALTY_MIN_MS`], doubling per failure in a row up to [`ADDRESS_PENALTY_MAX_MS`]):
+//! requests that any broker can answer try it after every other one, and requests for its
+//! shards fail over at once instead of waiting for it. A dead broker often keeps its
+//! connections open in the client's view (nothing closes them until the idle timeout), so
+//! requests any broker can answer are raced over the brokers ([`crate::race`]) rather than
+//! sent to one and waited for.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -25,6 +33,7 @@ use crate::config::ClientConfig;
 use crate::conn::{unexpected, Conn, ConnParams};
 use crate::error::ClientError;
 use crate::pool::{is_permanent, resolve, Pool};
+use crate::race::first_decisive;
 
 /// The most brokers the client keeps a connection pool to.
 pub const BROKER_POOLS_MAX: usize = 64;
@@ -44,9 +53,31 @@ pub const SHARD_UNAVAILABLE_RETRY_MS: u64 = 200;
 /// The shortest interval between two background fetches of one stream's placement, in
 /// milliseconds (a stream the cluster does not know is not asked for on every record).
 pub const PLACEMENT_REFRESH_MIN_MS: u64 = 250;
-/// After a broker could not be reached, how long requests for it fail at once instead of
-/// trying again, in milliseconds.
-pub const POOL_RETRY_AFTER_MS: u64 = 1_000;
+/// After a broker could not be reached (or did not answer in time), how long it is penalized:
+/// requests for it fail at once (its shards' batches fail over to their next owner) and it is
+/// asked after every other broker, in milliseconds. Doubled for each failure in a row, up to
+/// [`ADDRESS_PENALTY_MAX_MS`]; a broker that answers is forgiven.
+pub const ADDRESS_PENALTY_MIN_MS: u64 = 250;
+/// The longest penalty of a broker that keeps failing, in milliseconds.
+pub const ADDRESS_PENALTY_MAX_MS: u64 = 2_000;
+/// How long a request that any broker can answer waits on the brokers asked so far before it
+/// asks the next one as well, in milliseconds (a broker that failed is left at once).
+pub const ANSWER_STAGGER_MS: u64 = 50;
+/// The pause before a batch refused with `OutOfOrderSequence` is sent again, in milliseconds:
+/// an earlier batch of its producer is on its way (batches that fail over together reach the
+/// next leader in any order).
+pub const OUT_OF_ORDER_RETRY_MS: u64 = 20;
+/// How long an idempotent batch waits for its broker's answer before the client starts looking
+/// whether its shard has left that broker, in milliseconds (see [`OWNER_CHECK_INTERVAL_MS`]).
+pub const ANSWER_SUSPECT_MS: u64 = 500;
+/// How long the broker of a batch awaited past [`ANSWER_SUSPECT_MS`] has to answer a probe
+/// (`Metadata` on the same connection) before its connection counts as dead and is closed, in
+/// milliseconds. A broker restarted on its address, or killed, leaves its old connections open
+/// in the client's view until the idle timeout (its new process does not know them).
+pub const PROBE_TIMEOUT_MS: u64 = 1_000;
+/// How often a placement is fetched again, at most, to see whether the shard of a batch
+/// waiting for its ack has a new owner, in milliseconds (many batches share a fetch).
+pub const OWNER_CHECK_INTERVAL_MS: u64 = 200;
 
 /// The cluster state of one client.
 pub(crate) struct Cluster {
@@ -56,8 +87,6 @@ pub(crate) struct Cluster {
     home: Arc<Pool>,
     seeds: Vec<String>,
     state: Mutex<State>,
-    /// Serialises the opening of pools (a broker's pool is opened once).
-    open_gate: tokio::sync::Mutex<()>,
     /// Serialises placement fetches, so that many refused requests cause one fetch.
     refresh_gate: tokio::sync::Mutex<()>,
 }
@@ -68,22 +97,65 @@ struct State {
     pools: HashMap<SocketAddr, Arc<Pool>>,
     /// Resolved `host:port` names.
     names: HashMap<String, SocketAddr>,
-    /// Brokers that could not be reached, when, and why.
-    failed: HashMap<SocketAddr, (Instant, ClientError)>,
+    /// Brokers that could not be reached or did not answer: their penalties.
+    failed: HashMap<SocketAddr, Penalty>,
     placements: HashMap<String, Arc<Placement>>,
     /// When a background fetch of each stream's placement last started.
     background: HashMap<String, Instant>,
+    /// The gate of each broker whose pool is being opened (a broker's pool is opened once).
+    opening: HashMap<SocketAddr, Arc<tokio::sync::Mutex<()>>>,
+}
+
+/// A broker's penalty: until when it counts as failed, after how many failures in a row, and
+/// the last error.
+struct Penalty {
+    until: Instant,
+    failures: u32,
+    error: ClientError,
 }
 
 impl State {
-    /// Counts `addr` as unreachable from now, forgetting the brokers whose failure is older
-    /// than [`POOL_RETRY_AFTER_MS`] (only the recent ones are ever consulted), so the map holds
-    /// no more than the brokers that failed within that time.
+    /// Penalizes `addr` from now (see [`ADDRESS_PENALTY_MIN_MS`]). Penalties that ended more
+    /// than [`ADDRESS_PENALTY_MAX_MS`] ago are forgotten (a later failure starts over), so the
+    /// map holds only the brokers that failed within about that time.
     fn note_failed(&mut self, addr: SocketAddr, e: ClientError) {
-        let keep = Duration::from_millis(POOL_RETRY_AFTER_MS);
-        self.failed.retain(|_, (at, _)| at.elapsed() < keep);
-        self.failed.insert(addr, (Instant::now(), e));
+        let now = Instant::now();
+        let forget = Duration::from_millis(ADDRESS_PENALTY_MAX_MS);
+        self.failed.retain(|_, p| p.until + forget > now);
+        let failures = self.failed.get(&addr).map_or(1, |p| p.failures.saturating_add(1));
+        let doublings = failures.saturating_sub(1).min(16);
+        let ms = (ADDRESS_PENALTY_MIN_MS << doublings).min(ADDRESS_PENALTY_MAX_MS);
+        let until = now + Duration::from_millis(ms);
+        self.failed.insert(addr, Penalty { until, failures, error: e });
     }
+
+    /// The error `addr` failed with, while its penalty lasts.
+    fn penalty(&self, addr: SocketAddr) -> Option<ClientError> {
+        self.failed.get(&addr).filter(|p| p.until > Instant::now()).map(|p| p.error.clone())
+    }
+
+    /// When `addr`'s penalty ends, while it lasts.
+    fn penalized_until(&self, addr: SocketAddr) -> Option<Instant> {
+        self.failed.get(&addr).map(|p| p.until).filter(|u| *u > Instant::now())
+    }
+}
+
+/// A broker a request that any broker can answer may be sent to.
+enum Candidate {
+    /// A pool with an open connection.
+    Open(Arc<Pool>, Arc<Conn>),
+    /// A pool to reconnect (one attempt).
+    Pool(Arc<Pool>),
+    /// A seed or a broker a placement named, with no pool yet.
+    Address(String),
+}
+
+/// What asking one candidate came to.
+enum Asked<T> {
+    /// No connection could be had.
+    NoConn(ClientError),
+    /// The request's answer.
+    Answer(Result<T, ClientError>),
 }
 
 /// Where each shard of a stream lives, as a broker answered `Metadata`.
@@ -141,7 +213,6 @@ impl Cluster {
             closed,
             home,
             state: Mutex::new(state),
-            open_gate: tokio::sync::Mutex::new(()),
             refresh_gate: tokio::sync::Mutex::new(()),
         }
     }
@@ -273,18 +344,24 @@ impl Cluster {
         .await
     }
 
-    /// Runs `request` on a connection to any broker that can be reached: an open connection
-    /// of any pool first (the home broker's before the others), then one connection attempt
-    /// per known broker, then the seeds, then the brokers the cached placements name. An unreachable broker is skipped; with `resend`, so
-    /// is one whose connection was lost during the request (for requests that may be sent
-    /// twice).
+    /// Runs `request` on a connection to any broker that can be reached. The brokers are
+    /// asked in this order: those with an open connection (the home broker first), the other
+    /// pools (one connection attempt each), the seeds, the brokers the cached placements name;
+    /// a penalized broker after all of them. An unreachable broker is skipped.
+    ///
+    /// With `resend` (a request that may be sent twice: `Metadata`, descriptions), the brokers
+    /// are raced: the next one is asked as soon as the ones asked so far failed, or
+    /// [`ANSWER_STAGGER_MS`] after the last was asked, and the first answer wins; a broker
+    /// whose connection was lost under the request, or that did not answer in time, is
+    /// skipped (and penalized). Without it, one after another, and a lost request's error is
+    /// returned (its outcome is unknown).
     pub(crate) async fn anywhere<T, F, Fut>(
         &self,
         resend: bool,
         request: F,
     ) -> Result<T, ClientError>
     where
-        F: FnMut(Arc<Conn>) -> Fut,
+        F: Fn(Arc<Conn>) -> Fut,
         Fut: Future<Output = Result<T, ClientError>>,
     {
         self.anywhere_with(resend, |_| false, request).await
@@ -296,79 +373,124 @@ impl Cluster {
         &self,
         resend: bool,
         skip: fn(&ClientError) -> bool,
-        mut request: F,
+        request: F,
     ) -> Result<T, ClientError>
     where
-        F: FnMut(Arc<Conn>) -> Fut,
+        F: Fn(Arc<Conn>) -> Fut,
         Fut: Future<Output = Result<T, ClientError>>,
     {
-        let mut last = ClientError::ConnectionLost("no broker of the cluster answered".into());
-        // Tries one connection (or the error of getting one): returns unless the broker
-        // could not be reached.
-        macro_rules! attempt {
-            ($conn:expr) => {
-                match $conn {
-                    Ok(conn) => {
-                        let peer = conn.peer();
-                        match request(conn).await {
-                            Err(e) if resend && is_unreachable(&e) => {
-                                // Timed out or lost: not asked again for a moment.
-                                self.mark_unreachable(peer, e.clone());
-                                last = e
-                            }
-                            Err(e) if skip(&e) => last = e,
-                            other => return other,
-                        }
+        let none = || ClientError::ConnectionLost("no broker of the cluster answered".into());
+        let request = &request;
+        let ask = |candidate: Candidate| async move {
+            let (pool, conn) = match candidate {
+                Candidate::Open(pool, conn) => (Some(pool), Ok(conn)),
+                Candidate::Pool(pool) => {
+                    let conn = self.pool_conn(&pool, 0).await;
+                    (Some(pool), conn)
+                }
+                Candidate::Address(address) => match self.pool_for(&address).await {
+                    Ok(pool) => {
+                        let conn = self.pool_conn(&pool, 0).await;
+                        (Some(pool), conn)
                     }
-                    Err(e) if is_unreachable(&e) => last = e,
-                    Err(e) => return Err(e),
-                }
+                    Err(e) => (None, Err(e)),
+                },
             };
-        }
-        // A broker that could not be reached a moment ago is not waited for again.
-        let recently_failed = |addr: SocketAddr| -> Option<ClientError> {
-            let state = self.lock();
-            let (at, e) = state.failed.get(&addr)?;
-            (at.elapsed() < Duration::from_millis(POOL_RETRY_AFTER_MS)).then(|| e.clone())
+            let conn = match conn {
+                Ok(conn) => conn,
+                Err(e) => return Asked::NoConn(e),
+            };
+            let peer = conn.peer();
+            let mut answer = request(conn).await;
+            // A connection found closed under a request that may be resent: once more on a
+            // fresh one to the same broker.
+            if let (true, Err(ClientError::ConnectionLost(_)), Some(pool)) = (resend, &answer, pool)
+            {
+                if let Ok(conn) = self.pool_conn(&pool, 0).await {
+                    answer = request(conn).await;
+                }
+            }
+            match &answer {
+                Err(e) if is_unreachable(e) => {
+                    if resend {
+                        self.mark_unreachable(peer, e.clone());
+                    }
+                }
+                _ => self.forgive(peer),
+            }
+            Asked::Answer(answer)
         };
-        let pools = self.pools();
-        for pool in &pools {
-            let Some(conn) = pool.open_conn() else { continue };
-            match recently_failed(pool.addr()) {
-                Some(e) => last = e,
-                None => attempt!(Ok::<_, ClientError>(conn)),
-            }
-        }
-        for pool in &pools {
-            if let Some(e) = recently_failed(pool.addr()) {
-                last = e;
-                continue;
-            }
-            let conn = pool.conn_once(0).await;
-            if let Err(e) = &conn {
-                if is_unreachable(e) {
-                    self.mark_unreachable(pool.addr(), e.clone());
-                }
-            }
-            attempt!(conn);
-        }
-        for seed in &self.seeds {
-            let conn = match self.pool_for(seed).await {
-                Ok(pool) => pool.conn_once(0).await,
-                Err(e) => Err(e),
+        let candidates = self.candidates();
+        if resend {
+            let decisive = |asked: &Asked<T>| match asked {
+                Asked::NoConn(e) => is_permanent(e) || matches!(e, ClientError::Closed),
+                Asked::Answer(Err(e)) => !(is_unreachable(e) || skip(e)),
+                Asked::Answer(Ok(_)) => true,
             };
-            attempt!(conn);
-        }
-        // Then the brokers the placements named: a client whose seeds are all gone still
-        // knows where the rest of the cluster is.
-        for address in self.learned_addresses() {
-            let conn = match self.pool_for(&address).await {
-                Ok(pool) => pool.conn_once(0).await,
-                Err(e) => Err(e),
+            let attempts = candidates.into_iter().map(ask).collect();
+            let stagger = Duration::from_millis(ANSWER_STAGGER_MS);
+            return match first_decisive(attempts, stagger, decisive).await {
+                Ok(Asked::Answer(answer)) => answer,
+                Ok(Asked::NoConn(e)) => Err(e),
+                Err(Some(Asked::Answer(answer))) => answer,
+                Err(Some(Asked::NoConn(e))) => Err(e),
+                Err(None) => Err(none()),
             };
-            attempt!(conn);
+        }
+        let mut last = none();
+        for candidate in candidates {
+            match ask(candidate).await {
+                Asked::NoConn(e) if is_unreachable(&e) => last = e,
+                Asked::NoConn(e) => return Err(e),
+                Asked::Answer(Err(e)) if skip(&e) => last = e,
+                Asked::Answer(answer) => return answer,
+            }
         }
         Err(last)
+    }
+
+    /// Every broker a request may be sent to, in the order of [`Cluster::anywhere`].
+    fn candidates(&self) -> Vec<Candidate> {
+        let pools = self.pools();
+        let learned = self.learned_addresses();
+        let state = self.lock();
+        // (penalized until, kind, candidate): stable-sorted, so pools keep the home first.
+        let mut list: Vec<(Option<Instant>, u8, Candidate)> = Vec::new();
+        for pool in pools {
+            let until = state.penalized_until(pool.addr());
+            match pool.open_conn() {
+                Some(conn) => list.push((until, 0, Candidate::Open(pool, conn))),
+                None => list.push((until, 1, Candidate::Pool(pool))),
+            }
+        }
+        let pooled =
+            |address: &str| state.names.get(address).is_some_and(|a| state.pools.contains_key(a));
+        let until_of =
+            |address: &str| state.names.get(address).and_then(|a| state.penalized_until(*a));
+        for seed in self.seeds.iter().filter(|s| !pooled(s)) {
+            list.push((until_of(seed), 2, Candidate::Address(seed.clone())));
+        }
+        for address in learned {
+            list.push((until_of(&address), 3, Candidate::Address(address)));
+        }
+        list.sort_by_key(|(until, kind, _)| (until.is_some(), *until, *kind));
+        list.into_iter().map(|(_, _, c)| c).collect()
+    }
+
+    /// Slot `index`'s connection of `pool` (one attempt), penalizing the broker when it
+    /// cannot be reached and forgiving it when it can.
+    pub(crate) async fn pool_conn(
+        &self,
+        pool: &Pool,
+        index: usize,
+    ) -> Result<Arc<Conn>, ClientError> {
+        let conn = pool.conn_once(index).await;
+        match &conn {
+            Err(e) if is_unreachable(e) => self.mark_unreachable(pool.addr(), e.clone()),
+            Err(_) => {}
+            Ok(_) => self.forgive(pool.addr()),
+        }
+        conn
     }
 
     /// The brokers the cached placements name that have no pool and are not seeds, at most
@@ -391,14 +513,35 @@ impl Cluster {
         out
     }
 
-    /// Counts the broker at `addr` as unreachable for [`POOL_RETRY_AFTER_MS`] (a request to it
-    /// timed out: it may be paused or cut off), so retries look elsewhere meanwhile.
+    /// Penalizes the broker at `addr` (see [`ADDRESS_PENALTY_MIN_MS`]): it could not be
+    /// reached, or a request to it timed out (it may be dead, paused or cut off), so retries
+    /// look elsewhere meanwhile.
     pub(crate) fn mark_unreachable(&self, addr: SocketAddr, e: ClientError) {
-        self.lock().note_failed(addr, e);
+        let mut state = self.lock();
+        if state.penalty(addr).is_none() {
+            tracing::debug!(broker = %addr, error = %e, "broker penalized");
+        }
+        state.note_failed(addr, e);
     }
 
-    /// The pool of the broker at `address` (`host:port`), opened on first use. A broker that
-    /// could not be reached is not tried again for [`POOL_RETRY_AFTER_MS`].
+    /// Forgets the penalty of the broker at `addr`: it answered.
+    pub(crate) fn forgive(&self, addr: SocketAddr) {
+        self.lock().failed.remove(&addr);
+    }
+
+    /// The error the broker at `addr` failed with, while it is penalized.
+    pub(crate) fn penalty(&self, addr: SocketAddr) -> Option<ClientError> {
+        self.lock().penalty(addr)
+    }
+
+    /// The broker address `address` (`host:port`) resolved to, when known.
+    pub(crate) fn resolved(&self, address: &str) -> Option<SocketAddr> {
+        let known = self.lock().names.get(address).copied();
+        known.or_else(|| address.parse().ok())
+    }
+
+    /// The pool of the broker at `address` (`host:port`), opened on first use (its
+    /// connections with the per-attempt connect timeout). A penalized broker fails at once.
     pub(crate) async fn pool_for(&self, address: &str) -> Result<Arc<Pool>, ClientError> {
         let known = self.lock().names.get(address).copied();
         let addr = match known {
@@ -416,7 +559,16 @@ impl Cluster {
         if let Some(p) = self.cached_pool(addr)? {
             return Ok(p);
         }
-        let _gate = self.open_gate.lock().await;
+        // One opening per broker at a time; brokers are opened side by side (a dead one must
+        // not hold the others).
+        let gate = {
+            let mut state = self.lock();
+            if state.opening.len() >= BROKER_POOLS_MAX * 2 {
+                state.opening.retain(|_, g| Arc::strong_count(g) > 1);
+            }
+            state.opening.entry(addr).or_default().clone()
+        };
+        let _gate = gate.lock().await;
         if let Some(p) = self.cached_pool(addr)? {
             return Ok(p);
         }
@@ -430,6 +582,7 @@ impl Cluster {
             Ok(pool) => {
                 let mut state = self.lock();
                 state.failed.remove(&addr);
+                state.opening.remove(&addr);
                 state.pools.insert(addr, pool.clone());
                 tracing::info!(broker = address, connections = pool.len(), "connected to broker");
                 Ok(pool)
@@ -447,11 +600,9 @@ impl Cluster {
         if let Some(p) = state.pools.get(&addr) {
             return Ok(Some(p.clone()));
         }
-        match state.failed.get(&addr) {
-            Some((at, e)) if at.elapsed() < Duration::from_millis(POOL_RETRY_AFTER_MS) => {
-                Err(e.clone())
-            }
-            _ => Ok(None),
+        match state.penalty(addr) {
+            Some(e) => Err(e),
+            None => Ok(None),
         }
     }
 
@@ -466,7 +617,8 @@ impl Cluster {
     /// (through `attempt`) to the named owner, at most [`NOT_OWNER_REDIRECTS_MAX`] times; a
     /// `ShardUnavailable` answer, or an owner that cannot be reached, makes it wait
     /// [`SHARD_UNAVAILABLE_RETRY_MS`], refresh the placement and try the shard's owner again,
-    /// until [`SHARD_UNAVAILABLE_DEADLINE_MS`] have passed. Any other answer is returned.
+    /// until [`SHARD_UNAVAILABLE_DEADLINE_MS`] have passed; `OutOfOrderSequence` sends it
+    /// again to the same broker after [`OUT_OF_ORDER_RETRY_MS`]. Any other answer is returned.
     ///
     /// `attempt` must be safe to repeat after these answers: the broker stored nothing (or,
     /// for an idempotent batch, a repeat is stored once). `patience_ms` replaces
@@ -484,11 +636,21 @@ impl Cluster {
         F: FnMut(Arc<Conn>) -> Fut,
         Fut: Future<Output = Result<T, ClientError>>,
     {
+        /// Where the next try goes.
+        enum Next {
+            To(String),
+            /// Wait, then the owner of a fresh placement.
+            Wait,
+            /// The owner of a fresh placement, now.
+            Lookup,
+        }
         let mut answer = first;
         let mut redirects = 0u32;
         let mut patience = Patience::new(patience_ms.unwrap_or(SHARD_UNAVAILABLE_DEADLINE_MS));
+        // The broker tried last: an out-of-order batch goes there again.
+        let mut last: Option<String> = None;
         loop {
-            let target = match answer {
+            let next = match answer {
                 Err(ClientError::NotOwner { stream: s, shard: refused, owner }) => {
                     redirects += 1;
                     self.learn(&s, refused, &owner);
@@ -497,15 +659,25 @@ impl Cluster {
                     }
                     shard = Some(refused);
                     tracing::debug!(stream, shard = refused.0, owner = %owner.address, "NotOwner: resending to the owner");
-                    owner.live.then_some(owner.address)
+                    if owner.live {
+                        Next::To(owner.address)
+                    } else {
+                        Next::Wait
+                    }
                 }
-                Err(e) if e.is_shard_unavailable() => None,
+                Err(ClientError::Broker { code: ErrorCode::OutOfOrderSequence, .. }) => {
+                    patience.wait_for(stream, shard, OUT_OF_ORDER_RETRY_MS).await?;
+                    last.take().map_or(Next::Lookup, Next::To)
+                }
+                Err(e) if e.is_shard_unavailable() => Next::Wait,
                 other => return other,
             };
-            let target = match target {
-                Some(address) => address,
-                None => {
-                    patience.wait(stream, shard).await?;
+            let target = match next {
+                Next::To(address) => address,
+                Next::Wait | Next::Lookup => {
+                    if matches!(next, Next::Wait) {
+                        patience.wait(stream, shard).await?;
+                    }
                     match self.owner_address(stream, shard).await? {
                         Some(address) => address,
                         None => {
@@ -523,29 +695,61 @@ impl Cluster {
                     Err(unavailable(stream, shard))
                 }
             };
+            last = Some(target);
         }
     }
 
-    /// A connection to the broker at `address`, on the slot of `shard`'s core: one attempt.
+    /// A connection to the broker at `address`, on the slot of `shard`'s core: one attempt
+    /// (with the per-attempt connect timeout); a penalized broker fails at once.
     pub(crate) async fn conn_at(
         &self,
         address: &str,
         shard: Option<ShardId>,
     ) -> Result<Arc<Conn>, ClientError> {
         let pool = self.pool_for(address).await?;
-        if let Some((at, e)) = self.lock().failed.get(&pool.addr()) {
-            if at.elapsed() < Duration::from_millis(POOL_RETRY_AFTER_MS) {
-                return Err(e.clone());
-            }
+        if let Some(e) = self.penalty(pool.addr()) {
+            return Err(e);
         }
         let slot = shard.map_or_else(|| pool.next_slot(), |s| pool.slot_for_shard(s));
-        let conn = pool.conn_once(slot).await;
-        if let Err(e) = &conn {
-            if is_unreachable(e) {
-                self.lock().note_failed(pool.addr(), e.clone());
-            }
+        self.pool_conn(&pool, slot).await
+    }
+
+    /// Whether `shard` of `stream` has left the broker at `peer`: a placement fetched at most
+    /// [`OWNER_CHECK_INTERVAL_MS`] ago (by any broker that answers first) names another owner,
+    /// or says its owner is down. `false` when no placement can be had. For a batch whose ack
+    /// does not come: its broker may be dead with its connection still open in the client's
+    /// view, and the shard's next leader takes the batch instead.
+    pub(crate) async fn owner_moved(&self, stream: &str, shard: ShardId, peer: SocketAddr) -> bool {
+        let interval = Duration::from_millis(OWNER_CHECK_INTERVAL_MS);
+        let after = Instant::now().checked_sub(interval).unwrap_or_else(Instant::now);
+        let Ok(placement) = self.refresh(stream, after).await else { return false };
+        match placement.owner(shard) {
+            Some(o) if !o.live => true,
+            Some(o) => self.resolved(&o.address).is_some_and(|a| a != peer),
+            None => false,
         }
-        conn
+    }
+
+    /// Whether the cached placement of `stream` shows `shard` owned by another broker than
+    /// the one at `here`, or its owner down (`false` without a placement).
+    pub(crate) fn owner_elsewhere(&self, stream: &str, shard: ShardId, here: SocketAddr) -> bool {
+        let owner = {
+            let state = self.lock();
+            match state.placements.get(stream).and_then(|p| p.owner(shard)) {
+                Some(o) => o.clone(),
+                None => return false,
+            }
+        };
+        !owner.live || self.resolved(&owner.address).is_some_and(|a| a != here)
+    }
+
+    /// The live owner of `shard` in the cached placement of `stream`, unless it is penalized.
+    pub(crate) fn live_owner(&self, stream: &str, shard: ShardId) -> Option<String> {
+        let state = self.lock();
+        let owner = state.placements.get(stream)?.owner(shard)?.clone();
+        let penalized =
+            state.names.get(&owner.address).is_some_and(|a| state.penalty(*a).is_some());
+        (owner.live && !penalized).then_some(owner.address)
     }
 
     /// The address to try for `shard` after a fresh look at the placement: its owner when
@@ -596,6 +800,16 @@ impl Patience {
         stream: &str,
         shard: Option<ShardId>,
     ) -> Result<(), ClientError> {
+        self.wait_for(stream, shard, SHARD_UNAVAILABLE_RETRY_MS).await
+    }
+
+    /// [`Patience::wait`] with a pause of `pause_ms`.
+    pub(crate) async fn wait_for(
+        &mut self,
+        stream: &str,
+        shard: Option<ShardId>,
+        pause_ms: u64,
+    ) -> Result<(), ClientError> {
         let since = *self.since.get_or_insert_with(Instant::now);
         let deadline = self.deadline;
         let waited = since.elapsed();
@@ -606,7 +820,7 @@ impl Patience {
                 waited_ms: waited.as_millis() as u64,
             });
         }
-        let pause = Duration::from_millis(SHARD_UNAVAILABLE_RETRY_MS).min(deadline - waited);
+        let pause = Duration::from_millis(pause_ms).min(deadline - waited);
         tokio::time::sleep(pause).await;
         Ok(())
     }
@@ -626,6 +840,34 @@ pub(crate) fn is_unreachable(e: &ClientError) -> bool {
             | ClientError::Connect(_)
             | ClientError::Resolve { .. }
     )
+}
+
+/// Whether the broker on `conn` answers at all: a `Metadata` request for `stream` on the same
+/// connection, answered (with anything) within [`PROBE_TIMEOUT_MS`]; an answer to a probe
+/// within the last [`OWNER_CHECK_INTERVAL_MS`] counts, and one probe at a time is sent per
+/// connection (the others wait for its result). A connection that does not answer is closed,
+/// so that everything waiting on it fails over and the next request reconnects.
+pub(crate) async fn conn_answers(conn: &Conn, stream: &str) -> bool {
+    let mut probed = conn.probed.lock().await;
+    let fresh = Duration::from_millis(OWNER_CHECK_INTERVAL_MS);
+    if probed.is_some_and(|at| at.elapsed() < fresh) {
+        return true;
+    }
+    if conn.is_closed() {
+        return false;
+    }
+    let limit = Duration::from_millis(PROBE_TIMEOUT_MS);
+    match tokio::time::timeout(limit, metadata(conn, stream)).await {
+        Ok(Err(e)) if is_unreachable(&e) => {}
+        Ok(_) => {
+            *probed = Some(Instant::now());
+            return true;
+        }
+        Err(_) => {}
+    }
+    tracing::debug!(broker = %conn.peer(), "no answer to a probe: closing the connection");
+    conn.close();
+    false
 }
 
 /// Sends `Metadata` for `stream` on `conn`'s control lane.
@@ -652,14 +894,35 @@ mod tests {
     #[test]
     fn only_recent_failures_are_kept() {
         let mut state = State::default();
-        let old = Instant::now() - Duration::from_millis(POOL_RETRY_AFTER_MS + 500);
+        let old = Instant::now() - Duration::from_millis(ADDRESS_PENALTY_MAX_MS + 500);
         for port in 1..=100u16 {
             let addr = SocketAddr::from(([10, 0, 0, 1], port));
-            state.failed.insert(addr, (old, ClientError::Connect("gone".into())));
+            let error = ClientError::Connect("gone".into());
+            state.failed.insert(addr, Penalty { until: old, failures: 3, error });
         }
         let fresh = SocketAddr::from(([10, 0, 0, 2], 7400));
         state.note_failed(fresh, ClientError::Connect("down".into()));
         assert_eq!(state.failed.len(), 1);
         assert!(state.failed.contains_key(&fresh));
+    }
+
+    #[test]
+    fn a_penalty_doubles_per_failure_in_a_row_up_to_its_maximum() {
+        let mut state = State::default();
+        let addr = SocketAddr::from(([10, 0, 0, 3], 7400));
+        let mut lengths = Vec::new();
+        for _ in 0..6 {
+            let before = Instant::now();
+            state.note_failed(addr, ClientError::Connect("down".into()));
+            let until = state.penalized_until(addr).expect("penalized");
+            lengths.push((until - before).as_millis() as u64);
+        }
+        let want = [250, 500, 1000, 2000, 2000, 2000];
+        for (got, want) in lengths.iter().zip(want) {
+            assert!((want..want + 50).contains(got), "{lengths:?}");
+        }
+        assert!(state.penalty(addr).is_some());
+        let other = SocketAddr::from(([10, 0, 0, 4], 7400));
+        assert!(state.penalty(other).is_none());
     }
 }

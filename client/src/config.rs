@@ -57,7 +57,7 @@ pub const MAX_UDP_PAYLOAD_MIN: u16 = 1200;
 pub const MAX_UDP_PAYLOAD_MAX: u16 = 65_527;
 
 /// Every environment variable [`ClientConfig::from_env_map`] reads.
-pub const ENV_KEYS: [&str; 25] = [
+pub const ENV_KEYS: [&str; 26] = [
     "FELIX_ADDR",
     "FELIX_SERVER_NAME",
     "FELIX_CA_FILE",
@@ -69,6 +69,7 @@ pub const ENV_KEYS: [&str; 25] = [
     "FELIX_COVER_CORES",
     "FELIX_SUBSCRIBE_PER_CORE",
     "FELIX_CONNECT_TIMEOUT_MS",
+    "FELIX_CONNECT_ATTEMPT_TIMEOUT_MS",
     "FELIX_ACK_TIMEOUT_MS",
     "FELIX_CLIENT_IDLE_TIMEOUT_MS",
     "FELIX_CLIENT_MAX_UDP_PAYLOAD",
@@ -218,8 +219,15 @@ pub struct ClientConfig {
     /// so every core encrypts and sends its own shards' records (see `docs/client.md`). Off:
     /// one Subscribe on one connection, whose core sends every shard's records.
     pub subscribe_per_core: bool,
-    /// The limit on the QUIC handshake plus Hello/HelloOk, in milliseconds.
+    /// The limit on the QUIC handshake plus Hello/HelloOk, in milliseconds. A client with one
+    /// address and no other broker known spends it on each attempt; with several seeds it is
+    /// the bound on reaching the first of them (see `connect_attempt_timeout_ms`).
     pub connect_timeout_ms: u64,
+    /// The limit on one connection attempt when another broker could answer instead (several
+    /// seeds, or a cluster), in milliseconds, capped by `connect_timeout_ms`: a broker that
+    /// died (or is paused, or cut off) costs this much, not a whole connect timeout, before
+    /// the client turns to the others.
+    pub connect_attempt_timeout_ms: u64,
     /// The limit on waiting for an ack or any answer, in milliseconds.
     pub ack_timeout_ms: u64,
     /// How long a silent connection lives, in milliseconds: a broker that died without closing
@@ -260,6 +268,7 @@ impl Default for ClientConfig {
             cover_cores: true,
             subscribe_per_core: true,
             connect_timeout_ms: 5_000,
+            connect_attempt_timeout_ms: 500,
             ack_timeout_ms: 30_000,
             idle_timeout_ms: 10_000,
             max_udp_payload: MAX_UDP_PAYLOAD_DEFAULT,
@@ -358,6 +367,9 @@ impl ClientConfig {
         if let Some((key, v)) = get("FELIX_CONNECT_TIMEOUT_MS") {
             c.connect_timeout_ms = parse_num(key, &v)?;
         }
+        if let Some((key, v)) = get("FELIX_CONNECT_ATTEMPT_TIMEOUT_MS") {
+            c.connect_attempt_timeout_ms = parse_num(key, &v)?;
+        }
         if let Some((key, v)) = get("FELIX_ACK_TIMEOUT_MS") {
             c.ack_timeout_ms = parse_num(key, &v)?;
         }
@@ -441,6 +453,7 @@ impl ClientConfig {
             "1..=64",
         )?;
         range("connect_timeout_ms", self.connect_timeout_ms > 0, "must be > 0")?;
+        range("connect_attempt_timeout_ms", self.connect_attempt_timeout_ms > 0, "must be > 0")?;
         range("ack_timeout_ms", self.ack_timeout_ms > 0, "must be > 0")?;
         range(
             "idle_timeout_ms",
@@ -478,6 +491,12 @@ impl ClientConfig {
         Duration::from_millis(self.connect_timeout_ms)
     }
 
+    /// The limit on one connection attempt when other brokers can answer instead
+    /// (`connect_attempt_timeout_ms`, at most the connect timeout).
+    pub fn connect_attempt_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_attempt_timeout_ms.min(self.connect_timeout_ms))
+    }
+
     /// The ack and request limit.
     pub fn ack_timeout(&self) -> Duration {
         Duration::from_millis(self.ack_timeout_ms)
@@ -509,6 +528,7 @@ impl fmt::Display for ClientConfig {
         writeln!(f, "cover_cores={}", self.cover_cores)?;
         writeln!(f, "subscribe_per_core={}", self.subscribe_per_core)?;
         writeln!(f, "connect_timeout_ms={}", self.connect_timeout_ms)?;
+        writeln!(f, "connect_attempt_timeout_ms={}", self.connect_attempt_timeout_ms)?;
         writeln!(f, "ack_timeout_ms={}", self.ack_timeout_ms)?;
         writeln!(f, "idle_timeout_ms={}", self.idle_timeout_ms)?;
         writeln!(f, "max_udp_payload={}", self.max_udp_payload)?;

@@ -66,6 +66,9 @@ pub(crate) struct Conn {
     ack_timeout: Duration,
     /// Connection-level errors (request id 0), e.g. refused unacked batches.
     pub(crate) unacked_errors: Arc<AtomicU64>,
+    /// When the broker last answered a liveness probe on this connection (in a cluster,
+    /// `cluster::conn_answers`); held while a probe runs, so waiters share it.
+    pub(crate) probed: tokio::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// Receive buffer asked for on each endpoint's UDP socket (the kernel caps it at
@@ -204,6 +207,7 @@ impl Conn {
             subs,
             ack_timeout: p.ack_timeout,
             unacked_errors,
+            probed: tokio::sync::Mutex::new(None),
         }))
     }
 

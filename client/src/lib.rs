@@ -21,12 +21,14 @@ pub mod error;
 mod pool;
 mod producer;
 pub mod publisher;
+mod race;
 mod resend;
 pub mod send_stats;
 mod socket;
 pub mod subscriber;
 pub(crate) mod timer;
 pub mod tls;
+mod worker;
 
 pub use client::{Client, QuicStats, StreamDescription, COVER_ATTEMPTS_PER_CONNECTION};
 pub use config::{CertFingerprint, ClientConfig, PublishSettings, Trust, ENV_KEYS};

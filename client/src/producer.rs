@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use felix_proto::{ProducerId, ProducerTag};
+use felix_proto::{ProducerId, ProducerTag, ShardId};
 use tokio::sync::Notify;
 
 use crate::error::ClientError;
@@ -84,6 +84,19 @@ impl Producer {
         }
         p
     }
+
+    /// A producer whose id names `shard` of `shards` (`id mod shards == shard`): the broker
+    /// stores its unkeyed batches on that shard, so in a cluster it can be sent to that shard's
+    /// owner and follow the shard to its next leader (its keyed batches name their shard by
+    /// their key anyway).
+    pub(crate) fn on_shard(shards: u32, shard: ShardId) -> Self {
+        let shards = u64::from(shards.max(1));
+        let mut p = Self::new();
+        // A multiple of `shards` below the id, plus the shard: no overflow.
+        let base = (p.id.0 / shards).saturating_sub(1) * shards;
+        p.id = ProducerId(base + u64::from(shard.0) % shards);
+        p
+    }
 }
 
 /// A tagged batch's tag and its place in its producer's window: dropping it (the batch acked,
@@ -144,14 +157,14 @@ pub(crate) fn mark_broken(tag: Option<&TagHold>) {
 pub(crate) fn take_tag<K: std::hash::Hash + Eq>(
     producers: &mut HashMap<K, Producer>,
     which: K,
-    fresh: impl FnOnce() -> Producer,
+    fresh: impl Fn() -> Producer,
 ) -> Result<TagHold, Arc<ProducerShared>> {
     let p = match producers.entry(which) {
         std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
         std::collections::hash_map::Entry::Vacant(e) => e.insert(fresh()),
     };
     if p.shared.broken.load(Ordering::Relaxed) {
-        *p = Producer::new();
+        *p = fresh();
     }
     if !p.shared.admits(p.next_seq) {
         return Err(p.shared.clone());
@@ -177,6 +190,30 @@ mod tests {
         // Fewer shards than cores: core 3 of 4 owns none of 2 shards; a producer still comes.
         let p = Producer::on_core(2, 4, 3);
         assert!(p.id.0 % 2 < 2);
+    }
+
+    #[test]
+    fn a_producer_on_a_shard_names_it() {
+        for shards in [1, 2, 3, 7, 4096] {
+            for shard in [0, shards / 2, shards - 1] {
+                for _ in 0..50 {
+                    let p = Producer::on_shard(shards, ShardId(shard));
+                    assert_eq!(p.id.0 % u64::from(shards), u64::from(shard));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_broken_producer_is_replaced_by_a_fresh_one_of_its_kind() {
+        let mut producers = HashMap::new();
+        let fresh = || Producer::on_shard(5, ShardId(3));
+        let hold = take_tag(&mut producers, 1u8, fresh).ok().expect("room");
+        mark_broken(Some(&hold));
+        drop(hold);
+        let next = take_tag(&mut producers, 1u8, fresh).ok().expect("room");
+        assert_eq!(next.tag.seq, 0, "a new producer");
+        assert_eq!(next.tag.producer.0 % 5, 3, "on the same shard");
     }
 
     #[test]

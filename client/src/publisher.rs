@@ -27,31 +27,22 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use felix_proto::{
-    key_hash, shard_for_key, AckMode, AckRequest, Capabilities, ErrorCode, Frame, Limits, Payload,
-    Publish, Record, RequestId, ShardId,
-};
-use tokio::sync::{oneshot, OwnedSemaphorePermit, Semaphore, TryAcquireError};
-use tokio::time::Instant;
+use felix_proto::{key_hash, shard_for_key, AckMode, Capabilities, Limits, Record, ShardId};
+use tokio::sync::oneshot;
 
-use crate::batch::{
-    frame_fixed_bytes, Batch, BatchCaps, BatchResult, Completion, Ready, WorkerQueue,
-};
+use crate::batch::{frame_fixed_bytes, BatchCaps, WorkerQueue};
 pub use crate::batch::{
     PublishResult, PublishTicket, Receipt, LINGER_TIMER_SLACK_US, OPEN_BATCHES_MAX,
     WORKER_QUEUE_RECORDS,
 };
 use crate::client::Client;
-use crate::cluster::{is_unreachable, unavailable, Cluster};
+use crate::cluster::{unavailable, Cluster};
 use crate::config::PublishSettings;
-use crate::conn::{Conn, Lane};
 use crate::error::ClientError;
 use crate::pool::Pool;
 pub use crate::producer::PRODUCER_IN_FLIGHT_MAX;
-use crate::producer::{mark_broken, outcome_unknown, take_tag, Producer, TagHold};
-use crate::resend::{resolve, Resend};
-use crate::send_stats::{SendRecorder, SendStats, SendStatsReader};
-use crate::timer::FineTimer;
+use crate::send_stats::{SendStats, SendStatsReader};
+use crate::worker::{Worker, WorkerCtx};
 
 /// Publishes records to one stream. Cheap to clone; clones share the workers.
 #[derive(Clone)]
@@ -71,43 +62,6 @@ struct PubShared {
     /// The stream's shard count, for routing keys to the core that owns their shard.
     shard_count: Option<u32>,
     unkeyed_records: AtomicU64,
-}
-
-/// What every worker of one publisher shares.
-struct WorkerCtx {
-    client: Client,
-    stream: String,
-    settings: PublishSettings,
-    /// The stream's shard count when the publisher started (keys map to producers by shard).
-    shard_count: Option<u32>,
-    /// In a cluster, the producers of keyed batches, by (shard, lane), shared by the workers
-    /// of every broker: when a shard's leader changes, its keys' batches go on under the same
-    /// producer at the next leader, whose sequence check keeps them in order behind the
-    /// retried ones.
-    keyed_producers: Mutex<HashMap<(ShardId, usize), Producer>>,
-    /// In a cluster, each key with records queued and not yet tagged: the worker holding them
-    /// (its broker's address and index) and how many. A key's next records go to that worker
-    /// too, whatever the placement says meanwhile, so a key's batches take their producer's
-    /// sequence numbers in record order even while its shard moves (bounded by the records
-    /// queued).
-    untagged: Mutex<HashMap<Bytes, (SocketAddr, usize, usize)>>,
-    /// How long batches waited in the workers before they were written.
-    send_stats: Arc<SendRecorder>,
-}
-
-impl WorkerCtx {
-    /// `records` records of `key` left the untagged state (their batch got its tag, or goes
-    /// without one).
-    fn tagged(&self, key: Option<&Bytes>, records: usize) {
-        let Some(key) = key else { return };
-        let mut untagged = self.untagged.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(entry) = untagged.get_mut(key) {
-            entry.2 = entry.2.saturating_sub(records);
-            if entry.2 == 0 {
-                untagged.remove(key);
-            }
-        }
-    }
 }
 
 /// The workers of one broker's pool, one per connection.
@@ -163,7 +117,7 @@ impl Publisher {
             stream,
             settings,
             shard_count,
-            keyed_producers: Mutex::default(),
+            shard_producers: Mutex::default(),
             untagged: Mutex::default(),
             send_stats: Arc::default(),
         });
@@ -327,7 +281,14 @@ impl Publisher {
                 Ok((broker, worker))
             }
             None => {
-                let live = placement.live_addresses();
+                let mut live = placement.live_addresses();
+                // A broker that failed a moment ago is left out while others are live.
+                if let Some(c) = self.cluster() {
+                    let up = |a: &&str| c.resolved(a).is_none_or(|a| c.penalty(a).is_none());
+                    if live.iter().any(up) {
+                        live.retain(up);
+                    }
+                }
                 if live.is_empty() {
                     return Ok((s.home.clone(), self.home_worker_for(None)));
                 }
@@ -403,21 +364,7 @@ impl BrokerWorkers {
         let workers = (0..pool.len())
             .map(|slot| {
                 let queue = Arc::new(WorkerQueue::new(caps));
-                let worker = Worker {
-                    ctx: ctx.clone(),
-                    pool: pool.clone(),
-                    slot,
-                    queue: queue.clone(),
-                    conn: None,
-                    lanes: Vec::new(),
-                    next_lane: 0,
-                    in_flight: Arc::new(Semaphore::new(settings.in_flight_batches_max)),
-                    producers: HashMap::new(),
-                    unreachable_until: None,
-                    lost: Arc::new(Mutex::new(Vec::new())),
-                    sent: 0,
-                };
-                tokio::spawn(worker.run());
+                Worker::spawn(ctx.clone(), pool.clone(), slot, queue.clone());
                 queue
             })
             .collect();
@@ -432,482 +379,4 @@ impl BrokerWorkers {
             .and_then(|s| self.worker_of_core.get(&((s.0 % cores) as u16)).copied())
             .unwrap_or((key_hash(key) % self.workers.len() as u64) as usize)
     }
-}
-
-/// Sends the batches of one connection slot of one broker's pool, in the order its queue makes
-/// them ready.
-///
-/// Idempotent batches (`PublishSettings::idempotent`): each (shard, lane) of the worker has its
-/// own producer id, so one producer's batches go to one shard on one QUIC stream, in sequence
-/// order. A tagged batch whose connection is lost (or whose ack times out) is parked in `lost`
-/// by its ack task; before it sends anything new, the worker waits until every batch in flight
-/// is answered or parked, then sends the parked ones again, oldest first, with their tags: the
-/// broker stores each once and keeps each producer's order.
-struct Worker {
-    ctx: Arc<WorkerCtx>,
-    pool: Arc<Pool>,
-    slot: usize,
-    queue: Arc<WorkerQueue>,
-    /// The connection `lanes` belong to.
-    conn: Option<Arc<Conn>>,
-    lanes: Vec<Arc<Lane>>,
-    next_lane: usize,
-    in_flight: Arc<Semaphore>,
-    /// The producer of each (shard, lane) this worker sent tagged batches on.
-    producers: HashMap<(Option<ShardId>, usize), Producer>,
-    /// In a cluster: until when the worker's broker counts as unreachable (it could not be
-    /// reached a moment ago).
-    unreachable_until: Option<Instant>,
-    /// Tagged batches to send again (bounded: each held an in-flight permit when parked).
-    lost: Arc<Mutex<Vec<Outgoing>>>,
-    /// Batches sent so far: the send order of parked batches.
-    sent: u64,
-}
-
-/// A batch on its way: what sending it (again) needs.
-struct Outgoing {
-    key: Option<Bytes>,
-    records: Vec<Payload>,
-    completion: Completion,
-    lane: usize,
-    /// The producer tag and its place in the producer's window (idempotent batches only).
-    tag: Option<TagHold>,
-    /// When the batch was first sent: it is retried until `retry_timeout_ms` after that.
-    first_sent: Instant,
-    /// Send order, for sending parked batches again oldest first.
-    order: u64,
-    /// When the batch became ready, until it is first written (for [`SendStats`]).
-    ready_at: Option<Instant>,
-}
-
-/// A worker gone (stopped, or its task dropped) fails what is still queued.
-impl Drop for Worker {
-    fn drop(&mut self) {
-        self.queue.shut();
-    }
-}
-
-impl Worker {
-    async fn run(mut self) {
-        let mut timer = FineTimer::new();
-        loop {
-            // One item at a time: what is not taken yet keeps filling while this one waits.
-            let (item, closed) = self.queue.take_next();
-            let idle = item.is_none();
-            match item {
-                Some(Ready::Batch(batch)) => self.send_batch(batch).await,
-                Some(Ready::Flush(done)) => {
-                    self.settle().await;
-                    let _ = done.send(());
-                }
-                None if closed => {
-                    self.settle().await;
-                    return;
-                }
-                None => {}
-            }
-            if self.has_lost() {
-                self.resend_lost().await;
-            } else if idle {
-                self.queue.poll_deadline(&mut timer).await;
-            }
-        }
-    }
-
-    /// Waits until every batch sent is acked or failed, sending parked batches again meanwhile.
-    async fn settle(&mut self) {
-        loop {
-            self.wait_in_flight().await;
-            if !self.has_lost() {
-                return;
-            }
-            self.resend_lost().await;
-        }
-    }
-
-    fn has_lost(&self) -> bool {
-        !self.lost.lock().unwrap_or_else(|p| p.into_inner()).is_empty()
-    }
-
-    /// Sends the parked batches again, oldest first, once nothing else is in flight (so none of
-    /// their producers has a later batch on the wire).
-    async fn resend_lost(&mut self) {
-        self.wait_in_flight().await;
-        let mut lost = std::mem::take(&mut *self.lost.lock().unwrap_or_else(|p| p.into_inner()));
-        lost.sort_by_key(|o| o.order);
-        let count = lost.len();
-        for out in lost {
-            self.send_outgoing(out).await;
-        }
-        // Everything was parked again (the broker is still out of reach): do not spin.
-        if count > 0 && self.lost.lock().unwrap_or_else(|p| p.into_inner()).len() == count {
-            tokio::time::sleep(Duration::from_millis(RESEND_PAUSE_MS)).await;
-        }
-    }
-
-    /// An in-flight slot (`None`: the publisher is closing), counting a wait for one.
-    async fn in_flight_permit(&self) -> Option<OwnedSemaphorePermit> {
-        match self.in_flight.clone().try_acquire_owned() {
-            Ok(p) => Some(p),
-            Err(TryAcquireError::Closed) => None,
-            Err(TryAcquireError::NoPermits) => {
-                let started = Instant::now();
-                let permit = self.in_flight.clone().acquire_owned().await.ok();
-                self.ctx.send_stats.in_flight_wait(started.elapsed());
-                permit
-            }
-        }
-    }
-
-    async fn wait_in_flight(&self) {
-        let n = self.ctx.settings.in_flight_batches_max as u32;
-        if let Ok(permits) = self.in_flight.acquire_many(n).await {
-            drop(permits);
-        }
-    }
-
-    /// The lane index a batch with `key` takes: the key's hash, or the next one in turn.
-    fn lane_index(&mut self, key: Option<&Bytes>) -> usize {
-        let lanes_max = self.ctx.client.shared.config.streams_per_connection.max(1);
-        match key {
-            Some(k) => (key_hash(k) % lanes_max as u64) as usize,
-            None => {
-                self.next_lane = self.next_lane.wrapping_add(1);
-                self.next_lane % lanes_max
-            }
-        }
-    }
-
-    /// Lane `index` on the slot's current connection, opening the connection (with backoff) or
-    /// lanes as needed. The flag says the connection is not the one the last batch took.
-    async fn lane(&mut self, index: usize) -> Result<(Arc<Conn>, Arc<Lane>, bool), ClientError> {
-        let conn = self.pool.conn(self.slot).await?;
-        let same = self.conn.as_ref().is_some_and(|c| Arc::ptr_eq(c, &conn));
-        let changed = !same && self.conn.is_some();
-        if !same || self.lanes.iter().any(|l| l.is_closed()) {
-            self.lanes.clear();
-            self.conn = Some(conn.clone());
-        }
-        while self.lanes.len() <= index {
-            self.lanes.push(conn.open_lane().await?);
-        }
-        Ok((conn, self.lanes[index].clone(), changed))
-    }
-
-    /// The producer a batch with `key` on `lane` belongs to, when batches are idempotent.
-    fn producer_of(&self, key: Option<&Bytes>, lane: usize) -> Option<(Option<ShardId>, usize)> {
-        let settings = &self.ctx.settings;
-        let caps = self.pool.hello().capabilities;
-        if !settings.idempotent
-            || settings.ack_mode == AckMode::None
-            || !caps.contains(Capabilities::IDEMPOTENT)
-        {
-            return None;
-        }
-        let shards = self.ctx.shard_count?;
-        let shard = match key {
-            // A producer's batches must all reach one shard: without the shard count, a key's
-            // shard is unknown, and the batch goes untagged.
-            Some(k) => Some(shard_for_key(k, shards)),
-            // An unkeyed tagged batch goes to the producer's shard (producer id mod shards),
-            // not to a shard of the core it reached: tagged only on one broker whose core
-            // the connection names, with a producer id whose shard that core owns (below), so
-            // it costs no hop. In a cluster the placement decides, and it goes untagged.
-            None if self.ctx.client.shared.cluster.is_some() => return None,
-            None => {
-                self.pool.slot_core(self.slot)?;
-                None
-            }
-        };
-        Some((shard, lane))
-    }
-
-    /// The next tag of producer `which`, once its window (`PRODUCER_IN_FLIGHT_MAX` sequence numbers from its oldest unresolved batch)
-    /// has room (sending parked batches again meanwhile).
-    async fn next_tag(&mut self, which: (Option<ShardId>, usize)) -> TagHold {
-        let cluster = self.ctx.client.shared.cluster.is_some();
-        let mut waiting_since: Option<Instant> = None;
-        loop {
-            let (ctx, pool, slot) = (&self.ctx, &self.pool, self.slot);
-            let fresh = move || new_producer(ctx, pool, slot, which);
-            let taken = match which {
-                (Some(shard), lane) if cluster => {
-                    let mut shared = ctx.keyed_producers.lock().unwrap_or_else(|p| p.into_inner());
-                    take_tag(&mut shared, (shard, lane), fresh)
-                }
-                _ => take_tag(&mut self.producers, which, fresh),
-            };
-            let shared = match taken {
-                Ok(hold) => {
-                    if let Some(since) = waiting_since {
-                        self.ctx.send_stats.window_wait(since.elapsed());
-                    }
-                    return hold;
-                }
-                Err(shared) => shared,
-            };
-            waiting_since.get_or_insert_with(Instant::now);
-            let resolved = shared.resolved.notified();
-            if self.has_lost() {
-                self.resend_lost().await;
-                continue;
-            }
-            tokio::select! {
-                _ = resolved => {}
-                _ = tokio::time::sleep(Duration::from_millis(RESEND_PAUSE_MS)) => {}
-            }
-        }
-    }
-
-    async fn send_batch(&mut self, batch: Batch) {
-        let ready_at = batch.ready_at();
-        let Batch { key, records, completion, .. } = batch;
-        let lane = self.lane_index(key.as_ref());
-        let tag = match self.producer_of(key.as_ref(), lane) {
-            Some(which) => Some(self.next_tag(which).await),
-            None => None,
-        };
-        self.ctx.tagged(key.as_ref(), records.len());
-        self.sent += 1;
-        let out = Outgoing {
-            key,
-            records,
-            completion,
-            lane,
-            tag,
-            first_sent: Instant::now(),
-            order: self.sent,
-            ready_at: Some(ready_at),
-        };
-        self.send_outgoing(out).await;
-    }
-
-    /// Parks a tagged batch to be sent again, or fails it when its retry time is over.
-    fn park_or_fail(&self, out: Outgoing, e: ClientError) {
-        park_or_fail(&self.lost, &self.queue, &self.ctx.settings, out, e);
-    }
-
-    async fn send_outgoing(&mut self, mut out: Outgoing) {
-        let cluster = self.ctx.client.shared.cluster.clone();
-        let mode = self.ctx.settings.ack_mode;
-        // In a cluster, a broker that could not be reached a moment ago is not waited for
-        // again (each wait costs the reconnect attempts): its batches go to the shard's next
-        // owner at once.
-        let down = cluster.is_some() && self.unreachable_until.is_some_and(|t| Instant::now() < t);
-        let lane = match down {
-            true => Err(ClientError::ConnectionLost("the broker was unreachable just now".into())),
-            false => self.lane(out.lane).await,
-        };
-        let (conn, lane, changed) = match lane {
-            Ok(x) => x,
-            Err(e) => {
-                if out.tag.is_some() && cluster.is_none() && is_unreachable(&e) {
-                    return self.park_or_fail(out, e);
-                }
-                // Nothing was sent: in a cluster, an acked batch whose broker is out of reach
-                // is retried at the shard's owner after a fresh look at the placement (an
-                // idempotent one keeps its place in its producer's window until answered).
-                if let Some(cluster) = cluster.filter(|_| mode != AckMode::None) {
-                    if is_unreachable(&e) {
-                        if !down {
-                            let pause = Duration::from_millis(crate::cluster::POOL_RETRY_AFTER_MS);
-                            self.unreachable_until = Some(Instant::now() + pause);
-                        }
-                        cluster.invalidate(&self.ctx.stream);
-                        let Some(permit) = self.in_flight_permit().await else {
-                            return out
-                                .completion
-                                .resolve(BatchResult::Failed(ClientError::Closed));
-                        };
-                        let Outgoing { key, records, completion, tag, .. } = out;
-                        let producer = tag.as_ref().map(|t| t.tag);
-                        let stream = self.ctx.stream.clone();
-                        let retry_ms = self.ctx.settings.retry_timeout_ms;
-                        let resend = Resend { stream, key, producer, records, mode, retry_ms };
-                        let first = Err(unavailable(&self.ctx.stream, None));
-                        tokio::spawn(async move {
-                            let _permit = permit;
-                            let answer = resend.follow(&cluster, first).await;
-                            if !matches!(answer, Ok(Frame::PublishAck(_))) {
-                                mark_broken(tag.as_ref());
-                            }
-                            resolve(completion, resend.records.len(), answer);
-                        });
-                        return;
-                    }
-                }
-                mark_broken(out.tag.as_ref());
-                return out.completion.resolve(BatchResult::Failed(e));
-            }
-        };
-        self.unreachable_until = None;
-        if changed && out.tag.is_some() {
-            // A new connection: the batches of the old one are answered or parked first, so
-            // that a producer's parked batches go out again before this later one.
-            self.wait_in_flight().await;
-            if self.has_lost() {
-                self.lost.lock().unwrap_or_else(|p| p.into_inner()).push(out);
-                return;
-            }
-        }
-        let Some(permit) = self.in_flight_permit().await else {
-            return out.completion.resolve(BatchResult::Failed(ClientError::Closed));
-        };
-        let id = if mode == AckMode::None { RequestId(0) } else { conn.next_request_id() };
-        let count = out.records.len();
-        let frame = Frame::Publish(Publish {
-            ack: (mode != AckMode::None).then_some(AckRequest { request_id: id, mode }),
-            key: out.key.clone(),
-            producer: out.tag.as_ref().map(|t| t.tag),
-            stream: self.ctx.stream.clone(),
-            records: out.records.clone(),
-        });
-        let bytes = match conn.encode_checked(&frame) {
-            Ok(b) => b,
-            Err(e) => {
-                mark_broken(out.tag.as_ref());
-                return out.completion.resolve(BatchResult::Failed(e));
-            }
-        };
-        drop(frame);
-        // In a cluster, an acked batch is kept until its ack: a broker that refuses it with
-        // NotOwner or ShardUnavailable stored nothing, and it is sent again.
-        let resend = match &cluster {
-            Some(_) if mode != AckMode::None => Some(Resend {
-                stream: self.ctx.stream.clone(),
-                key: out.key.clone(),
-                producer: out.tag.as_ref().map(|t| t.tag),
-                records: out.records.clone(),
-                mode,
-                retry_ms: self.ctx.settings.retry_timeout_ms,
-            }),
-            _ => None,
-        };
-        let write_started = Instant::now();
-        let rx = match lane.send_request(id, bytes).await {
-            Ok(rx) => {
-                if let Some(ready_at) = out.ready_at.take() {
-                    let now = Instant::now();
-                    self.ctx.send_stats.written(now - ready_at, now - write_started);
-                }
-                rx
-            }
-            Err(e) => {
-                self.lanes.clear();
-                if let Some(c) = &cluster {
-                    c.invalidate(&self.ctx.stream);
-                }
-                if out.tag.is_some() && cluster.is_none() && outcome_unknown(&e) {
-                    drop(permit);
-                    return self.park_or_fail(out, e);
-                }
-                if let (Some(cluster), Some(resend)) =
-                    (cluster, resend.filter(|r| r.producer.is_some()))
-                {
-                    // An idempotent batch follows its shard to the next leader.
-                    tokio::spawn(async move {
-                        let _permit = permit;
-                        let answer = resend.follow(&cluster, Err(e)).await;
-                        if !matches!(answer, Ok(Frame::PublishAck(_))) {
-                            mark_broken(out.tag.as_ref());
-                        }
-                        resolve(out.completion, count, answer);
-                    });
-                    return;
-                }
-                drop(permit);
-                mark_broken(out.tag.as_ref());
-                return out.completion.resolve(BatchResult::Failed(e));
-            }
-        };
-        if mode == AckMode::None {
-            drop(permit);
-            return out.completion.resolve(BatchResult::Written);
-        }
-        let waiter = lane.waiter();
-        let limit = conn.ack_timeout();
-        let peer = conn.peer();
-        let lost = self.lost.clone();
-        let queue = self.queue.clone();
-        let ctx = self.ctx.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let mut answer = waiter.wait(id, rx, limit, "ack").await;
-            if let (Some(cluster), Some(resend)) = (cluster, resend) {
-                if answer.as_ref().is_err_and(ClientError::is_connection_lost) {
-                    // The outcome is unknown (no resend), but the broker may be gone.
-                    cluster.invalidate(&resend.stream);
-                }
-                if let Err(e @ ClientError::Timeout { .. }) = &answer {
-                    cluster.invalidate(&resend.stream);
-                    cluster.mark_unreachable(peer, e.clone());
-                }
-                answer = resend.follow(&cluster, answer).await;
-            } else if out.tag.is_some() {
-                match answer {
-                    Err(e) if outcome_unknown(&e) => {
-                        return park_or_fail(&lost, &queue, &ctx.settings, out, e);
-                    }
-                    // Ahead of the shard's next sequence number: an earlier batch of the
-                    // producer is missing (it failed, or is being sent again). Nothing was
-                    // stored: send it again, after the earlier ones.
-                    Err(ClientError::Broker { code: ErrorCode::OutOfOrderSequence, .. }) => {
-                        return park_or_fail(
-                            &lost,
-                            &queue,
-                            &ctx.settings,
-                            out,
-                            ClientError::Broker {
-                                code: ErrorCode::OutOfOrderSequence,
-                                message: "an earlier batch of the producer is missing".into(),
-                            },
-                        );
-                    }
-                    other => answer = other,
-                }
-            }
-            if !matches!(answer, Ok(Frame::PublishAck(_))) {
-                mark_broken(out.tag.as_ref());
-            }
-            resolve(out.completion, count, answer);
-        });
-    }
-}
-
-/// A new producer for `which` on worker `slot` of `pool`. An unkeyed producer's id is drawn
-/// until its shard (`id mod shards`) is owned by the core of the worker's connection (shard
-/// `s` lives on core `s % cores`), so its batches need no hop inside the broker.
-fn new_producer(
-    ctx: &WorkerCtx,
-    pool: &Pool,
-    slot: usize,
-    which: (Option<ShardId>, usize),
-) -> Producer {
-    match (which.0, ctx.shard_count, pool.slot_core(slot)) {
-        (None, Some(shards), Some(core)) => {
-            Producer::on_core(shards, pool.hello().core_count, core)
-        }
-        _ => Producer::new(),
-    }
-}
-
-/// Pause before sending parked batches again when the last attempt parked all of them.
-const RESEND_PAUSE_MS: u64 = 50;
-
-/// Parks `out` in `lost` (waking the worker) while its retry time lasts, else fails it with `e`.
-fn park_or_fail(
-    lost: &Mutex<Vec<Outgoing>>,
-    queue: &WorkerQueue,
-    settings: &PublishSettings,
-    out: Outgoing,
-    e: ClientError,
-) {
-    let retry_for = Duration::from_millis(settings.retry_timeout_ms);
-    if out.first_sent.elapsed() >= retry_for {
-        mark_broken(out.tag.as_ref());
-        return out.completion.resolve(BatchResult::Failed(e));
-    }
-    tracing::debug!(error = %e, "idempotent batch parked, to be sent again");
-    lost.lock().unwrap_or_else(|p| p.into_inner()).push(out);
-    queue.wake();
 }

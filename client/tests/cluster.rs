@@ -477,3 +477,95 @@ async fn a_client_whose_only_seed_died_finds_the_cluster_through_the_brokers_it_
         assert_eq!(stored.last().map(|r| r.value.to_vec()), Some(b"b".to_vec()), "shard {s}");
     }
 }
+
+#[tokio::test]
+async fn a_dead_first_seed_costs_a_moment_not_the_connect_timeout() {
+    let cluster = MockCluster::start(2).await;
+    cluster.create_stream(STREAM, &[0, 1]);
+    // The first seed never answers; the connect timeout is the default's 5 s.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let mut config = cluster.client_config(&[0, 1]);
+    config.addr = format!("{},{}", silent.local_addr().unwrap(), config.addr);
+    let connect_timeout = Duration::from_millis(config.connect_timeout_ms);
+    let started = Instant::now();
+    let client = Client::connect(config).await.unwrap();
+    let took = started.elapsed();
+    // Not a timing: the dead seed must not have been waited for (it was, for 5 s, before).
+    assert!(took < connect_timeout / 2, "connect took {took:?}");
+    assert_eq!(client.brokers(), [cluster.broker(0).addr.to_string()], "the first live seed");
+}
+
+#[tokio::test]
+async fn shutting_down_is_retried_for_idempotent_batches_only() {
+    let cluster = MockCluster::start(3).await;
+    cluster.create_stream(STREAM, &[0, 1, 2]);
+    let client = Client::connect(cluster.client_config(&[0])).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    let plain_settings = PublishSettings { idempotent: false, ..PublishSettings::default() };
+    let plain = client.publisher_with(STREAM, plain_settings).await.unwrap();
+    let k1 = key_for(1, 3, 0);
+    publisher.publish(Record::keyed(k1.clone(), "before")).await.unwrap();
+
+    // b1 is stopping: it refuses every publish with ShuttingDown.
+    cluster.broker(1).state.stopping.store(true, std::sync::atomic::Ordering::Relaxed);
+    // A plain batch is not sent again: the broker may have stored it.
+    let err = tokio::time::timeout(WAIT, plain.publish(Record::keyed(k1.clone(), "plain")))
+        .await
+        .expect("hung")
+        .unwrap_err();
+    assert!(
+        matches!(err, ClientError::Broker { code: felix_proto::ErrorCode::ShuttingDown, .. }),
+        "{err:?}"
+    );
+    // An idempotent one is retried until the shard has its next owner, and stored there once.
+    let ticket = publisher.send(Record::keyed(k1.clone(), "during")).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.table.set_live(&node(1), false);
+    cluster.table.place(STREAM, vec![node(0), node(2), node(2)]);
+    let r = tokio::time::timeout(WAIT, ticket).await.expect("hung").unwrap().expect("acked");
+    assert_eq!(r.shard, ShardId(1));
+    let at_b2: Vec<Vec<u8>> =
+        cluster.stored(2, STREAM)[1].iter().map(|r| r.value.to_vec()).collect();
+    assert_eq!(at_b2, [b"during".to_vec()]);
+    assert_eq!(cluster.stored(1, STREAM)[1].len(), 1, "nothing more at the stopping broker");
+}
+
+#[tokio::test]
+async fn a_broker_that_stops_answering_is_left_for_the_shards_next_owner() {
+    let cluster = MockCluster::start(3).await;
+    cluster.create_stream(STREAM, &[0, 1, 2]);
+    // The home broker is the one that will hang; acks and requests wait 30 s (the default).
+    let mut config = cluster.client_config(&[1]);
+    config.ack_timeout_ms = 30_000;
+    let client = Client::connect(config).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    let k1 = key_for(1, 3, 0);
+    publisher.publish(Record::keyed(k1.clone(), "before")).await.unwrap();
+
+    // b1 answers nothing more, its connections alive (as a leader cut off from its cluster,
+    // or paused); a batch waits for its ack there.
+    cluster.broker(1).state.frozen.store(true, std::sync::atomic::Ordering::Relaxed);
+    let waiting = publisher.send(Record::keyed(k1.clone(), "waiting")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Its lease runs out and shard 1 gets its next owner.
+    cluster.table.set_live(&node(1), false);
+    cluster.table.place(STREAM, vec![node(0), node(2), node(2)]);
+    let r = tokio::time::timeout(WAIT, waiting)
+        .await
+        .expect("the batch waited on the hung broker")
+        .unwrap()
+        .expect("acked");
+    assert_eq!(r.shard, ShardId(1));
+    let r = tokio::time::timeout(WAIT, publisher.publish(Record::keyed(k1, "after")))
+        .await
+        .expect("hung")
+        .unwrap()
+        .expect("acked");
+    assert_eq!(r.shard, ShardId(1));
+    let at_b2: Vec<Vec<u8>> =
+        cluster.stored(2, STREAM)[1].iter().map(|r| r.value.to_vec()).collect();
+    assert_eq!(at_b2, [b"waiting".to_vec(), b"after".to_vec()]);
+    // Requests any broker can answer do not wait for the hung one either.
+    let described = tokio::time::timeout(WAIT, client.describe_stream(STREAM)).await;
+    assert_eq!(described.expect("waited on the hung broker").unwrap().shards, 3);
+}

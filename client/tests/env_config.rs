@@ -33,6 +33,7 @@ fn table() -> Vec<(&'static str, &'static str, Check)> {
         ("FELIX_COVER_CORES", "false", |c| !c.cover_cores),
         ("FELIX_SUBSCRIBE_PER_CORE", "false", |c| !c.subscribe_per_core),
         ("FELIX_CONNECT_TIMEOUT_MS", "1234", |c| c.connect_timeout_ms == 1234),
+        ("FELIX_CONNECT_ATTEMPT_TIMEOUT_MS", "321", |c| c.connect_attempt_timeout_ms == 321),
         ("FELIX_ACK_TIMEOUT_MS", "4321", |c| c.ack_timeout_ms == 4321),
         ("FELIX_CLIENT_IDLE_TIMEOUT_MS", "2500", |c| c.idle_timeout_ms == 2500),
         ("FELIX_CLIENT_MAX_UDP_PAYLOAD", "1350", |c| c.max_udp_payload == 1350),

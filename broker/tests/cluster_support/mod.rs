@@ -332,6 +332,20 @@ impl Node {
         }
     }
 
+    /// Waits up to `limit` for the broker to exit by itself (after SIGTERM); whether it did.
+    pub fn wait_exit(&mut self, limit: std::time::Duration) -> bool {
+        let Some(child) = self.child.as_mut() else { return true };
+        let deadline = std::time::Instant::now() + limit;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                self.child = None;
+                return true;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        false
+    }
+
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();

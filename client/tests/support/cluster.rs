@@ -284,9 +284,11 @@ pub(super) fn check_publish(
     }
     let owners = owners(ctx, request_id, &p.stream)?;
     let me = me(ctx);
-    let shard = match &p.key {
-        Some(k) => shard_for_key(k, n),
-        None => {
+    let shard = match (&p.key, p.producer) {
+        (Some(k), _) => shard_for_key(k, n),
+        // An idempotent producer's unkeyed batches go to its shard, as the real broker's do.
+        (None, Some(tag)) => ShardId((tag.producer.0 % u64::from(n.max(1))) as u32),
+        (None, None) => {
             let mine: Vec<u32> = (0..n)
                 .filter(|s| owners[*s as usize].node == me && owners[*s as usize].live)
                 .collect();

@@ -15,7 +15,7 @@ pub mod cluster;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -132,6 +132,11 @@ pub struct State {
     reset_subscriptions: watch::Sender<Option<u32>>,
     next_subscription: AtomicU64,
     next_core: AtomicUsize,
+    /// Set: the broker answers nothing more, while QUIC keeps its connections alive (a broker
+    /// cut off from its cluster that clients still reach, or hung).
+    pub frozen: AtomicBool,
+    /// Set: the broker refuses every publish with `ShuttingDown` (a graceful stop under way).
+    pub stopping: AtomicBool,
 }
 
 impl Default for State {
@@ -142,6 +147,8 @@ impl Default for State {
             reset_subscriptions: watch::channel(None).0,
             next_subscription: AtomicU64::new(1),
             next_core: AtomicUsize::new(0),
+            frozen: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
         }
     }
 }
@@ -384,6 +391,9 @@ async fn serve_stream(ctx: Arc<ConnCtx>, mut send: quinn::SendStream, mut recv: 
                     vec![Frame::Error(body)]
                 }
             };
+            if ctx.state.frozen.load(Ordering::Relaxed) {
+                continue;
+            }
             for a in answers {
                 if send.write_all(&a.to_bytes()).await.is_err() {
                     return;
@@ -502,6 +512,12 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
             };
             let n = stream.shards.len() as u32;
             drop(o);
+            if ctx.state.stopping.load(Ordering::Relaxed) {
+                let request_id = p.ack.map(|a| a.request_id).unwrap_or_default();
+                let code = ErrorCode::ShuttingDown;
+                let body = ErrorBody { request_id, code, message: "stopping".into() };
+                return vec![Frame::PublishError(body)];
+            }
             let shard = match cluster::check_publish(ctx, &p, n, core) {
                 Ok(shard) => shard,
                 Err(answers) => return answers,

@@ -599,6 +599,7 @@ async fn open_part(
         shards,
         start,
         group: options.group.clone(),
+        positions: None,
     });
     let ok: SubscribeOk = match conn.request(id, &frame).await? {
         Frame::SubscribeOk(ok) => ok,

@@ -2,8 +2,9 @@
 //! its data directory and address: a subscription from the latest record and one from the
 //! earliest, each over a 4-shard stream split over the broker's 2 cores, while a publisher
 //! publishes before, during and after each restart. Every record stored after a
-//! subscription's start must come exactly once, in offset order per shard. And the same
-//! across a kill -9 of a shard leader in a cluster of three.
+//! subscription's start must come exactly once, in offset order per shard. The same across a
+//! kill -9 of a shard leader in a cluster of three. And `felix subscribe` (from the latest
+//! record) keeps following across a kill -9.
 //!
 //! The subscribers' clients give up a reconnect after 2 attempts of 500 ms
 //! (`reconnect_attempts_max`), far less than the broker's absence: a subscription retries for
@@ -359,6 +360,148 @@ async fn subscriptions_from_latest_and_earliest_resume_across_kill_9() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn subscriptions_from_latest_and_earliest_resume_across_sigterm() {
     subscriptions_resume_across_restarts(Stop::Term).await;
+}
+
+/// `felix subscribe` from the latest record, as a user runs it, with the subscribers' settings
+/// in its environment; its stdout and stderr collected by threads.
+struct Cli {
+    child: std::process::Child,
+    lines: Arc<Mutex<Vec<String>>>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Cli {
+    fn subscribe(addr: &str, dir: &Path) -> Cli {
+        use std::io::{BufRead, Read};
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_felix"));
+        for (k, _) in std::env::vars().filter(|(k, _)| k.starts_with("FELIX_")) {
+            cmd.env_remove(k);
+        }
+        let ca = dir.join("dev-cert.pem");
+        cmd.args(["subscribe", "--stream", STREAM, "--json", "--addr", addr, "--ca-file"])
+            .arg(ca)
+            .env("FELIX_CLIENT_IDLE_TIMEOUT_MS", "1000")
+            .env("FELIX_CONNECT_TIMEOUT_MS", "500")
+            .env("FELIX_RECONNECT_ATTEMPTS_MAX", "2")
+            .env("FELIX_RECONNECT_BACKOFF_MIN_MS", "20")
+            .env("FELIX_RECONNECT_BACKOFF_MAX_MS", "200")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().expect("spawn felix subscribe");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let (out, into) = (child.stdout.take().unwrap(), lines.clone());
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                into.lock().unwrap().push(line);
+            }
+        });
+        let (mut err, into) = (child.stderr.take().unwrap(), stderr.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = err.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                into.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        Cli { child, lines, stderr }
+    }
+
+    /// What it printed so far, as records.
+    fn received(&self) -> Received {
+        let mut got = Received::default();
+        for line in self.lines.lock().unwrap().iter() {
+            let v: serde_json::Value = serde_json::from_str(line).expect("a JSON line");
+            let (shard, offset) = (v["shard"].as_u64().unwrap(), v["offset"].as_u64().unwrap());
+            let value = Bytes::from(v["value"].as_str().unwrap().to_owned());
+            got.records.push((u32::try_from(shard).unwrap(), offset, value));
+        }
+        got
+    }
+
+    /// Fails the test with what it printed on stderr, when it exited.
+    fn assert_running(&mut self, what: &str) {
+        if let Some(status) = self.child.try_wait().unwrap() {
+            panic!("{what}: felix subscribe exited with {status}: {}", self.stderr.lock().unwrap());
+        }
+    }
+}
+
+impl Drop for Cli {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn felix_subscribe_keeps_following_across_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let addr = free_addr_for_restarts();
+    let broker = spawn_felix(dir.path(), &addr, &[]);
+    let publisher = connect_when_up(&addr, dir.path(), publisher_config).await;
+    publisher.create_stream(STREAM, SHARDS, Default::default()).await.unwrap();
+    publish_all(&publisher, 0, 100).await;
+    let mut cli = Cli::subscribe(&addr, dir.path());
+    // From the latest record: published until it printed a record of every shard; from then
+    // on, each shard's records must all come.
+    let mut i = 100;
+    let deadline = Instant::now() + WAIT;
+    let starts = loop {
+        let got = cli.received();
+        let mut starts = BTreeMap::new();
+        for r in &got.records {
+            starts.entry(r.0).or_insert(r.1);
+        }
+        if starts.len() == SHARDS as usize {
+            break starts;
+        }
+        cli.assert_running("before the kill");
+        assert!(Instant::now() < deadline, "felix subscribe printed {:?}", got.records);
+        publish_all(&publisher, i, 4).await;
+        i += 4;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let stop_publishing = Arc::new(AtomicBool::new(false));
+    let publishing = publish_until(publisher, i, stop_publishing.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let broker = restart(broker, Stop::Kill, dir.path(), &addr).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    stop_publishing.store(true, Ordering::Relaxed);
+    let acked = tokio::time::timeout(WAIT * 3, publishing).await.expect("publisher").unwrap();
+    let reader = connect_when_up(&addr, dir.path(), publisher_config).await;
+    let log = read_log(reader, &acked).await;
+    let ends = ends(&log);
+    let deadline = Instant::now() + WAIT * 2;
+    while !reached(&cli.received(), &ends) && Instant::now() < deadline {
+        cli.assert_running("after the restart");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cli.assert_running("at the end");
+    check_exactly("felix subscribe", &cli.received(), &starts, &ends, &log).unwrap();
+    // It said on stderr, once, that the broker was away, and once that it is back; nothing else.
+    let stderr = cli.stderr.lock().unwrap().clone();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 2, "stderr: {stderr}");
+    assert!(lines[0].ends_with("; resuming the subscription"), "stderr: {stderr}");
+    assert!(lines[1].starts_with("felix: subscription resumed after "), "stderr: {stderr}");
+    // Ctrl-C still ends it cleanly.
+    let pid = libc::pid_t::try_from(cli.child.id()).unwrap();
+    // SAFETY: kill(2) with the pid of our own child and a valid signal has no memory effect.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+    let status = tokio::task::spawn_blocking(move || {
+        let status = cli.child.wait().unwrap();
+        drop(cli);
+        status
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "felix subscribe after Ctrl-C: {status}");
+    drop(broker);
 }
 
 /// The shards of [`STREAM`] as etcd holds them: (shard, leader, leader live, in-sync count).

@@ -30,7 +30,7 @@ enum Command {
     /// Run a broker (defaults: 127.0.0.1:7400, one core per CPU, ./felix-data, dev certificate).
     Serve(Box<ServeArgs>),
     #[command(flatten)]
-    Client(felix_client::cli::ClientCommand),
+    Client(Box<felix_client::cli::ClientCommand>),
     /// Look at a cluster of brokers (members, controller, placement, load).
     #[command(subcommand)]
     Cluster(cluster_cmd::ClusterCommand),
@@ -71,7 +71,7 @@ fn main() -> ExitCode {
             serve(*args, &sub)
         }
         // Reads the environment without validating it: trust may come from a flag alone.
-        Command::Client(cmd) => felix_client::cli::main(cmd),
+        Command::Client(cmd) => felix_client::cli::main(*cmd),
         Command::Cluster(cmd) => cluster_cmd::main(cmd),
     }
 }

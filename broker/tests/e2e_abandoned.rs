@@ -147,6 +147,7 @@ fn abandon_subscribed(addr: SocketAddr, client: &ClientConfig, n: usize) -> usiz
         shards: None,
         start: StartAt::Latest,
         group: None,
+        positions: None,
     })
     .encode(&mut first);
     let mut buf = Vec::new();

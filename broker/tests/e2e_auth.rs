@@ -204,6 +204,7 @@ async fn a_connection_is_closed_with_token_expired_when_its_token_expires() {
         shards: None,
         start: StartAt::Earliest,
         group: None,
+        positions: None,
     });
     send.write_all(&sub.to_bytes()).await.unwrap();
     let frames = read_frames(&mut recv, 2).await;

@@ -39,6 +39,7 @@ async fn concurrent_subscribes_cannot_exceed_the_per_connection_limit() {
             shards: None,
             start: StartAt::Earliest,
             group: None,
+            positions: None,
         });
         let bytes: Bytes = sub.to_bytes();
         send.write_all(&bytes).await.unwrap();

@@ -1,6 +1,7 @@
 //! The rules of docs/protocol.md that the broker answers, each checked against a running broker
 //! over raw frames: limits to the byte, what may come before HelloOk, Error or PublishError,
-//! ack mode none, empty and duplicate lists, EventBatch offsets, auto-create on Subscribe,
+//! ack mode none, empty and duplicate lists, EventBatch offsets, Subscribe positions,
+//! auto-create on Subscribe,
 //! frames of the broker's direction sent by a client, and the rejection vectors of
 //! proto/tests/vectors with the request ids they must carry.
 
@@ -58,6 +59,7 @@ fn subscribe(id: u64, stream: &str, shards: Option<Vec<u32>>, start: StartAt) ->
         shards: shards.map(|s| s.into_iter().map(ShardId).collect()),
         start,
         group: None,
+        positions: None,
     })
 }
 
@@ -364,10 +366,12 @@ async fn acks_error_kinds_shard_lists_and_event_batch_offsets() {
     // EventBatch offsets: record i at base_offset + i; a subscription from offset 2 starts
     // exactly there, cutting the stored batch [1, 4).
     let from_two = subscribe(33, stream, Some(vec![0, 0]), StartAt::Offset(Offset(2)));
+    // The client advertised SUBSCRIBE_POSITIONS: the answer says where the shard starts.
     let ok = SubscribeOk {
         request_id: RequestId(33),
         subscription_id: SubscriptionId(1),
         shards: vec![ShardId(0)],
+        positions: Some(vec![Offset(2)]),
     };
     assert_eq!(lane.ask1(&from_two.to_bytes()).await, Frame::SubscribeOk(ok));
     let batches = read_subscription(&conn, 2).await;
@@ -418,6 +422,101 @@ async fn acks_error_kinds_shard_lists_and_event_batch_offsets() {
         error_of(&lane.ask1(&commit.to_bytes()).await),
         (ERROR, 44, ErrorCode::InvalidArgument)
     );
+}
+
+/// A keyed, acked Publish of `records` to the key's shard.
+fn publish_keyed(id: u64, stream: &str, key: &str, records: &[&str]) -> Frame {
+    let Frame::Publish(mut p) = publish(Some(id), AckMode::Written, stream, records) else {
+        unreachable!("publish builds a Publish")
+    };
+    p.key = Some(Bytes::copy_from_slice(key.as_bytes()));
+    Frame::Publish(p)
+}
+
+/// A Subscribe with positions (flag `POSITIONS`): each listed shard from its own offset.
+fn subscribe_at(id: u64, stream: &str, at: &[(u32, u64)], group: Option<&str>) -> Frame {
+    Frame::Subscribe(Subscribe {
+        request_id: RequestId(id),
+        stream: stream.into(),
+        shards: Some(at.iter().map(|(s, _)| ShardId(*s)).collect()),
+        start: StartAt::Latest,
+        group: group.map(str::to_owned),
+        positions: Some(at.iter().map(|(_, o)| Offset(*o)).collect()),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn positions_start_each_shard_at_its_own_offset_whatever_the_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = start(dir.path(), &[]);
+    let (conn, mut lane) = connect(&broker, dir.path()).await;
+    let stream = "acme/app/positions";
+    create(&mut lane, 1, stream, 2).await;
+    // Three records on each shard, offsets 0..3.
+    let key = |shard: u32| {
+        (0..64)
+            .map(|i| format!("k{i}"))
+            .find(|k| felix_proto::shard_for_key(k.as_bytes(), 2) == ShardId(shard))
+            .unwrap()
+    };
+    for shard in [0, 1] {
+        let records = ["x0", "x1", "x2"];
+        let p = publish_keyed(2 + u64::from(shard), stream, &key(shard), &records);
+        assert!(matches!(lane.ask1(&p.to_bytes()).await, Frame::PublishAck(_)));
+    }
+    // The group has read all of shard 0: its commit is not consulted where positions are.
+    let commit = Frame::CommitOffset(CommitOffset {
+        request_id: RequestId(4),
+        stream: stream.into(),
+        group: "g".into(),
+        shard: ShardId(0),
+        offset: Offset(3),
+    });
+    assert_eq!(lane.ask1(&commit.to_bytes()).await, Frame::CommitOk(RequestId(4)));
+    // Shard 1 from offset 2, shard 0 from offset 1 (listed in any order); SubscribeOk lists
+    // the shards ascending, each with where it starts.
+    let at = subscribe_at(5, stream, &[(1, 2), (0, 1)], Some("g"));
+    let ok = SubscribeOk {
+        request_id: RequestId(5),
+        subscription_id: SubscriptionId(1),
+        shards: vec![ShardId(0), ShardId(1)],
+        positions: Some(vec![Offset(1), Offset(2)]),
+    };
+    assert_eq!(lane.ask1(&at.to_bytes()).await, Frame::SubscribeOk(ok));
+    let mut got: Vec<(u32, u64)> = Vec::new();
+    for b in read_subscription(&conn, 3).await {
+        got.extend((0..b.records.len() as u64).map(|i| (b.shard.0, b.base_offset.0 + i)));
+    }
+    got.sort_unstable();
+    assert_eq!(got, [(0, 1), (0, 2), (1, 2)]);
+    // A shard named twice is ambiguous; a position past the shard's end is out of range;
+    // positions without a shard list do not decode (the rejection vector).
+    let twice = subscribe_at(6, stream, &[(0, 0), (0, 1)], None);
+    assert_eq!(
+        error_of(&lane.ask1(&twice.to_bytes()).await),
+        (ERROR, 6, ErrorCode::InvalidArgument)
+    );
+    let past = subscribe_at(7, stream, &[(0, 4)], None);
+    assert_eq!(
+        error_of(&lane.ask1(&past.to_bytes()).await),
+        (ERROR, 7, ErrorCode::OffsetOutOfRange)
+    );
+    // The end itself is a position: what comes next.
+    assert!(matches!(
+        lane.ask1(&subscribe_at(8, stream, &[(0, 3)], None).to_bytes()).await,
+        Frame::SubscribeOk(_)
+    ));
+
+    // A client that did not advertise SUBSCRIBE_POSITIONS is not told where its shards start.
+    let conn = raw_connection(broker.addr, dir.path()).await;
+    let mut lane = Lane::open(&conn).await;
+    let caps = Capabilities(Capabilities::ALL.0 & !Capabilities::SUBSCRIBE_POSITIONS.0);
+    let hello = Frame::Hello(Hello { version: PROTOCOL_VERSION, capabilities: caps, token: None });
+    assert!(matches!(lane.ask1(&hello.to_bytes()).await, Frame::HelloOk(_)));
+    match lane.ask1(&subscribe(9, stream, None, StartAt::Latest).to_bytes()).await {
+        Frame::SubscribeOk(ok) => assert_eq!(ok.positions, None),
+        other => panic!("expected SubscribeOk, got {other:?}"),
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -489,6 +588,7 @@ async fn frames_of_the_broker_direction_are_refused_with_their_request_id() {
                 request_id: RequestId(16),
                 subscription_id: SubscriptionId(1),
                 shards: vec![],
+                positions: None,
             }),
             16,
         ),

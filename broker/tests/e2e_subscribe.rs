@@ -323,6 +323,7 @@ async fn a_subscriber_that_stops_reading_is_disconnected_as_slow() {
         shards: None,
         start: StartAt::Latest,
         group: None,
+        positions: None,
     });
     send.write_all(&sub.to_bytes()).await.unwrap();
     let frames = e2e_support::read_frames(&mut recv, 2).await;

@@ -16,7 +16,7 @@ use felix_proto::{AckMode, Offset, Retention, ShardId, StartAt};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::config::{parse_ack_mode, ClientConfig, Trust};
-use crate::{Client, PublishTicket, ReceivedRecord, Record, SubscribeOptions};
+use crate::{Client, PublishTicket, ReceivedRecord, Record, SubscribeOptions, SubscriptionState};
 
 /// Tickets awaited by the output task before `publish` stops reading input.
 const PUBLISH_PENDING_MAX: usize = 65_536;
@@ -112,6 +112,10 @@ pub struct SubscribeArgs {
     /// Print one JSON object per record (stream, shard, offset, timestamp_ms, key, value).
     #[arg(long)]
     pub json: bool,
+    /// Exit with an error when the broker stays unreachable this long, in milliseconds
+    /// (default: keep following, resuming once it is back).
+    #[arg(long)]
+    pub resume_timeout_ms: Option<u64>,
     #[command(flatten)]
     pub connect: ConnectArgs,
 }
@@ -379,7 +383,9 @@ async fn subscribe<W: AsyncWrite + Unpin>(
     output: &mut W,
 ) -> anyhow::Result<()> {
     let client = Client::connect(config).await.context("connecting")?;
-    let mut options = SubscribeOptions::new(&args.stream).start(args.from);
+    let mut options = SubscribeOptions::new(&args.stream)
+        .start(args.from)
+        .resume_timeout_ms(args.resume_timeout_ms);
     if let Some(g) = &args.group {
         options = options.group(g.clone());
     }
@@ -387,6 +393,7 @@ async fn subscribe<W: AsyncWrite + Unpin>(
         options = options.shards(args.shards.iter().map(|s| ShardId(*s)).collect());
     }
     let mut sub = client.subscribe(options).await?;
+    let reporter = tokio::spawn(report_resumes(sub.state()));
     let interval = Duration::from_millis(args.commit_interval_ms);
     let mut last_commit = Instant::now();
     let mut printed = 0u64;
@@ -410,8 +417,37 @@ async fn subscribe<W: AsyncWrite + Unpin>(
     if args.group.is_some() {
         sub.commit_consumed().await?;
     }
+    reporter.abort();
     client.close();
     Ok(())
+}
+
+/// Tells stderr, once each, when the subscription lost its broker and when it is back, as
+/// `nats sub` does: `felix: connection lost: timed out; resuming the subscription`, then
+/// `felix: subscription resumed after 2.4 s`. Each failed attempt in between is logged at
+/// `FELIX_LOG=warn`; a resume that gives up is the command's error.
+async fn report_resumes(mut state: tokio::sync::watch::Receiver<SubscriptionState>) {
+    // Since when the broker is away, and the resumes before.
+    let mut away: Option<(Instant, u64)> = None;
+    let mut resumes = 0;
+    while state.changed().await.is_ok() {
+        let now = state.borrow_and_update().clone();
+        match (now, away) {
+            (SubscriptionState::Resuming { since, error, .. }, None) => {
+                eprintln!("felix: {error}; resuming the subscription");
+                away = Some((since, resumes));
+            }
+            (SubscriptionState::Reading { resumes: after }, Some((since, before))) => {
+                if after > before {
+                    let secs = since.elapsed().as_secs_f64();
+                    eprintln!("felix: subscription resumed after {secs:.1} s");
+                }
+                (away, resumes) = (None, after);
+            }
+            (SubscriptionState::Reading { resumes: after }, None) => resumes = after,
+            (SubscriptionState::Resuming { .. }, Some(_)) => {}
+        }
+    }
 }
 
 fn format_record(args: &SubscribeArgs, r: &ReceivedRecord) -> Vec<u8> {

@@ -525,7 +525,8 @@ struct Reader {
 /// Reads answers from one lane and hands each to the request that waits for it.
 async fn read_answers(mut recv: quinn::RecvStream, limits: Limits, reader: Reader) {
     let Reader { pending, send, unacked_errors } = reader;
-    let mut decoder = FrameDecoder::new(limits, Capabilities::NONE);
+    // The broker's answers may carry the flags of what this client advertised.
+    let mut decoder = FrameDecoder::new(limits, CLIENT_CAPABILITIES);
     let why = loop {
         let chunk = match recv.read_chunk(READ_CHUNK_BYTES, true).await {
             Ok(Some(chunk)) => chunk.bytes,
@@ -834,6 +835,7 @@ mod tests {
             shards: None,
             start: felix_proto::StartAt::Earliest,
             group: Some("g".into()),
+            positions: None,
         });
         let l = Limits::default();
         assert_eq!(

@@ -38,4 +38,4 @@ pub use felix_proto::{
 };
 pub use publisher::{PublishResult, PublishTicket, Publisher, Receipt};
 pub use send_stats::{SendStats, SendStatsReader};
-pub use subscriber::{ReceivedRecord, SubscribeOptions, Subscriber};
+pub use subscriber::{ReceivedRecord, SubscribeOptions, Subscriber, SubscriptionState};

@@ -21,23 +21,29 @@
 //! shards; a part refused with `NotOwner` is grouped again after a fresh placement, and an
 //! unavailable shard is retried within `cluster::SHARD_UNAVAILABLE_DEADLINE_MS`. Commits go to
 //! the part that reads the shard, on its owner, following `NotOwner` like the publisher.
+//!
+//! A part whose connection is lost, or whose broker is stopping, is opened again (`resume`):
+//! each of its shards at the offset after the last record returned, or where it started, for
+//! as long as the subscription lives (or [`SubscribeOptions::resume_timeout_ms`]).
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+mod open;
+mod resume;
+
+use std::collections::{BTreeMap, VecDeque};
 use std::future::Future;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::Instant;
 
 use bytes::Bytes;
 use felix_proto::{
-    CommitOffset, ErrorCode, Frame, FrameType, Offset, ShardId, StartAt, Subscribe, SubscribeOk,
-    SubscriptionId,
+    CommitOffset, ErrorCode, Frame, FrameType, Offset, ShardId, StartAt, SubscriptionId,
 };
 
 use crate::client::Client;
-use crate::cluster::{is_unreachable, Cluster, Patience, NOT_OWNER_REDIRECTS_MAX};
 use crate::conn::{unexpected, Conn, SubStream};
 use crate::error::ClientError;
+use open::{open_at_home, open_in_cluster, Start};
+pub use resume::SubscriptionState;
 
 /// Bytes asked of quinn per read.
 const READ_CHUNK_BYTES: usize = 256 * 1024;
@@ -56,6 +62,10 @@ pub struct SubscribeOptions {
     /// Whether a lost connection resumes the subscription on a fresh one (see
     /// [`Subscriber::next`]).
     pub resume: bool,
+    /// How long a part may try to resume, from the moment its connection was found lost,
+    /// before [`Subscriber::next`] fails with the last error; `None` (the default): for as
+    /// long as the subscription lives.
+    pub resume_timeout_ms: Option<u64>,
 }
 
 impl SubscribeOptions {
@@ -67,6 +77,7 @@ impl SubscribeOptions {
             group: None,
             shards: None,
             resume: true,
+            resume_timeout_ms: None,
         }
     }
 
@@ -93,6 +104,12 @@ impl SubscribeOptions {
         self.resume = resume;
         self
     }
+
+    /// Bounds how long a part tries to resume (default: no bound).
+    pub fn resume_timeout_ms(mut self, timeout_ms: Option<u64>) -> Self {
+        self.resume_timeout_ms = timeout_ms;
+        self
+    }
 }
 
 /// A record received from a subscription.
@@ -117,15 +134,17 @@ pub struct Subscriber {
     /// One per broker core the subscription reads from (see the module); one when it is not
     /// split.
     parts: Vec<Part>,
-    /// Whether the parts name their shards (split by core, or in a cluster): a resumed part
-    /// then asks for its own shards again.
-    split: bool,
     /// The shards read, over every part, sorted.
     shards: Vec<ShardId>,
     /// The part read first next time (the parts take turns).
     next_part: usize,
     buffered: VecDeque<ReceivedRecord>,
-    /// The next offset to read per shard, from the records handed out.
+    /// The next offset to return per shard: where the shard started (from a broker that says,
+    /// `SUBSCRIBE_POSITIONS`) until a record of it is returned, then the offset after that
+    /// record. A resumed part starts each shard here.
+    next_offsets: BTreeMap<ShardId, Offset>,
+    /// The next offset to read per shard, from the records handed out (what
+    /// `commit_consumed` commits).
     consumed: BTreeMap<ShardId, Offset>,
     /// What this subscriber committed per shard (`commit` takes `&self`, hence the lock; it is
     /// never held across an await).
@@ -133,6 +152,8 @@ pub struct Subscriber {
     resumes: u64,
     /// Records skipped because retention deleted them before they were read.
     skipped: u64,
+    /// Whether every part is reading, or one is being resumed (see [`Subscriber::state`]).
+    state: tokio::sync::watch::Sender<SubscriptionState>,
 }
 
 /// One Subscribe on one connection and the stream it delivers on.
@@ -140,6 +161,8 @@ struct Part {
     conn: Arc<Conn>,
     id: SubscriptionId,
     shards: Vec<ShardId>,
+    /// Where each shard started, when the broker said (`SUBSCRIBE_POSITIONS`).
+    starts: Vec<(ShardId, Offset)>,
     stream: SubStream,
     ended: bool,
     /// The broker reset the stream with `ShuttingDown`: the part is to resume.
@@ -152,28 +175,34 @@ impl Subscriber {
         options: SubscribeOptions,
     ) -> Result<Self, ClientError> {
         let per_core = client.shared.config.subscribe_per_core;
-        let (parts, split) = match client.shared.cluster.clone() {
-            Some(cluster) => {
-                let shards = options.shards.clone();
-                (open_in_cluster(&cluster, &options, shards, options.start, per_core).await?, true)
-            }
-            None => open_at_home(&client, &options, options.shards.clone(), options.start).await?,
+        let (start, shards) = (Start::At(options.start), options.shards.clone());
+        let parts = match client.shared.cluster.clone() {
+            Some(cluster) => open_in_cluster(&cluster, &options, shards, start, per_core).await?,
+            None => open_at_home(&client, &options, shards, start).await?,
         };
         let mut sub = Self {
             client,
             options,
             parts,
-            split,
             shards: Vec::new(),
             next_part: 0,
             buffered: VecDeque::new(),
+            next_offsets: BTreeMap::new(),
             consumed: BTreeMap::new(),
             committed: std::sync::Mutex::new(BTreeMap::new()),
             resumes: 0,
             skipped: 0,
+            state: tokio::sync::watch::Sender::new(SubscriptionState::Reading { resumes: 0 }),
         };
         sub.update_shards();
         Ok(sub)
+    }
+
+    /// Whether the subscription is reading or resuming a part, to watch from another task
+    /// (`felix subscribe` prints it): [`SubscriptionState::Resuming`] from the moment a part's
+    /// lost connection (or stopping broker) is noticed until every such part is back.
+    pub fn state(&self) -> tokio::sync::watch::Receiver<SubscriptionState> {
+        self.state.subscribe()
     }
 
     /// How many times the subscription resumed after a lost connection.
@@ -216,23 +245,30 @@ impl Subscriber {
     /// parts go on, and their records come on later calls.
     ///
     /// When the connection is lost and `resume` is on, the part on that connection (in a
-    /// cluster: at its shards' current owners) is opened again on a fresh
-    /// connection (with the client's reconnect backoff) and records already returned are
-    /// skipped, so nothing is returned twice and nothing is missed. It resumes from the next
-    /// offset (a single shard that returned records), from the group's commits (with a group),
-    /// or from the original start (earliest, an offset or a time). A subscription that started
-    /// at `Latest` over several shards, without a commit of this subscriber on each of them
-    /// (or on one shard before its first record; in a cluster, where positions are not
-    /// replicated, always), cannot resume without possibly missing records: it fails with
-    /// `ConnectionLost` instead. A stopping broker resets its subscription streams with
-    /// `ShuttingDown`: the part resumes the same way once the connection is closed (it fails
-    /// with `ConnectionLost` when it cannot resume), and never ends with `Ok(None)`. Where records
-    /// were deleted by retention before they were read, a shard continues at its oldest
-    /// retained record (see [`Subscriber::skipped`]).
+    /// cluster: at its shards' current owners) is opened again on a fresh connection, each of
+    /// its shards at the offset after the last record `next` returned, or, before the first
+    /// one, where the shard started (the broker says where in `SubscribeOk`), whatever the
+    /// start (earliest, latest, an offset, a time) and with or without a group: nothing is
+    /// returned twice and nothing is missed. Failed attempts are retried with the client's
+    /// reconnect backoff, for as long as the subscription lives (or
+    /// [`SubscribeOptions::resume_timeout_ms`], then the last error is returned); refusals
+    /// that no retry can fix (a certificate or token, a stream or shard that does not exist)
+    /// end the part at once. [`Subscriber::state`] shows a resume in progress.
+    ///
+    /// A stopping broker resets its subscription streams with `ShuttingDown`: the part resumes
+    /// the same way once the connection is closed, and never ends with `Ok(None)`. Where
+    /// records were deleted by retention before they were read, a shard continues at its
+    /// oldest retained record (see [`Subscriber::skipped`]).
+    ///
+    /// Against a broker without `SUBSCRIBE_POSITIONS` a part resumes from the next offset (a
+    /// single shard that returned records), from the group's commits (with a group), or from
+    /// the original start (earliest, an offset or a time, what was returned skipped); one that
+    /// started at `Latest` over several shards without a commit of this subscriber on each of
+    /// them (in a cluster: always) cannot resume exactly and fails with `ConnectionLost`.
     pub async fn next(&mut self) -> Result<Option<ReceivedRecord>, ClientError> {
         loop {
             if let Some(r) = self.buffered.pop_front() {
-                if let Some(next) = self.consumed.get(&r.shard).copied() {
+                if let Some(next) = self.next_offsets.get(&r.shard).copied() {
                     if r.offset < next {
                         continue; // returned before a resume
                     }
@@ -245,6 +281,7 @@ impl Subscriber {
                         self.skipped += gap;
                     }
                 }
+                self.next_offsets.insert(r.shard, Offset(r.offset.0 + 1));
                 self.consumed.insert(r.shard, Offset(r.offset.0 + 1));
                 return Ok(Some(r));
             }
@@ -252,11 +289,9 @@ impl Subscriber {
                 return Ok(None);
             }
             if let Some(i) = self.parts.iter().position(|p| p.stopping && !p.ended) {
-                // The broker is stopping (a restart, say): it closes the connection once it
-                // has drained, and the part resumes on a fresh one. A part whose resume is
-                // cancelled (this future dropped) or fails is resumed again next time.
-                let conn = self.parts[i].conn.clone();
-                conn.closed_within(conn.ack_timeout()).await;
+                // The broker is stopping (a restart, say): the part resumes on a fresh
+                // connection once this one is closed. A part whose resume is cancelled (this
+                // future dropped) is resumed again next time.
                 let lost = ClientError::ConnectionLost("the broker is shutting down".into());
                 self.resume_after(i, lost).await?;
                 continue;
@@ -282,8 +317,13 @@ impl Subscriber {
                     return Err(ClientError::Broker { code, message });
                 }
                 Err(e) => {
-                    let lost = ClientError::ConnectionLost(e.to_string());
-                    self.resume_after(i, lost).await?;
+                    // Why the connection went (timed out, closed), rather than quinn's
+                    // "connection lost" alone.
+                    let why = match e {
+                        quinn::ReadError::ConnectionLost(c) => c.to_string(),
+                        other => other.to_string(),
+                    };
+                    self.resume_after(i, ClientError::ConnectionLost(why)).await?;
                 }
             }
         }
@@ -370,98 +410,18 @@ impl Subscriber {
         .await
     }
 
-    /// Opens part `i` again after `lost`, or returns `lost` when it cannot resume.
-    async fn resume_after(&mut self, i: usize, lost: ClientError) -> Result<(), ClientError> {
-        let Some(start) = self.resume_start(&self.parts[i].shards) else {
-            self.parts[i].ended = true;
-            return Err(lost);
-        };
-        tracing::warn!(error = %lost, stream = %self.options.stream, "resuming subscription");
-        // Whatever was decoded but not returned from this part is read again.
-        let shards = self.parts[i].shards.clone();
-        self.buffered.retain(|r| !shards.contains(&r.shard));
-        let fresh = match self.open_again(&shards, start).await {
-            // Retention deleted records past the position while the part was away: it
-            // continues at the oldest retained one (`next` counts what was skipped); what it
-            // returned before is skipped as usual.
-            Err(ClientError::Broker { code: ErrorCode::OffsetOutOfRange, message })
-                if matches!(start, StartAt::Offset(_)) && shards.len() == 1 =>
-            {
-                tracing::warn!(
-                    stream = %self.options.stream, ?start, %message,
-                    "resuming at the oldest retained offset"
-                );
-                self.open_again(&shards, StartAt::Earliest).await?
-            }
-            other => other?,
-        };
-        self.parts.splice(i..=i, fresh);
-        self.update_shards();
-        self.resumes += 1;
-        Ok(())
-    }
-
-    /// Opens the parts that read `shards` again, from `start`.
-    async fn open_again(
-        &mut self,
-        shards: &[ShardId],
-        start: StartAt,
-    ) -> Result<Vec<Part>, ClientError> {
-        let shards = shards.to_vec();
-        Ok(match self.client.shared.cluster.clone() {
-            Some(cluster) => {
-                cluster.invalidate(&self.options.stream);
-                let per_core = self.client.shared.config.subscribe_per_core;
-                open_in_cluster(&cluster, &self.options, Some(shards), start, per_core).await?
-            }
-            None => {
-                let shards = if self.split { Some(shards) } else { self.options.shards.clone() };
-                let (parts, split) =
-                    open_at_home(&self.client, &self.options, shards, start).await?;
-                // A part opened whole may come back split (its stream could not be described
-                // before): from then on each part asks for its own shards.
-                self.split |= split;
-                parts
-            }
-        })
-    }
-
-    /// Where a resumed part reading `shards` starts, when it can resume without missing
-    /// records. The broker starts a group's shard at its commit where it has one, else at the
-    /// start asked for, and `Latest` then means the end of the log at the resume: records
-    /// stored during the outage would be skipped. So a resume from `Latest` needs a commit
-    /// (this subscriber's) for every shard it reads, or, for one shard, what was consumed.
-    fn resume_start(&self, shards: &[ShardId]) -> Option<StartAt> {
-        let o = &self.options;
-        if !o.resume {
-            return None;
-        }
-        if let [shard] = shards[..] {
-            if let Some(next) = self.consumed.get(&shard) {
-                // With a group the broker still prefers the group's commit (the records
-                // between it and here are skipped as returned before).
-                return Some(StartAt::Offset(*next));
-            }
-        }
-        if o.start != StartAt::Latest {
-            // Earliest, an offset or a time: read again, what was returned is skipped.
-            return Some(o.start);
-        }
-        // In a cluster a group's positions live with each shard's leader and are not
-        // replicated: after a failover the new leader knows none, and would start at Latest.
-        if self.client.shared.cluster.is_some() {
-            return None;
-        }
-        let committed = self.committed_positions();
-        (o.group.is_some() && shards.iter().all(|s| committed.contains_key(s))).then_some(o.start)
-    }
-
+    /// Takes the shards the parts read, and where those not seen before start, from the
+    /// parts' SubscribeOk answers (a shard's position already known is kept: a resumed part
+    /// that starts later than asked shows as a gap, retention's).
     fn update_shards(&mut self) {
         let mut shards: Vec<ShardId> =
             self.parts.iter().flat_map(|p| p.shards.iter().copied()).collect();
         shards.sort_unstable();
         shards.dedup();
         self.shards = shards;
+        for (shard, start) in self.parts.iter().flat_map(|p| p.starts.iter()) {
+            self.next_offsets.entry(*shard).or_insert(*start);
+        }
     }
 
     /// Commits that the group has consumed `shard` up to, not including, `next_offset`.
@@ -519,216 +479,5 @@ impl Subscriber {
             self.commit(shard, offset).await?;
         }
         Ok(())
-    }
-}
-
-/// Opens a subscription to `shards` (`None`: all) on the home broker: one part per group of
-/// [`per_core_groups`], each on its core's connection, or one part on the next connection.
-/// Returns the parts and whether they name their shards.
-async fn open_at_home(
-    client: &Client,
-    options: &SubscribeOptions,
-    shards: Option<Vec<ShardId>>,
-    start: StartAt,
-) -> Result<(Vec<Part>, bool), ClientError> {
-    let shared = &client.shared;
-    let Some(groups) = per_core_groups(client, options, shards.as_deref()).await else {
-        let conn = shared.conn(shared.home.next_slot()).await?;
-        return Ok((vec![open_part(conn, options, shards, start).await?], false));
-    };
-    let mut parts = Vec::with_capacity(groups.len());
-    for (slot, group) in groups {
-        let conn = shared.conn(slot).await?;
-        parts.push(open_part(conn, options, Some(group), start).await?);
-    }
-    Ok((parts, true))
-}
-
-/// The home pool's slots and the shards each should read, when the subscription is split by
-/// core (`subscribe_per_core`): each shard goes to the slot whose connection the shard's core
-/// owns ([`crate::pool::Pool::slot_for_shard`]). `None` (one part, on the next connection, as
-/// asked) when the option is off, or for every shard (`shards` is `None`) when the pool reaches
-/// one core, the stream cannot be described (the broker then answers the Subscribe itself:
-/// created, not found, not allowed), or the shards would make one group anyway.
-async fn per_core_groups(
-    client: &Client,
-    options: &SubscribeOptions,
-    shards: Option<&[ShardId]>,
-) -> Option<BTreeMap<usize, Vec<ShardId>>> {
-    let home = &client.shared.home;
-    if !client.shared.config.subscribe_per_core {
-        return None;
-    }
-    let all: Vec<ShardId> = match shards {
-        Some(list) => list.to_vec(),
-        None => {
-            let cores: BTreeSet<u16> = (0..home.len()).filter_map(|i| home.slot_core(i)).collect();
-            if cores.len() < 2 {
-                return None;
-            }
-            match client.describe_stream(&options.stream).await {
-                Ok(d) if (d.shards as usize) <= felix_proto::limits::MAX_SUBSCRIBE_SHARDS => {
-                    (0..d.shards).map(ShardId).collect()
-                }
-                Ok(_) => return None,
-                Err(e) => {
-                    tracing::debug!(stream = %options.stream, error = %e, "not split by core");
-                    return None;
-                }
-            }
-        }
-    };
-    let mut groups: BTreeMap<usize, Vec<ShardId>> = BTreeMap::new();
-    for s in all {
-        groups.entry(home.slot_for_shard(s)).or_default().push(s);
-    }
-    (shards.is_some() || groups.len() > 1).then_some(groups)
-}
-
-/// Sends Subscribe for `shards` (`None`: all) on `conn` and takes the subscription's stream.
-async fn open_part(
-    conn: Arc<Conn>,
-    options: &SubscribeOptions,
-    shards: Option<Vec<ShardId>>,
-    start: StartAt,
-) -> Result<Part, ClientError> {
-    let id = conn.next_request_id();
-    let frame = Frame::Subscribe(Subscribe {
-        request_id: id,
-        stream: options.stream.clone(),
-        shards,
-        start,
-        group: options.group.clone(),
-    });
-    let ok: SubscribeOk = match conn.request(id, &frame).await? {
-        Frame::SubscribeOk(ok) => ok,
-        other => return Err(unexpected(&other, FrameType::SubscribeOk)),
-    };
-    let stream = conn.take_subscription_stream(ok.subscription_id).await?;
-    Ok(Part {
-        conn,
-        id: ok.subscription_id,
-        shards: ok.shards,
-        stream,
-        ended: false,
-        stopping: false,
-    })
-}
-
-/// `group`, the shards owned by the broker at `address`, split by the slot of that broker's
-/// pool that each shard's core owns (with `per_core`; whole without it, or when the pool
-/// cannot be opened now: the connection attempt then reports why).
-async fn split_by_core(
-    cluster: &Cluster,
-    address: String,
-    group: Vec<ShardId>,
-    per_core: bool,
-) -> Vec<(String, Vec<ShardId>)> {
-    let pool = match per_core {
-        true => cluster.pool_for(&address).await.ok(),
-        false => None,
-    };
-    let Some(pool) = pool else { return vec![(address, group)] };
-    let mut by_slot: BTreeMap<usize, Vec<ShardId>> = BTreeMap::new();
-    for s in group {
-        by_slot.entry(pool.slot_for_shard(s)).or_default().push(s);
-    }
-    by_slot.into_values().map(|g| (address.clone(), g)).collect()
-}
-
-/// Opens the parts of a subscription to `shards` (`None`: every shard of the placement) in a
-/// cluster: one Subscribe per owner (with `per_core`, per owner and core), naming its shards.
-/// A part refused with `NotOwner` is grouped again after a fresh placement (at most
-/// [`NOT_OWNER_REDIRECTS_MAX`] times); shards whose owner is down are retried until the
-/// deadline, then `ShardUnavailable`.
-async fn open_in_cluster(
-    cluster: &Cluster,
-    options: &SubscribeOptions,
-    shards: Option<Vec<ShardId>>,
-    start: StartAt,
-    per_core: bool,
-) -> Result<Vec<Part>, ClientError> {
-    let stream = &options.stream;
-    let mut parts = Vec::new();
-    let mut todo = shards;
-    let mut redirects = 0u32;
-    let mut patience = Patience::default();
-    let mut after: Option<Instant> = None;
-    loop {
-        let placement = match after {
-            None => cluster.placement(stream).await,
-            Some(t) => cluster.refresh(stream, t).await,
-        };
-        let placement = match placement {
-            Ok(p) => p,
-            Err(e) if e.is_shard_unavailable() || is_unreachable(&e) => {
-                patience.wait(stream, None).await?;
-                after = Some(Instant::now());
-                continue;
-            }
-            Err(ClientError::Broker { code: ErrorCode::StreamNotFound, .. })
-                if parts.is_empty() =>
-            {
-                // A stream the cluster does not know: the home broker answers the Subscribe
-                // as a single broker would (an error, or the stream created).
-                let home = cluster.home();
-                let conn = home.conn(home.next_slot()).await?;
-                return Ok(vec![open_part(conn, options, todo, start).await?]);
-            }
-            Err(e) => return Err(e),
-        };
-        let want = todo.take().unwrap_or_else(|| (0..placement.shards()).map(ShardId).collect());
-        // Owner address (None: not live) -> its shards. A shard the placement lacks goes to
-        // the home broker, whose answer (InvalidShard) is the caller's.
-        let mut groups: BTreeMap<Option<String>, Vec<ShardId>> = BTreeMap::new();
-        for s in want {
-            let owner = match placement.owner(s) {
-                Some(o) => o.live.then(|| o.address.clone()),
-                None => Some(cluster.home().name().to_owned()),
-            };
-            groups.entry(owner).or_default().push(s);
-        }
-        let mut retry = Vec::new();
-        let mut waiting = false;
-        let mut by_core = Vec::new();
-        for (owner, group) in groups {
-            let Some(address) = owner else {
-                retry.extend(group);
-                waiting = true;
-                continue;
-            };
-            by_core.extend(split_by_core(cluster, address, group, per_core).await);
-        }
-        for (address, group) in by_core {
-            let slot_of = per_core.then(|| group[0]);
-            let opened = match cluster.conn_at(&address, slot_of).await {
-                Ok(conn) => open_part(conn, options, Some(group.clone()), start).await,
-                Err(e) => Err(e),
-            };
-            match opened {
-                Ok(part) => parts.push(part),
-                Err(ClientError::NotOwner { stream: s, shard, owner }) => {
-                    cluster.learn(&s, shard, &owner);
-                    redirects += 1;
-                    if redirects > NOT_OWNER_REDIRECTS_MAX {
-                        return Err(ClientError::NotOwner { stream: s, shard, owner });
-                    }
-                    retry.extend(group);
-                }
-                Err(e) if e.is_shard_unavailable() || is_unreachable(&e) => {
-                    retry.extend(group);
-                    waiting = true;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        if retry.is_empty() {
-            return Ok(parts);
-        }
-        if waiting {
-            patience.wait(stream, retry.first().copied()).await?;
-        }
-        todo = Some(retry);
-        after = Some(Instant::now());
     }
 }

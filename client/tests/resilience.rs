@@ -4,7 +4,9 @@ mod support;
 
 use std::time::Duration;
 
-use felix_client::{Client, ClientError, CoreId, Record, COVER_ATTEMPTS_PER_CONNECTION};
+use felix_client::{
+    Capabilities, Client, ClientError, CoreId, Record, COVER_ATTEMPTS_PER_CONNECTION,
+};
 use support::{BrokerOptions, TestBroker};
 
 const STREAM: &str = "acme/app/orders";
@@ -289,8 +291,51 @@ async fn a_group_from_latest_resumes_once_it_committed_every_shard() {
 }
 
 #[tokio::test]
-async fn subscriptions_that_cannot_resume_exactly_report_the_lost_connection() {
+async fn a_subscription_from_latest_resumes_each_shard_where_it_was() {
     let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream(STREAM, 2);
+    let client = Client::connect(patient(&broker)).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    // Records before the subscription, on both shards: not to be seen.
+    for i in 0..8 {
+        publisher.publish(Record::keyed(format!("k{i}"), "before")).await.unwrap();
+    }
+    let mut sub = client.subscribe(felix_client::SubscribeOptions::new(STREAM)).await.unwrap();
+    // Shard 0 returns a record; shard 1 none, so only the broker's SubscribeOk said where it
+    // started.
+    let on_shard = |s: u32| {
+        (0..64)
+            .map(|i| format!("k{i}"))
+            .find(|k| publisher.shard_for_key(k.as_bytes()) == Some(felix_client::ShardId(s)))
+            .unwrap()
+    };
+    publisher.publish(Record::keyed(on_shard(0), "a")).await.unwrap();
+    assert_eq!(next_value(&mut sub).await.unwrap(), "a");
+    // Stored on both shards while the subscriber's broker is away.
+    let stopped = broker.stop().await;
+    {
+        let mut o = stopped.state.lock();
+        let data = o.streams.get_mut(STREAM).unwrap();
+        for (shard, value) in [(0, "b0"), (1, "b1")] {
+            let value = bytes::Bytes::from_static(value.as_bytes());
+            data.shards[shard].push(support::Stored { timestamp_ms: 1, key: None, value });
+        }
+    }
+    let broker = stopped.restart().await;
+    let mut after = vec![next_value(&mut sub).await.unwrap(), next_value(&mut sub).await.unwrap()];
+    after.sort();
+    assert_eq!(after, ["b0", "b1"]);
+    let more = tokio::time::timeout(Duration::from_millis(300), sub.next()).await;
+    assert!(more.is_err(), "nothing else: {more:?}");
+    assert_eq!(sub.resumes(), 1);
+    drop(broker);
+}
+
+#[tokio::test]
+async fn without_positions_subscriptions_that_cannot_resume_exactly_report_the_lost_connection() {
+    // A broker that cannot start each shard at an offset of its own (no SUBSCRIBE_POSITIONS).
+    let capabilities = Capabilities(support::SINGLE_NODE.0 & !Capabilities::SUBSCRIBE_POSITIONS.0);
+    let broker = TestBroker::start(BrokerOptions { capabilities, ..Default::default() }).await;
     broker.create_stream(STREAM, 2);
     let client = Client::connect(patient(&broker)).await.unwrap();
     // Several shards from Latest without a group: a resume could miss records.
@@ -299,21 +344,28 @@ async fn subscriptions_that_cannot_resume_exactly_report_the_lost_connection() {
     // end of the log as of the resume.
     let mut group_latest =
         client.subscribe(felix_client::SubscribeOptions::new(STREAM).group("fresh")).await.unwrap();
-    // Resuming turned off.
-    let mut no_resume = client
-        .subscribe(
-            felix_client::SubscribeOptions::new(STREAM)
-                .start(felix_client::StartAt::Earliest)
-                .resume(false),
-        )
-        .await
-        .unwrap();
     let broker = restart_later(broker).await.unwrap();
-    for sub in [&mut latest, &mut group_latest, &mut no_resume] {
+    for sub in [&mut latest, &mut group_latest] {
         let err = tokio::time::timeout(Duration::from_secs(20), sub.next()).await.unwrap();
         assert!(matches!(err, Err(ClientError::ConnectionLost(_))), "{err:?}");
         assert_eq!(sub.resumes(), 0);
     }
+    broker.assert_no_unadvertised_bits();
+    drop(broker);
+}
+
+#[tokio::test]
+async fn a_subscription_with_resuming_off_reports_the_lost_connection() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream(STREAM, 2);
+    let client = Client::connect(patient(&broker)).await.unwrap();
+    let options =
+        felix_client::SubscribeOptions::new(STREAM).start(felix_client::StartAt::Earliest);
+    let mut sub = client.subscribe(options.resume(false)).await.unwrap();
+    let broker = restart_later(broker).await.unwrap();
+    let err = tokio::time::timeout(Duration::from_secs(20), sub.next()).await.unwrap();
+    assert!(matches!(err, Err(ClientError::ConnectionLost(_))), "{err:?}");
+    assert_eq!(sub.resumes(), 0);
     drop(broker);
 }
 

@@ -138,11 +138,13 @@ mod tests {
                 shards: None,
                 start: StartAt::Earliest,
                 group: None,
+                positions: None,
             }),
             Frame::SubscribeOk(SubscribeOk {
                 request_id: id,
                 subscription_id: SubscriptionId(1),
                 shards: vec![],
+                positions: None,
             }),
             Frame::SubscriptionStart(SubscriptionId(1)),
             Frame::EventBatch(EventBatch {

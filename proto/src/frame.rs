@@ -246,6 +246,10 @@ pub struct Subscribe {
     pub start: StartAt,
     /// A consumer group: resume from its committed positions.
     pub group: Option<String>,
+    /// Flag `POSITIONS` (capability `SUBSCRIBE_POSITIONS`): the offset each shard of `shards`
+    /// starts at, in its order (one per shard; sent only with a shard list). They replace
+    /// `start` and the group's commits: how a subscription resumes each shard where it was.
+    pub positions: Option<Vec<Offset>>,
 }
 
 /// SubscribeOk: the subscription started; EventBatches follow on a unidirectional stream that
@@ -258,6 +262,9 @@ pub struct SubscribeOk {
     pub subscription_id: SubscriptionId,
     /// The shards it reads.
     pub shards: Vec<ShardId>,
+    /// Flag `POSITIONS` (sent to a client that advertised `SUBSCRIBE_POSITIONS`): the offset
+    /// each shard of `shards` starts at, in its order.
+    pub positions: Option<Vec<Offset>>,
 }
 
 /// EventBatch: records `base_offset..` of `shard`.
@@ -323,6 +330,8 @@ impl Frame {
         match self {
             Self::Publish(p) => p.flags(),
             Self::CreateStream(c) if c.replicas.is_some() => Flags::REPLICAS,
+            Self::Subscribe(s) if s.positions.is_some() && s.shards.is_some() => Flags::POSITIONS,
+            Self::SubscribeOk(s) if s.positions.is_some() => Flags::POSITIONS,
             _ => Flags::NONE,
         }
     }
@@ -447,11 +456,17 @@ impl Frame {
                         dst.put_bytes_u16(g.as_bytes());
                     }
                 }
+                if let (Some(shards), Some(positions)) = (&s.shards, &s.positions) {
+                    put_positions(dst, shards.len(), positions);
+                }
             }
             Self::SubscribeOk(s) => {
                 dst.put_u64(s.request_id.0);
                 dst.put_u64(s.subscription_id.0);
                 put_shards(dst, &s.shards);
+                if let Some(positions) = &s.positions {
+                    put_positions(dst, s.shards.len(), positions);
+                }
             }
             Self::SubscriptionStart(id) => dst.put_u64(id.0),
             Self::EventBatch(b) => event_batch::encode_event_batch_body(b, dst),
@@ -554,12 +569,17 @@ impl Frame {
                 count: r.u32("count")?,
             }),
             FrameType::PublishError => Frame::PublishError(error_body(&mut r)?),
-            FrameType::Subscribe => Frame::Subscribe(decode_subscribe(&mut r)?),
-            FrameType::SubscribeOk => Frame::SubscribeOk(SubscribeOk {
-                request_id: RequestId(r.u64("request_id")?),
-                subscription_id: SubscriptionId(r.u64("subscription_id")?),
-                shards: shard_list(&mut r)?,
-            }),
+            FrameType::Subscribe => Frame::Subscribe(decode_subscribe(&mut r, flags)?),
+            FrameType::SubscribeOk => {
+                let request_id = RequestId(r.u64("request_id")?);
+                let subscription_id = SubscriptionId(r.u64("subscription_id")?);
+                let shards = shard_list(&mut r)?;
+                let positions = match flags.contains(Flags::POSITIONS) {
+                    true => Some(positions(&mut r, shards.len())?),
+                    false => None,
+                };
+                Frame::SubscribeOk(SubscribeOk { request_id, subscription_id, shards, positions })
+            }
             FrameType::SubscriptionStart => {
                 Frame::SubscriptionStart(SubscriptionId(r.u64("subscription_id")?))
             }
@@ -604,7 +624,7 @@ fn decode_publish(r: &mut Reader, flags: Flags, limits: &Limits) -> Result<Publi
     Ok(Publish { ack, key, producer, stream, records })
 }
 
-fn decode_subscribe(r: &mut Reader) -> Result<Subscribe, DecodeError> {
+fn decode_subscribe(r: &mut Reader, flags: Flags) -> Result<Subscribe, DecodeError> {
     let request_id = RequestId(r.u64("request_id")?);
     let stream = stream_name(r)?;
     let shards = match presence(r, "shards presence")? {
@@ -630,7 +650,18 @@ fn decode_subscribe(r: &mut Reader) -> Result<Subscribe, DecodeError> {
         false => None,
         true => Some(r.string_u16(limits::MAX_GROUP_NAME_BYTES, "group")?),
     };
-    Ok(Subscribe { request_id, stream, shards, start, group })
+    let positions = match (flags.contains(Flags::POSITIONS), &shards) {
+        (false, _) => None,
+        (true, Some(list)) => Some(positions(r, list.len())?),
+        // Positions belong to the shards of a list: without one there is nothing to place.
+        (true, None) => {
+            return Err(DecodeError::InvalidValue {
+                what: "positions without a shard list",
+                value: 0,
+            })
+        }
+    };
+    Ok(Subscribe { request_id, stream, shards, start, group, positions })
 }
 
 fn decode_event_batch(r: &mut Reader, limits: &Limits) -> Result<EventBatch, DecodeError> {
@@ -738,6 +769,22 @@ fn shard_list(r: &mut Reader) -> Result<Vec<ShardId>, DecodeError> {
         shards.push(ShardId(r.u32("shard")?));
     }
     Ok(shards)
+}
+
+/// One offset per shard of a list of `count` shards (already bounded by the shard list's limit).
+fn positions(r: &mut Reader, count: usize) -> Result<Vec<Offset>, DecodeError> {
+    if count.saturating_mul(8) > r.remaining() {
+        return Err(DecodeError::Truncated { what: "positions" });
+    }
+    (0..count).map(|_| r.u64("position").map(Offset)).collect()
+}
+
+/// The positions of a shard list of `count` shards as [`put_shards`] wrote it: one each (a
+/// missing one is written as 0; the caller gives one per shard).
+fn put_positions(dst: &mut BytesMut, count: usize, positions: &[Offset]) {
+    for i in 0..count.min(limits::MAX_SUBSCRIBE_SHARDS) {
+        dst.put_u64(positions.get(i).map_or(0, |o| o.0));
+    }
 }
 
 fn put_shards(dst: &mut BytesMut, shards: &[ShardId]) {

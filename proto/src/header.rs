@@ -111,6 +111,7 @@ impl FrameType {
         match self {
             Self::Publish => Flags(Flags::ACKED.0 | Flags::KEYED.0 | Flags::PRODUCER.0),
             Self::CreateStream => Flags::REPLICAS,
+            Self::Subscribe | Self::SubscribeOk => Flags::POSITIONS,
             _ => Flags::NONE,
         }
     }
@@ -153,6 +154,9 @@ impl Flags {
     pub const PRODUCER: Flags = Flags(0x0004);
     /// CreateStream: after the retention, a replication factor (u8). Needs `CLUSTER`.
     pub const REPLICAS: Flags = Flags(0x0008);
+    /// Subscribe: after the group, a start offset (u64) for each listed shard. SubscribeOk:
+    /// after the shards, the offset each shard starts at (u64). Needs `SUBSCRIBE_POSITIONS`.
+    pub const POSITIONS: Flags = Flags(0x0010);
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: Flags) -> bool {
@@ -184,8 +188,11 @@ impl Capabilities {
     ///
     /// [`ALL`]: Capabilities::ALL
     pub const REPLICATION: Capabilities = Capabilities(1 << 5);
+    /// Subscribe and SubscribeOk may carry [`Flags::POSITIONS`]: a subscription learns where
+    /// each of its shards starts, and resumes each shard at an offset of its own.
+    pub const SUBSCRIBE_POSITIONS: Capabilities = Capabilities(1 << 6);
     /// Everything this build offers to clients (every bit but `REPLICATION`).
-    pub const ALL: Capabilities = Capabilities(0b1_1111);
+    pub const ALL: Capabilities = Capabilities(0b101_1111);
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: Capabilities) -> bool {
@@ -213,6 +220,11 @@ impl Capabilities {
         }
         if frame_type == FrameType::CreateStream && self.contains(Self::CLUSTER) {
             bits |= Flags::REPLICAS.0;
+        }
+        if matches!(frame_type, FrameType::Subscribe | FrameType::SubscribeOk)
+            && self.contains(Self::SUBSCRIBE_POSITIONS)
+        {
+            bits |= Flags::POSITIONS.0;
         }
         Flags(bits)
     }
@@ -296,5 +308,10 @@ mod tests {
         assert_eq!(Capabilities::NONE.allowed_flags(FrameType::Publish), Flags::NONE);
         assert_eq!(Capabilities::PUBLISH_ACKED.allowed_flags(FrameType::Publish), Flags::ACKED);
         assert_eq!(Capabilities::ALL.allowed_flags(FrameType::Ping), Flags::NONE);
+        let positions = Capabilities::SUBSCRIBE_POSITIONS;
+        assert_eq!(positions.allowed_flags(FrameType::Subscribe), Flags::POSITIONS);
+        assert_eq!(positions.allowed_flags(FrameType::SubscribeOk), Flags::POSITIONS);
+        assert_eq!(Capabilities::NONE.allowed_flags(FrameType::SubscribeOk), Flags::NONE);
+        assert!(!Capabilities::ALL.contains(Capabilities::REPLICATION));
     }
 }

@@ -12,7 +12,7 @@ use proptest::prelude::*;
 /// How a valid frame is spoiled.
 #[derive(Clone, Copy, Debug)]
 enum Spoil {
-    /// A flag bit no frame type defines (bits 3..16).
+    /// A flag bit no frame type defines (bits 5..16).
     UnknownFlag(u8),
     /// A decoder whose frame limit is below the frame's length.
     TooLarge,
@@ -20,14 +20,15 @@ enum Spoil {
     TrailingByte,
     /// The stream ends `n` bytes before the frame does (at most the whole body).
     CutByFin(usize),
-    /// A decoder that accepts no capabilities (flag bits of a Publish are not advertised).
+    /// A decoder that accepts no capabilities (flag bits of a Publish, CreateStream,
+    /// Subscribe or SubscribeOk are not advertised).
     NotAdvertised,
 }
 
 fn spoil() -> impl Strategy<Value = Spoil> {
     prop_oneof![
-        // Bits 0-3 are defined (Publish 0-2, CreateStream 3).
-        (4u8..16).prop_map(Spoil::UnknownFlag),
+        // Bits 0-4 are defined (Publish 0-2, CreateStream 3, Subscribe and SubscribeOk 4).
+        (5u8..16).prop_map(Spoil::UnknownFlag),
         Just(Spoil::TooLarge),
         Just(Spoil::TrailingByte),
         (1usize..64).prop_map(Spoil::CutByFin),

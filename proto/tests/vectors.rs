@@ -206,6 +206,7 @@ fn vectors() -> Vec<(&'static str, Frame)> {
                 shards: Some(vec![ShardId(0), ShardId(2)]),
                 start: StartAt::Offset(Offset(5)),
                 group: Some(s("g")),
+                positions: None,
             }),
         ),
         (
@@ -214,6 +215,28 @@ fn vectors() -> Vec<(&'static str, Frame)> {
                 request_id: RequestId(9),
                 subscription_id: SubscriptionId(1),
                 shards: vec![ShardId(0), ShardId(2)],
+                positions: None,
+            }),
+        ),
+        (
+            // A resume: shard 0 from offset 7, shard 2 from offset 3 (`start` is ignored).
+            "subscribe_positions",
+            Frame::Subscribe(Subscribe {
+                request_id: RequestId(10),
+                stream: s("a/b/c"),
+                shards: Some(vec![ShardId(0), ShardId(2)]),
+                start: StartAt::Latest,
+                group: None,
+                positions: Some(vec![Offset(7), Offset(3)]),
+            }),
+        ),
+        (
+            "subscribe_ok_positions",
+            Frame::SubscribeOk(SubscribeOk {
+                request_id: RequestId(10),
+                subscription_id: SubscriptionId(2),
+                shards: vec![ShardId(0), ShardId(2)],
+                positions: Some(vec![Offset(7), Offset(3)]),
             }),
         ),
         ("subscription_start", Frame::SubscriptionStart(SubscriptionId(1))),
@@ -309,6 +332,11 @@ fn rejections() -> Vec<Rejection> {
     // Subscribe 9 to a/b/c, shard list present with 0 shards, from earliest, no group.
     let mut empty_shards = 9u64.to_be_bytes().to_vec();
     empty_shards.extend_from_slice(&[0, 5, b'a', b'/', b'b', b'/', b'c', 1, 0, 0, 0, 0]);
+    // Subscribe 12 to a/b/c with positions (flag 0x0010) but no shard list: every shard, from
+    // latest, no group, one position (7).
+    let mut unlisted_positions = 12u64.to_be_bytes().to_vec();
+    unlisted_positions.extend_from_slice(&[0, 5, b'a', b'/', b'b', b'/', b'c', 0, 1, 0]);
+    unlisted_positions.extend_from_slice(&7u64.to_be_bytes());
     // Publish acked (request 11, written) to a/b/c with 0 records.
     let mut empty_publish = 11u64.to_be_bytes().to_vec();
     empty_publish.extend_from_slice(&[1, 0, 5, b'a', b'/', b'b', b'/', b'c', 0, 0, 0, 0]);
@@ -365,6 +393,13 @@ fn rejections() -> Vec<Rejection> {
             raw(0x20, 0, empty_shards.len() as u32, &empty_shards),
             ErrorCode::InvalidArgument,
             Some(9),
+            false,
+        ),
+        r(
+            "reject_positions_without_shards",
+            raw(0x20, 0x0010, unlisted_positions.len() as u32, &unlisted_positions),
+            ErrorCode::InvalidArgument,
+            Some(12),
             false,
         ),
         r(

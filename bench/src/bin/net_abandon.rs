@@ -188,6 +188,7 @@ fn full_connections(
             shards: None,
             start: StartAt::Latest,
             group: None,
+            positions: None,
         })
         .encode(&mut hello);
     }

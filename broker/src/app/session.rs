@@ -668,6 +668,11 @@ impl Session {
         shards.iter().try_for_each(|shard| link.check(&s.stream, *shard, false))
     }
 
+    /// Whether the client advertised every capability of `caps` in its Hello.
+    pub fn client_has(&self, caps: Capabilities) -> bool {
+        self.client_capabilities.get().contains(caps)
+    }
+
     /// Whether this connection may do `action` on `stream`.
     pub fn may(&self, action: Action, stream: &str) -> bool {
         self.authorize(action, stream).is_ok()

@@ -9,11 +9,15 @@
 //! subscription at once, and a stopping broker resets it with `ShuttingDown` (22), see
 //! [`write_subscription`].
 
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use felix_proto::{ErrorCode, Frame, Offset, ShardId, Subscribe, SubscribeOk, SubscriptionId};
+use felix_proto::{
+    Capabilities, ErrorCode, Frame, Offset, ShardId, StartAt, Subscribe, SubscribeOk,
+    SubscriptionId,
+};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
 use super::core::CoreApp;
@@ -81,19 +85,14 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
             link.check(&s.stream, *shard, false).map_err(|r| r.into_wire(&s.stream))?;
         }
     }
+    let asked = asked_positions(&s)?;
     let mut positions = Vec::with_capacity(shards.len());
     for shard in &shards {
-        let req = CoreRequest::Resolve {
-            stream: s.stream.clone(),
-            shard: *shard,
-            start: s.start,
-            group: s.group.clone(),
+        let pos = match asked.get(shard) {
+            Some(&at) => resolve_position(&app, &s.stream, *shard, at).await?,
+            None => resolve(&app, &s.stream, *shard, s.start, s.group.clone()).await?,
         };
-        match app.on_owner(*shard, req).await? {
-            CoreResponse::Position(Ok(pos)) => positions.push((*shard, pos)),
-            CoreResponse::Position(Err(e)) => return Err(e),
-            _ => return Err(WireError::new(ErrorCode::Internal, "unexpected reply")),
-        }
+        positions.push((*shard, pos));
     }
     let mut send = session.conn.open_uni().await.map_err(|e| {
         WireError::new(ErrorCode::LimitReached, format!("cannot open a stream: {e}"))
@@ -115,12 +114,67 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     });
     let tx = Rc::new(tx);
     let read_bytes = read_bytes(positions.len());
+    // A client that can resume each shard where it was learns where each one starts.
+    let starts = session
+        .client_has(Capabilities::SUBSCRIBE_POSITIONS)
+        .then(|| positions.iter().map(|(_, pos)| *pos).collect());
     for (shard, pos) in positions {
         let (session, stream, tx) = (session.clone(), s.stream.clone(), tx.clone());
         let pump = pump(session, stream, shard, pos, read_bytes, tx, cancelled.clone());
         app.tasks.spawn(pump);
     }
-    Ok(SubscribeOk { request_id: s.request_id, subscription_id: id, shards })
+    Ok(SubscribeOk { request_id: s.request_id, subscription_id: id, shards, positions: starts })
+}
+
+/// The positions a Subscribe asks for (flag `POSITIONS`), by shard; empty without them. A shard
+/// named twice is refused: its start would be ambiguous.
+fn asked_positions(s: &Subscribe) -> Result<BTreeMap<ShardId, Offset>, WireError> {
+    let mut asked = BTreeMap::new();
+    let (Some(list), Some(positions)) = (&s.shards, &s.positions) else { return Ok(asked) };
+    for (shard, at) in list.iter().zip(positions) {
+        if asked.insert(*shard, *at).is_some() {
+            return Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                format!("{shard} is named twice in a Subscribe with positions"),
+            ));
+        }
+    }
+    Ok(asked)
+}
+
+/// Where `shard` starts for `start` (and `group`'s commit, if it has one), on its owner.
+async fn resolve(
+    app: &Rc<CoreApp>,
+    stream: &str,
+    shard: ShardId,
+    start: StartAt,
+    group: Option<String>,
+) -> Result<Offset, WireError> {
+    let req = CoreRequest::Resolve { stream: stream.to_owned(), shard, start, group };
+    match app.on_owner(shard, req).await? {
+        CoreResponse::Position(answer) => answer,
+        _ => Err(WireError::new(ErrorCode::Internal, "unexpected reply")),
+    }
+}
+
+/// Where `shard` starts for a position asked for: there, or at the oldest retained record when
+/// retention deleted the position (the subscriber sees the gap in the first batch's offset).
+/// A position past the shard's end is `OffsetOutOfRange`.
+async fn resolve_position(
+    app: &Rc<CoreApp>,
+    stream: &str,
+    shard: ShardId,
+    at: Offset,
+) -> Result<Offset, WireError> {
+    match resolve(app, stream, shard, StartAt::Offset(at), None).await {
+        Err(e) if e.code == ErrorCode::OffsetOutOfRange => {
+            match resolve(app, stream, shard, StartAt::Earliest, None).await? {
+                oldest if oldest > at => Ok(oldest),
+                _ => Err(e),
+            }
+        }
+        answer => answer,
+    }
 }
 
 /// The bytes each read of a subscription over `shards` shards asks for: together at most
@@ -158,7 +212,7 @@ async fn pump(
                         CoreRequest::Resolve {
                             stream: stream.clone(),
                             shard,
-                            start: felix_proto::StartAt::Earliest,
+                            start: StartAt::Earliest,
                             group: None,
                         },
                     )

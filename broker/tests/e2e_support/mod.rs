@@ -203,11 +203,13 @@ pub fn test_seed(what: &str) -> u64 {
     seed
 }
 
-/// Reads frames from `recv` until `n` arrived or the stream ended.
+/// Reads frames from `recv` until `n` arrived or the stream ended. The flags of every capability
+/// are accepted: the tests' raw clients advertise them all (a test that advertises less checks
+/// what the broker sent itself).
 pub async fn read_frames(recv: &mut quinn::RecvStream, n: usize) -> Vec<felix_proto::Frame> {
     let mut decoder = felix_proto::FrameDecoder::new(
         felix_proto::Limits::default(),
-        felix_proto::Capabilities::NONE,
+        felix_proto::Capabilities::ALL,
     );
     let mut out = Vec::new();
     while out.len() < n {

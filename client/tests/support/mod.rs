@@ -282,8 +282,10 @@ impl TestBroker {
     /// Asserts that no frame used a flag bit or capability the broker did not advertise.
     pub fn assert_no_unadvertised_bits(&self) {
         let o = self.state.lock();
-        let allowed = self.options.capabilities.allowed_flags(felix_proto::FrameType::Publish);
-        assert_eq!(o.flags_seen & !allowed.0, 0, "flag bits received: {:#06x}", o.flags_seen);
+        let caps = self.options.capabilities;
+        let allowed =
+            felix_proto::FrameType::ALL.iter().fold(0, |a, t| a | caps.allowed_flags(*t).0);
+        assert_eq!(o.flags_seen & !allowed, 0, "flag bits received: {:#06x}", o.flags_seen);
         assert!(o.violations.is_empty(), "violations: {:?}", o.violations);
     }
 }
@@ -563,10 +565,21 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
             let mut positions = BTreeMap::new();
             drop(o);
             ctx.state.lock().subscribes.push(s.shards.clone());
+            // A resume's positions (flag POSITIONS) replace the start and the group's commits.
+            let asked: BTreeMap<ShardId, u64> = match (&s.shards, &s.positions) {
+                (Some(list), Some(at)) => {
+                    list.iter().copied().zip(at.iter().map(|o| o.0)).collect()
+                }
+                _ => BTreeMap::new(),
+            };
             let o = ctx.state.lock();
             let Some(stream) = o.streams.get(&s.stream) else { return vec![] };
             for sh in &shards {
                 let log = &stream.shards[sh.0 as usize];
+                if let Some(at) = asked.get(sh) {
+                    positions.insert(*sh, (*at).min(log.len() as u64));
+                    continue;
+                }
                 let committed = s
                     .group
                     .as_ref()
@@ -582,12 +595,17 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
                 positions.insert(*sh, pos);
             }
             drop(o);
+            // Where each shard starts, to a client that asked for positions in its Hello.
+            let tell = caps.contains(Capabilities::SUBSCRIBE_POSITIONS)
+                && ctx.client_caps.lock().unwrap().contains(Capabilities::SUBSCRIBE_POSITIONS);
+            let starts = tell.then(|| shards.iter().map(|sh| Offset(positions[sh])).collect());
             let id = SubscriptionId(ctx.state.next_subscription.fetch_add(1, Ordering::Relaxed));
             tokio::spawn(push_subscription(ctx.clone(), id, s.stream.clone(), positions));
             vec![Frame::SubscribeOk(SubscribeOk {
                 request_id: s.request_id,
                 subscription_id: id,
                 shards,
+                positions: starts,
             })]
         }
         Frame::CommitOffset(c) => {

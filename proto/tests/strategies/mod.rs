@@ -44,6 +44,11 @@ fn subscribe_shards() -> impl Strategy<Value = Vec<ShardId>> {
     vec(any::<u32>().prop_map(ShardId), 1..8)
 }
 
+/// One offset per shard of a list of `n`.
+fn positions(n: usize) -> impl Strategy<Value = Vec<Offset>> {
+    vec(any::<u64>().prop_map(Offset), n..=n)
+}
+
 fn start() -> impl Strategy<Value = StartAt> {
     prop_oneof![
         Just(StartAt::Earliest),
@@ -188,18 +193,32 @@ pub fn frame() -> impl Strategy<Value = Frame> {
         ),
         error_body().prop_map(Frame::PublishError),
         (request_id(), name(), option::of(subscribe_shards()), start(), option::of(text(20)))
-            .prop_map(|(request_id, stream, shards, start, group)| Frame::Subscribe(Subscribe {
-                request_id,
-                stream,
-                shards,
-                start,
-                group,
-            })),
-        (request_id(), any::<u64>(), shards()).prop_map(|(request_id, id, shards)| {
-            Frame::SubscribeOk(SubscribeOk {
-                request_id,
-                subscription_id: SubscriptionId(id),
-                shards,
+            .prop_flat_map(|(request_id, stream, shards, start, group)| {
+                // Positions come with a shard list only, one per shard.
+                let n = shards.as_ref().map(Vec::len);
+                let positions = match n {
+                    Some(n) => option::of(positions(n)).boxed(),
+                    None => Just(None).boxed(),
+                };
+                positions.prop_map(move |positions| {
+                    Frame::Subscribe(Subscribe {
+                        request_id,
+                        stream: stream.clone(),
+                        shards: shards.clone(),
+                        start,
+                        group: group.clone(),
+                        positions,
+                    })
+                })
+            }),
+        (request_id(), any::<u64>(), shards()).prop_flat_map(|(request_id, id, shards)| {
+            option::of(positions(shards.len())).prop_map(move |positions| {
+                Frame::SubscribeOk(SubscribeOk {
+                    request_id,
+                    subscription_id: SubscriptionId(id),
+                    shards: shards.clone(),
+                    positions,
+                })
             })
         }),
         any::<u64>().prop_map(|id| Frame::SubscriptionStart(SubscriptionId(id))),

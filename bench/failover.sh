@@ -198,7 +198,7 @@ done
 exec 3>&-
 wait "$pub"
 tar czf "$OUT/logs.tar.gz" -C "$DATA_ROOT" $(cd "$DATA_ROOT" && ls ./*.log) 2>/dev/null || true
-COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+COMMIT=$(git describe --always --dirty 2>/dev/null || echo unknown)
 
 python3 - "$OUT" "$TTL_S" "$TRIALS" "$RATE" "${KEY:-}" "$PROFILE" "$COMMIT" "$(nproc)" <<'EOF'
 import json, statistics, sys

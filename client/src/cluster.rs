@@ -70,6 +70,10 @@ pub const OUT_OF_ORDER_RETRY_MS: u64 = 20;
 /// How long an idempotent batch waits for its broker's answer before the client starts looking
 /// whether its shard has left that broker, in milliseconds (see [`OWNER_CHECK_INTERVAL_MS`]).
 pub const ANSWER_SUSPECT_MS: u64 = 500;
+/// How long [`Cluster::conn_at`] waits for a connection attempt before it answers that the
+/// broker is not reachable yet (the attempt goes on), in milliseconds: a live broker's
+/// handshake takes a few; a dead one's the whole per-attempt connect timeout.
+pub const CONNECT_WAIT_MS: u64 = 100;
 /// How long the broker of a batch awaited past [`ANSWER_SUSPECT_MS`] has to answer a probe
 /// (`Metadata` on the same connection) before its connection counts as dead and is closed, in
 /// milliseconds. A broker restarted on its address, or killed, leaves its old connections open
@@ -86,7 +90,8 @@ pub(crate) struct Cluster {
     closed: Arc<AtomicBool>,
     home: Arc<Pool>,
     seeds: Vec<String>,
-    state: Mutex<State>,
+    /// Shared with the reconnects [`Cluster::conn_at`] leaves running in the background.
+    state: Arc<Mutex<State>>,
     /// Serialises placement fetches, so that many refused requests cause one fetch.
     refresh_gate: tokio::sync::Mutex<()>,
 }
@@ -212,7 +217,7 @@ impl Cluster {
             template,
             closed,
             home,
-            state: Mutex::new(state),
+            state: Arc::new(Mutex::new(state)),
             refresh_gate: tokio::sync::Mutex::new(()),
         }
     }
@@ -264,11 +269,22 @@ impl Cluster {
         stream: &str,
         after: Instant,
     ) -> Result<Arc<Placement>, ClientError> {
+        self.refresh_from(stream, after, None).await
+    }
+
+    /// [`Cluster::refresh`], asking the broker at `avoid` only after every other one (it is
+    /// the broker whose ownership is in doubt: its own view may lag the others').
+    async fn refresh_from(
+        &self,
+        stream: &str,
+        after: Instant,
+        avoid: Option<SocketAddr>,
+    ) -> Result<Arc<Placement>, ClientError> {
         let _gate = self.refresh_gate.lock().await;
         if let Some(p) = self.lock().placements.get(stream).filter(|p| p.fetched > after) {
             return Ok(p.clone());
         }
-        let owners = self.fetch(stream).await?;
+        let owners = self.fetch(stream, avoid).await?;
         let placement = Arc::new(Placement { owners, fetched: Instant::now(), stale: false });
         let mut state = self.lock();
         if !state.placements.contains_key(stream)
@@ -337,11 +353,13 @@ impl Cluster {
     /// A broker that answers `ShardUnavailable` may be one that lost touch with the cluster
     /// (its view may be stale: a broker refuses `Metadata` while it cannot confirm its lease),
     /// so the next broker is asked; the last such answer is returned when none knows better.
-    async fn fetch(&self, stream: &str) -> Result<Vec<ShardOwner>, ClientError> {
-        self.anywhere_with(true, ClientError::is_shard_unavailable, |conn| async move {
-            metadata(&conn, stream).await
-        })
-        .await
+    async fn fetch(
+        &self,
+        stream: &str,
+        avoid: Option<SocketAddr>,
+    ) -> Result<Vec<ShardOwner>, ClientError> {
+        let skip = ClientError::is_shard_unavailable;
+        self.ask_any(true, skip, avoid, |conn| async move { metadata(&conn, stream).await }).await
     }
 
     /// Runs `request` on a connection to any broker that can be reached. The brokers are
@@ -373,6 +391,22 @@ impl Cluster {
         &self,
         resend: bool,
         skip: fn(&ClientError) -> bool,
+        request: F,
+    ) -> Result<T, ClientError>
+    where
+        F: Fn(Arc<Conn>) -> Fut,
+        Fut: Future<Output = Result<T, ClientError>>,
+    {
+        self.ask_any(resend, skip, None, request).await
+    }
+
+    /// [`Cluster::anywhere_with`], asking the broker at `avoid` after every other one that is
+    /// not penalized.
+    async fn ask_any<T, F, Fut>(
+        &self,
+        resend: bool,
+        skip: fn(&ClientError) -> bool,
+        avoid: Option<SocketAddr>,
         request: F,
     ) -> Result<T, ClientError>
     where
@@ -420,7 +454,7 @@ impl Cluster {
             }
             Asked::Answer(answer)
         };
-        let candidates = self.candidates();
+        let candidates = self.candidates(avoid);
         if resend {
             let decisive = |asked: &Asked<T>| match asked {
                 Asked::NoConn(e) => is_permanent(e) || matches!(e, ClientError::Closed),
@@ -449,29 +483,36 @@ impl Cluster {
         Err(last)
     }
 
-    /// Every broker a request may be sent to, in the order of [`Cluster::anywhere`].
-    fn candidates(&self) -> Vec<Candidate> {
+    /// Every broker a request may be sent to, in the order of [`Cluster::anywhere`]; `avoid`
+    /// after the others that are not penalized.
+    fn candidates(&self, avoid: Option<SocketAddr>) -> Vec<Candidate> {
         let pools = self.pools();
         let learned = self.learned_addresses();
         let state = self.lock();
         // (penalized until, kind, candidate): stable-sorted, so pools keep the home first.
         let mut list: Vec<(Option<Instant>, u8, Candidate)> = Vec::new();
+        // The avoided broker's kinds sort after every other kind.
+        let avoided =
+            |addr: Option<SocketAddr>| if addr.is_some() && addr == avoid { 10 } else { 0 };
         for pool in pools {
             let until = state.penalized_until(pool.addr());
+            let later = avoided(Some(pool.addr()));
             match pool.open_conn() {
-                Some(conn) => list.push((until, 0, Candidate::Open(pool, conn))),
-                None => list.push((until, 1, Candidate::Pool(pool))),
+                Some(conn) => list.push((until, later, Candidate::Open(pool, conn))),
+                None => list.push((until, later + 1, Candidate::Pool(pool))),
             }
         }
         let pooled =
             |address: &str| state.names.get(address).is_some_and(|a| state.pools.contains_key(a));
         let until_of =
             |address: &str| state.names.get(address).and_then(|a| state.penalized_until(*a));
+        let later = |address: &str| avoided(state.names.get(address).copied());
         for seed in self.seeds.iter().filter(|s| !pooled(s)) {
-            list.push((until_of(seed), 2, Candidate::Address(seed.clone())));
+            list.push((until_of(seed), later(seed) + 2, Candidate::Address(seed.clone())));
         }
         for address in learned {
-            list.push((until_of(&address), 3, Candidate::Address(address)));
+            let kind = later(&address) + 3;
+            list.push((until_of(&address), kind, Candidate::Address(address)));
         }
         list.sort_by_key(|(until, kind, _)| (until.is_some(), *until, *kind));
         list.into_iter().map(|(_, _, c)| c).collect()
@@ -699,19 +740,45 @@ impl Cluster {
         }
     }
 
-    /// A connection to the broker at `address`, on the slot of `shard`'s core: one attempt
-    /// (with the per-attempt connect timeout); a penalized broker fails at once.
+    /// A connection to the broker at `address`, on the slot of `shard`'s core; a penalized
+    /// broker fails at once. A slot to reconnect gets one attempt (with the per-attempt connect
+    /// timeout) in a task of its own, waited for at most [`CONNECT_WAIT_MS`]: a retry loop
+    /// calling this every 200 ms is never held by an attempt to a dead broker, and looks at the
+    /// placement again meanwhile. While an attempt runs, others fail at once (one per slot).
     pub(crate) async fn conn_at(
         &self,
         address: &str,
         shard: Option<ShardId>,
     ) -> Result<Arc<Conn>, ClientError> {
         let pool = self.pool_for(address).await?;
-        if let Some(e) = self.penalty(pool.addr()) {
+        let addr = pool.addr();
+        if let Some(e) = self.penalty(addr) {
             return Err(e);
         }
         let slot = shard.map_or_else(|| pool.next_slot(), |s| pool.slot_for_shard(s));
-        self.pool_conn(&pool, slot).await
+        if let Some(conn) = pool.open_slot(slot) {
+            return Ok(conn);
+        }
+        let connecting = || ClientError::Connect(format!("connecting to {addr}"));
+        if pool.reconnecting(slot) {
+            return Err(connecting());
+        }
+        let state = self.state.clone();
+        let attempt = tokio::spawn(async move {
+            let conn = pool.conn_once(slot).await;
+            let mut state = state.lock().unwrap_or_else(|p| p.into_inner());
+            match &conn {
+                Err(e) if is_unreachable(e) => state.note_failed(addr, e.clone()),
+                Err(_) => {}
+                Ok(_) => drop(state.failed.remove(&addr)),
+            }
+            conn
+        });
+        match tokio::time::timeout(Duration::from_millis(CONNECT_WAIT_MS), attempt).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => Err(ClientError::Connect(e.to_string())),
+            Err(_) => Err(connecting()),
+        }
     }
 
     /// Whether `shard` of `stream` has left the broker at `peer`: a placement fetched at most
@@ -722,7 +789,9 @@ impl Cluster {
     pub(crate) async fn owner_moved(&self, stream: &str, shard: ShardId, peer: SocketAddr) -> bool {
         let interval = Duration::from_millis(OWNER_CHECK_INTERVAL_MS);
         let after = Instant::now().checked_sub(interval).unwrap_or_else(Instant::now);
-        let Ok(placement) = self.refresh(stream, after).await else { return false };
+        let Ok(placement) = self.refresh_from(stream, after, Some(peer)).await else {
+            return false;
+        };
         match placement.owner(shard) {
             Some(o) if !o.live => true,
             Some(o) => self.resolved(&o.address).is_some_and(|a| a != peer),

@@ -175,6 +175,17 @@ impl Pool {
         Ok(c)
     }
 
+    /// Slot `index`'s connection when it is open, without reconnecting.
+    pub(crate) fn open_slot(&self, index: usize) -> Option<Arc<Conn>> {
+        let slot = &self.slots[index % self.slots.len()];
+        slot.get_current().filter(|c| !c.is_closed())
+    }
+
+    /// Whether slot `index` is reconnecting now.
+    pub(crate) fn reconnecting(&self, index: usize) -> bool {
+        self.slots[index % self.slots.len()].reconnect.try_lock().is_err()
+    }
+
     /// The connections the pool holds now (none for a slot not connected yet).
     pub(crate) fn current_conns(&self) -> Vec<Arc<Conn>> {
         self.slots.iter().filter_map(Slot::get_current).collect()

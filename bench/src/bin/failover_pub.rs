@@ -66,6 +66,10 @@ struct Tally {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    // The client's logs on stderr: FELIX_LOG (an EnvFilter), warnings by default.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FELIX_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     anyhow::ensure!(args.payload_bytes >= 8, "--payload-bytes must be at least 8");
     let mut config = ClientConfig::parse_env()?;
     config.addr = args.addr.clone();
@@ -131,6 +135,7 @@ async fn main() -> anyhow::Result<()> {
             let mut t = tally.lock().unwrap();
             let keep_from = now.checked_sub(Duration::from_secs(5)).unwrap_or(now);
             t.acks_at.retain(|at| *at >= keep_from);
+            tracing::info!(trial = label.trim(), "strike");
             strike = Some((label.trim().to_owned(), now));
         } else if line == "end" {
             let Some((label, at)) = strike.take() else { continue };

@@ -38,6 +38,8 @@ SUBNET=${SUBNET:-10.214.77}
 STREAM=bench/failover/s1
 DATE=$(date -u +%F)
 OUT=${OUT:-bench/results/$DATE-failover}
+# Before anything is written under bench/results (which would make the tree look dirty).
+COMMIT=$(git describe --always --dirty 2>/dev/null || echo unknown)
 [ "$(id -u)" = 0 ] || { echo "needs root (network namespaces, nftables)" >&2; exit 2; }
 command -v etcd >/dev/null || { echo "etcd not found: apt-get install etcd-server" >&2; exit 2; }
 command -v nft >/dev/null || { echo "nft not found: apt-get install nftables" >&2; exit 2; }
@@ -198,7 +200,6 @@ done
 exec 3>&-
 wait "$pub"
 tar czf "$OUT/logs.tar.gz" -C "$DATA_ROOT" $(cd "$DATA_ROOT" && ls ./*.log) 2>/dev/null || true
-COMMIT=$(git describe --always --dirty 2>/dev/null || echo unknown)
 
 python3 - "$OUT" "$TTL_S" "$TRIALS" "$RATE" "${KEY:-}" "$PROFILE" "$COMMIT" "$(nproc)" <<'EOF'
 import json, statistics, sys

@@ -15,9 +15,13 @@
 #   stop     SIGSTOP, past its lease, SIGCONT after HOLD_S seconds
 #   isolate  nftables rules in its namespace cut it off from etcd and the other brokers (its
 #            clients still reach it), removed after HOLD_S seconds
+# and, striking a follower of the shard instead (the broker after the leader, b1 -> b2 -> b3 ->
+# b1), with FAULTS="follower-kill follower-stop":
+#   follower-kill  kill -9 of a follower, restarted after HOLD_S seconds
+#   follower-stop  SIGSTOP of a follower, SIGCONT after HOLD_S seconds
 #
-# Target (issue 41): median pause <= TTL + 1 s, max <= TTL + 2 s per fault; no record fails,
-# none is stored twice.
+# Target (issue 41): median pause <= TTL + 1 s, max <= TTL + 2 s per leader fault; median
+# <= 0.2 s per follower fault; no record fails, none is stored twice.
 #
 #   sudo bench/failover.sh [trials_per_fault=30]
 #
@@ -173,21 +177,23 @@ for trial in $(seq 1 "$TRIALS"); do
   for fault in $FAULTS; do
     leader=$(wait_healthy)
     i=${leader#b}
+    struck=$leader
+    case $fault in follower-*) i=$((i % 3 + 1)); struck="b$i (a follower of $leader)" ;; esac
     p=${broker_pid[$i]}
-    echo "strike $fault $trial $leader" >&3
+    echo "strike $fault $trial $struck" >&3
     case $fault in
-      kill) kill -9 "$p" ;;
+      kill|follower-kill) kill -9 "$p" ;;
       term) kill -TERM "$p" ;;
-      stop) kill -STOP "$p" ;;
+      stop|follower-stop) kill -STOP "$p" ;;
       isolate) isolate "$i" ;;
     esac
     sleep "$HOLD_S"
     case $fault in
-      kill) wait "$p" 2>/dev/null || true; start_broker "$i" ;;
+      kill|follower-kill) wait "$p" 2>/dev/null || true; start_broker "$i" ;;
       term)
         for _ in $(seq 1 300); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
         wait "$p" 2>/dev/null || true; start_broker "$i" ;;
-      stop) kill -CONT "$p" ;;
+      stop|follower-stop) kill -CONT "$p" ;;
       isolate) unisolate "$i" ;;
     esac
     wait_healthy >/dev/null
@@ -220,7 +226,8 @@ lines = [f"# Client-side failover ({sum(len(v) for v in by.values())} trials)", 
          f"on {cpus} CPUs shared by everything. "
          "Pause: the longest gap between two consecutive acks, from the last ack before the strike "
          "until the cluster is healthy again (bench/failover.sh).", "",
-         f"Target: median <= {ttl + 1:g} s, max <= {ttl + 2:g} s.", "",
+         f"Target: median <= {ttl + 1:g} s, max <= {ttl + 2:g} s when the leader is struck; "
+         "median <= 0.2 s when a follower is (follower-*).", "",
          "| fault | trials | median pause (s) | p90 (s) | max (s) | first ack after the strike, median (s) | target met |",
          "|---|---|---|---|---|---|---|"]
 for fault, rs in by.items():
@@ -228,7 +235,7 @@ for fault, rs in by.items():
     firsts = sorted(r["first_ack_ms"] / 1000 for r in rs if r.get("first_ack_ms") is not None)
     med, mx = statistics.median(gaps), gaps[-1]
     p90 = gaps[min(len(gaps) - 1, int(0.9 * len(gaps)))]
-    ok = med <= ttl + 1 and mx <= ttl + 2
+    ok = med <= 0.2 if fault.startswith("follower-") else (med <= ttl + 1 and mx <= ttl + 2)
     res["faults"][fault] = {"trials": len(gaps), "median_s": med, "p90_s": p90, "max_s": mx,
                             "gaps_s": gaps, "target_met": ok}
     fm = f"{statistics.median(firsts):.2f}" if firsts else "-"

@@ -24,6 +24,12 @@ pub struct ReplicaConfig {
     /// A follower that has not durably reached the leader's log end of this long ago is removed
     /// from the in-sync set.
     pub isr_lag_max_ms: u64,
+    /// An in-sync follower that holds the commit back and has sent nothing for this long since
+    /// the leader last answered it is removed from the in-sync set. A live follower fetches
+    /// again within a round trip of each answer, so this notices a lost follower (a crash, a
+    /// pause, a cut link) long before `isr_lag_max_ms`; it must exceed a round trip between
+    /// brokers plus a follower's write of `follower_unwritten_bytes_max`.
+    pub follower_silence_ms: u64,
     /// A leader answers a fetch with nothing new after this long at most (long poll).
     pub fetch_park_max_ms: u64,
     /// A follower resends a fetch or epoch query unanswered for this long.
@@ -44,6 +50,7 @@ impl ReplicaConfig {
         ReplicaConfig {
             min_insync: replicas / 2 + 1,
             isr_lag_max_ms: 2_000,
+            follower_silence_ms: 100,
             fetch_park_max_ms: 250,
             fetch_retry_ms: 500,
             propose_retry_ms: 500,

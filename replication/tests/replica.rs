@@ -355,6 +355,45 @@ fn a_lagging_follower_is_shrunk_out_then_rejoins() {
 }
 
 #[test]
+fn a_silent_follower_leaves_the_isr_long_before_the_lag_limit() {
+    let config = ReplicaConfig::for_replicas(3);
+    let (silence_ms, lag_max_ms) = (config.follower_silence_ms, config.isr_lag_max_ms);
+    let mut h = Harness::with_config(3, config);
+    h.append(0, 1, None, AckMode::Durable);
+    assert_eq!(h.acked(1), Some((Offset(0), 2)), "all three in sync");
+    h.advance(100);
+    // Node 2 crashes: its parked fetch is answered by the next append and nothing comes back.
+    h.cut[2] = true;
+    let struck = h.now;
+    h.append(0, 2, None, AckMode::Durable);
+    assert_eq!(h.acked(2), None, "node 2 is in sync and has not synced");
+    h.advance(silence_ms - 10);
+    assert!(h.group.isr.contains(&NodeId(2)), "not before the silence limit");
+    assert_eq!(h.acked(2), None);
+    h.advance(30);
+    assert!(!h.group.isr.contains(&NodeId(2)), "shrunk out after the silence limit");
+    assert_eq!(h.acked(2), Some((Offset(2), 2)), "committed by the two left");
+    assert!(h.now.since_ms(struck) <= silence_ms + 20 && silence_ms + 20 < lag_max_ms);
+}
+
+#[test]
+fn a_follower_with_a_slow_disk_is_not_silent_only_slow() {
+    let config = ReplicaConfig::for_replicas(3);
+    let (silence_ms, lag_max_ms) = (config.follower_silence_ms, config.isr_lag_max_ms);
+    let mut h = Harness::with_config(3, config);
+    h.auto_disk[2] = false;
+    h.append(0, 1, None, AckMode::Durable);
+    // Node 2 keeps fetching (it is alive) but its disk never completes: it is not silent, so
+    // only the lag limit removes it.
+    h.advance(10 * silence_ms);
+    assert!(h.group.isr.contains(&NodeId(2)), "a live follower is kept for the lag limit");
+    assert_eq!(h.acked(1), None);
+    h.advance(lag_max_ms);
+    assert!(!h.group.isr.contains(&NodeId(2)), "then shrunk out as slow");
+    assert_eq!(h.acked(1), Some((Offset(0), 2)));
+}
+
+#[test]
 fn too_few_in_sync_replicas_refuse_durable_appends() {
     let mut h = Harness::new(3);
     h.cut[1] = true;

@@ -35,6 +35,9 @@ struct Progress {
     parked_since: Option<Time>,
     /// The committed offset last sent to it.
     told_committed: Offset,
+    /// The leader answered it at this time and has heard nothing from it since: a live
+    /// follower fetches again within a round trip of a reply (see `follower_silence_ms`).
+    answered_at: Option<Time>,
 }
 
 /// What a leader knows of one follower ([`crate::Replica::followers`]).
@@ -149,7 +152,7 @@ impl Replica {
         if let Role::Leader(state) = &mut self.role {
             state.waiters.push(waiter);
         }
-        self.wake_parked();
+        self.wake_parked(now);
         self.process_waiters(now);
         Ok(())
     }
@@ -175,9 +178,12 @@ impl Replica {
     }
 
     pub(super) fn on_epoch_query(&mut self, from: NodeId, epoch: Epoch, asked: Epoch) {
-        let Role::Leader(state) = &self.role else { return };
+        let Role::Leader(state) = &mut self.role else { return };
         if epoch != state.epoch {
             return;
+        }
+        if let Some(progress) = state.followers.get_mut(&from) {
+            progress.answered_at = None;
         }
         let (answer_epoch, end) = self.log.epoch_answer(asked, state.epoch);
         self.send(from, Message::EpochAnswer { epoch, asked, answer_epoch, end });
@@ -200,6 +206,7 @@ impl Replica {
         if epoch != state.epoch {
             return;
         }
+        progress.answered_at = None;
         progress.log_end = offset;
         progress.durable_end = durable.min(offset);
         if progress.durable_end >= progress.mark_end {
@@ -210,11 +217,11 @@ impl Replica {
         progress.parked_since = Some(now);
         self.maybe_expand_isr(now, from);
         self.advance_commit(now);
-        self.wake_parked();
+        self.wake_parked(now);
     }
 
     /// Answers every parked fetch that has news: batches after its offset, or a newer commit.
-    pub(super) fn wake_parked(&mut self) {
+    pub(super) fn wake_parked(&mut self, now: Time) {
         let Role::Leader(state) = &mut self.role else { return };
         let (committed, end) = (self.committed, self.log.end());
         let mut due = Vec::new();
@@ -227,13 +234,16 @@ impl Replica {
             }
         }
         for (node, from) in due {
-            self.send_fetch_reply(node, from);
+            self.send_fetch_reply(now, node, from);
         }
     }
 
     /// Sends `node` the batches after `from` (bounded by `fetch_bytes_max`) and the commit.
-    fn send_fetch_reply(&mut self, node: NodeId, from: Offset) {
-        let Role::Leader(state) = &self.role else { return };
+    fn send_fetch_reply(&mut self, now: Time, node: NodeId, from: Offset) {
+        let Role::Leader(state) = &mut self.role else { return };
+        if let Some(progress) = state.followers.get_mut(&node) {
+            progress.answered_at.get_or_insert(now);
+        }
         let epoch = state.epoch;
         if from < self.log.archived_end() {
             let (upto, committed) = (self.log.archived_end(), self.committed);
@@ -277,7 +287,7 @@ impl Replica {
         }
         if candidate > self.committed {
             self.committed = candidate;
-            self.wake_parked();
+            self.wake_parked(now);
             self.process_waiters(now);
         }
     }
@@ -323,22 +333,30 @@ impl Replica {
             }
         }
         for (node, from) in expired {
-            self.send_fetch_reply(node, from);
+            self.send_fetch_reply(now, node, from);
         }
         self.maybe_shrink_isr(now);
         self.retry_proposal(now);
         self.process_waiters(now);
     }
 
-    /// Proposes removing in-sync followers that lag by more than `isr_lag_max_ms`.
+    /// Proposes removing the in-sync followers that hold the commit back and are either slow
+    /// (not durably caught up for `isr_lag_max_ms`) or silent (answered more than
+    /// `follower_silence_ms` ago and not heard from since: gone, as far as commits can tell).
     fn maybe_shrink_isr(&mut self, now: Time) {
-        let lag_max_ms = self.config.isr_lag_max_ms;
+        let (lag_max_ms, silence_ms) = (self.config.isr_lag_max_ms, self.config.follower_silence_ms);
+        let end = self.log.end();
         let Some(group) = &self.group else { return };
         let Role::Leader(state) = &self.role else { return };
+        let lagging = |p: &Progress| {
+            let slow = now.since_ms(p.caught_up_at) > lag_max_ms;
+            let silent = p.answered_at.is_some_and(|t| now.since_ms(t) > silence_ms);
+            slow || (silent && p.durable_end < end)
+        };
         let laggards: Vec<NodeId> = state
             .followers
             .iter()
-            .filter(|(n, p)| group.isr.contains(n) && now.since_ms(p.caught_up_at) > lag_max_ms)
+            .filter(|(n, p)| group.isr.contains(n) && lagging(p))
             .map(|(&n, _)| n)
             .collect();
         if !laggards.is_empty() {
@@ -403,6 +421,7 @@ impl Progress {
             mark_at: now,
             parked_since: None,
             told_committed: Offset(0),
+            answered_at: None,
         }
     }
 }

@@ -735,6 +735,7 @@ fn read_image(
 fn sim_config(replicas: usize) -> ReplicaConfig {
     ReplicaConfig {
         isr_lag_max_ms: 150,
+        follower_silence_ms: 90,
         fetch_park_max_ms: 40,
         fetch_retry_ms: 80,
         propose_retry_ms: 80,

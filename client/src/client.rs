@@ -409,10 +409,17 @@ async fn connect_seed(
             return Err(last);
         }
         let attempts = seeds.iter().map(|s| open(s, attempt.min(left))).collect();
-        let decisive = |r: &Result<_, ClientError>| r.as_ref().err().is_none_or(is_permanent);
+        let refusals = std::cell::Cell::new(0);
+        let decisive = |r: &Result<_, ClientError>| {
+            let refused = matches!(r, Err(ClientError::PortUnreachable { .. }));
+            refusals.set(refusals.get() + usize::from(refused));
+            r.as_ref().err().is_none_or(is_permanent)
+        };
         let outcome = tokio::time::timeout(left, first_decisive(attempts, stagger, decisive));
         match outcome.await {
             Ok(Ok(done)) => return done,
+            // Every seed's port refused (nothing listens on any): no point in another round.
+            Ok(Err(Some(Err(e)))) if refusals.get() == seeds.len() => return Err(e),
             Ok(Err(Some(Err(e)))) => last = e,
             Ok(Err(_)) => {}
             Err(_) => {

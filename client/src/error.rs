@@ -80,6 +80,15 @@ pub enum ClientError {
     /// The QUIC or TLS handshake failed for a reason other than certificate verification.
     #[error("connect failed: {0}")]
     Connect(String),
+    /// Nothing listens on the broker's UDP port: the host answered a datagram with an ICMP
+    /// port unreachable (the connection attempt fails at once instead of at the timeout).
+    #[error(
+        "{addr} refused the connection (ICMP port unreachable: nothing listens on that UDP port)"
+    )]
+    PortUnreachable {
+        /// The address tried.
+        addr: std::net::SocketAddr,
+    },
     /// The broker's certificate was refused (wrong pin, unknown CA, wrong name).
     #[error("broker certificate rejected: {0}")]
     CertificateRejected(String),

@@ -54,7 +54,9 @@ impl ConnectFailed {
                 "; is a broker running at {tried}? (no answer at all: nothing listens there, \
                  or a firewall drops UDP)"
             ),
-            ClientError::Connect(_) => format!("; is a broker running at {tried}?"),
+            ClientError::Connect(_) | ClientError::PortUnreachable { .. } => {
+                format!("; is a broker running at {tried}?")
+            }
             ClientError::Resolve { .. } => "; check the host name in --addr (FELIX_ADDR)".into(),
             ClientError::Refused { code, .. } if is_token_refusal(*code) => {
                 "; pass a token with --token or --token-file (FELIX_TOKEN, FELIX_TOKEN_FILE)".into()

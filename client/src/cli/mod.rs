@@ -266,7 +266,11 @@ pub fn main(cmd: ClientCommand) -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cmd, config)) {
+    let result = runtime.block_on(run(cmd, config));
+    // Not waiting for the blocking pool: its stdin read stays blocked until input comes, and
+    // an interrupted `publish` has stopped reading.
+    runtime.shutdown_background();
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("felix: {e:#}");

@@ -17,7 +17,6 @@ use std::task::{Context, Poll};
 
 use quinn::udp::{RecvMeta, Transmit};
 use quinn::{AsyncUdpSocket, UdpPoller};
-use tokio::io::unix::AsyncFd;
 use tokio::io::Interest;
 
 /// Most UDP payload bytes one GSO send may carry (a UDP length field is 16 bits, and IPv4's
@@ -97,7 +96,7 @@ impl AsyncUdpSocket for GsoCapped {
 /// handshake, so that a refused port fails at once instead of at the connect timeout).
 pub(crate) async fn refused(socket: std::net::UdpSocket) {
     let watched =
-        socket.set_nonblocking(true).and_then(|()| AsyncFd::with_interest(socket, Interest::ERROR));
+        socket.set_nonblocking(true).and_then(|()| tokio::net::UdpSocket::from_std(socket));
     let socket = match watched {
         Ok(s) => s,
         Err(e) => {
@@ -106,15 +105,16 @@ pub(crate) async fn refused(socket: std::net::UdpSocket) {
         }
     };
     loop {
-        let Ok(mut ready) = socket.ready(Interest::ERROR).await else {
+        if socket.ready(Interest::ERROR).await.is_err() {
             return std::future::pending().await;
-        };
-        match socket.get_ref().take_error() {
+        }
+        match socket.take_error() {
             Ok(Some(e)) if e.kind() == io::ErrorKind::ConnectionRefused => return,
             Ok(Some(e)) => tracing::debug!(error = %e, "UDP socket error"),
             Ok(None) | Err(_) => {}
         }
-        ready.clear_ready();
+        // Taken: wait for the next error.
+        let _ = socket.try_io(Interest::ERROR, || Err::<(), _>(io::ErrorKind::WouldBlock.into()));
     }
 }
 

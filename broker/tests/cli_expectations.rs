@@ -361,3 +361,28 @@ fn tokens_come_from_a_flag_or_a_file_and_refusals_name_them() {
     assert!(err.contains(&format!("the token does not allow Publish on {stream}")), "{err}");
     assert!(!err.contains("Read"), "{err}");
 }
+
+#[test]
+fn completions_and_the_man_page_come_from_the_clap_definitions() {
+    let felix = || Command::new(env!("CARGO_BIN_EXE_felix"));
+    for (shell, marker) in
+        [("bash", "_felix()"), ("zsh", "#compdef felix"), ("fish", "complete -c felix")]
+    {
+        let out = run(felix().args(["completions", shell]), "");
+        assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+        let script = text(&out.stdout);
+        assert!(script.contains(marker), "{shell}: no {marker:?}");
+        for flag in ["exit-at-end", "token-file", "quiet", "danger-accept-any-cert"] {
+            assert!(script.contains(flag), "{shell}: --{flag} not completed");
+        }
+    }
+    let out = run(felix().args(["completions", "tcsh"]), "");
+    assert_eq!(out.status.code(), Some(2), "an unknown shell is a usage error");
+    let out = run(felix().arg("man"), "");
+    assert!(out.status.success());
+    let page = text(&out.stdout);
+    assert!(page.contains(".TH felix 1"), "{page}");
+    for command in ["serve", "publish", "subscribe", "streams", "completions"] {
+        assert!(page.contains(command), "the man page lacks {command}");
+    }
+}

@@ -266,7 +266,14 @@ pub fn main(cmd: ClientCommand) -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    let result = runtime.block_on(run(cmd, config));
+    // A task, not `block_on`'s own future: the command then runs on a worker thread beside the
+    // connections' tasks, and waking them (or being woken by them) is not a thread switch.
+    let result = runtime.block_on(async {
+        match tokio::spawn(run(cmd, config)).await {
+            Ok(r) => r,
+            Err(e) => Err(anyhow::anyhow!("the command's task failed: {e}")),
+        }
+    });
     // Not waiting for the blocking pool: its stdin read stays blocked until input comes, and
     // an interrupted `publish` has stopped reading.
     runtime.shutdown_background();

@@ -103,6 +103,7 @@ async fn the_client_reconnects_with_backoff_after_a_broker_restart() {
                     ClientError::ConnectionLost(_)
                         | ClientError::Timeout { .. }
                         | ClientError::Connect(_)
+                        | ClientError::PortUnreachable { .. }
                 ),
                 "{e}"
             ),

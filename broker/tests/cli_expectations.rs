@@ -163,8 +163,7 @@ fn output_is_flushed_when_the_input_pauses_and_ctrl_c_stops_both_commands() {
     let stream = "acme/app/follow";
     assert!(run(felix().args(["streams", "create", "-s", stream]), "").status.success());
 
-    let mut subscriber =
-        Running::spawn(felix().args(["subscribe", "-s", stream, "-o", "earliest"]));
+    let subscriber = Running::spawn(felix().args(["subscribe", "-s", stream, "-o", "earliest"]));
     let mut publisher = Running::spawn(felix().args(["publish", "-s", stream, "--json"]));
     publisher.write("one\ntwo\n");
     let acks = publisher.lines(2);

@@ -277,6 +277,17 @@ fn errors_say_what_to_do_and_exit_as_documented() {
     let err = text(&out.stderr);
     assert!(err.starts_with(&format!("felix: cannot connect to {silent}, {closed}: ")), "{err}");
     assert!(err.contains(&format!("is a broker running at {silent}, {closed}?")), "{err}");
+
+    // Ctrl-C while it waits for an answer: 130, at once.
+    let waiting = Running::spawn(
+        felix(cwd.path(), &silent, dir.path())
+            .args(["streams", "list"])
+            .env("FELIX_CONNECT_TIMEOUT_MS", "60000"),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    signal(waiting.child.id(), "INT");
+    let (code, err) = waiting.wait();
+    assert_eq!((code, err.as_str()), (Some(130), "felix: interrupted\n"));
 }
 
 struct Signer {

@@ -207,7 +207,8 @@ fn ctrl_c_waits_a_bounded_time_for_acks_and_a_second_one_exits_at_once() {
         // The broker stops answering: the next record is sent and never acked.
         signal(broker_pid, "STOP");
         publisher.write("unacked\n");
-        std::thread::sleep(Duration::from_millis(500));
+        // Time to read and send it (nothing shows that it was sent: no ack comes).
+        std::thread::sleep(Duration::from_millis(1000));
         signal(publisher.child.id(), "INT");
         if second {
             std::thread::sleep(Duration::from_millis(100));

@@ -1,5 +1,7 @@
 //! The `felix` binary: `felix serve` runs a broker; `felix publish|subscribe|streams` are the
-//! client commands of `felix_client::cli`; `felix cluster status` reads a cluster from etcd.
+//! client commands of `felix_client::cli`; `felix cluster status` reads a cluster from etcd;
+//! `felix completions SHELL` and `felix man` print a completion script and the man page, both
+//! generated from these clap definitions.
 
 mod cluster_cmd;
 
@@ -34,6 +36,15 @@ enum Command {
     /// Look at a cluster of brokers (members, controller, placement, load).
     #[command(subcommand)]
     Cluster(cluster_cmd::ClusterCommand),
+    /// Print a shell completion script, e.g. `felix completions bash >
+    /// /etc/bash_completion.d/felix`, or `source <(felix completions zsh)`.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff), e.g. `felix man | man -l -`.
+    Man,
 }
 
 /// The log filter when `FELIX_LOG` is unset: the broker logs its start-up and notable events;
@@ -51,7 +62,9 @@ fn main() -> ExitCode {
     };
     let log_default = match cli.command {
         Command::Serve(_) => SERVE_LOG_DEFAULT,
-        Command::Client(_) | Command::Cluster(_) => CLIENT_LOG_DEFAULT,
+        Command::Client(_) | Command::Cluster(_) | Command::Completions { .. } | Command::Man => {
+            CLIENT_LOG_DEFAULT
+        }
     };
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -73,6 +86,19 @@ fn main() -> ExitCode {
         // Reads the environment without validating it: trust may come from a flag alone.
         Command::Client(cmd) => felix_client::cli::main(*cmd),
         Command::Cluster(cmd) => cluster_cmd::main(cmd),
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "felix", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man => {
+            match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("felix: cannot write the man page: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
     }
 }
 

@@ -1,6 +1,7 @@
 //! The `felix publish|subscribe|streams` commands through the real `felix` binary: every
 //! connection flag works without its `FELIX_*` twin, and a successful run prints nothing on
-//! stderr unless asked (`--show-config`, `FELIX_LOG`).
+//! stderr unless asked (`--show-config`, `FELIX_LOG`; `publish` prints its summary unless
+//! `--quiet`, see `cli_expectations.rs`).
 
 mod e2e_support;
 
@@ -100,6 +101,7 @@ fn every_connection_flag_works_without_its_environment_twin() {
             "--linger-us",
             "100",
             "--json",
+            "--quiet",
         ]),
         "one\ntwo\n",
     );

@@ -409,10 +409,21 @@ async fn connect_seed(
             return Err(last);
         }
         let attempts = seeds.iter().map(|s| open(s, attempt.min(left))).collect();
-        let decisive = |r: &Result<_, ClientError>| r.as_ref().err().is_none_or(is_permanent);
+        let refusals = std::sync::atomic::AtomicUsize::new(0);
+        let decisive = |r: &Result<_, ClientError>| {
+            let refused = matches!(r, Err(ClientError::PortUnreachable { .. }));
+            refusals.fetch_add(usize::from(refused), std::sync::atomic::Ordering::Relaxed);
+            r.as_ref().err().is_none_or(is_permanent)
+        };
         let outcome = tokio::time::timeout(left, first_decisive(attempts, stagger, decisive));
         match outcome.await {
             Ok(Ok(done)) => return done,
+            // Every seed's port refused (nothing listens on any): no point in another round.
+            Ok(Err(Some(Err(e))))
+                if refusals.load(std::sync::atomic::Ordering::Relaxed) == seeds.len() =>
+            {
+                return Err(e)
+            }
             Ok(Err(Some(Err(e)))) => last = e,
             Ok(Err(_)) => {}
             Err(_) => {
@@ -435,4 +446,11 @@ fn stream_info(answer: Frame) -> Result<StreamDescription, ClientError> {
         }
         other => Err(unexpected(&other, FrameType::StreamInfo)),
     }
+}
+
+/// `Client::connect` may be spawned (the CLI runs its commands as tasks): its future is `Send`,
+/// checked at compile time.
+#[allow(dead_code)]
+fn connect_is_send(config: ClientConfig) -> impl Send {
+    Client::connect(config)
 }

@@ -907,6 +907,7 @@ pub(crate) fn is_unreachable(e: &ClientError) -> bool {
         ClientError::ConnectionLost(_)
             | ClientError::Timeout { .. }
             | ClientError::Connect(_)
+            | ClientError::PortUnreachable { .. }
             | ClientError::Resolve { .. }
     )
 }

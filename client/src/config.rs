@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -57,13 +57,14 @@ pub const MAX_UDP_PAYLOAD_MIN: u16 = 1200;
 pub const MAX_UDP_PAYLOAD_MAX: u16 = 65_527;
 
 /// Every environment variable [`ClientConfig::from_env_map`] reads.
-pub const ENV_KEYS: [&str; 26] = [
+pub const ENV_KEYS: [&str; 27] = [
     "FELIX_ADDR",
     "FELIX_SERVER_NAME",
     "FELIX_CA_FILE",
     "FELIX_CERT_FINGERPRINT",
     "FELIX_DANGER_ACCEPT_ANY_CERT",
     "FELIX_TOKEN",
+    "FELIX_TOKEN_FILE",
     "FELIX_CONNECTIONS",
     "FELIX_STREAMS_PER_CONNECTION",
     "FELIX_COVER_CORES",
@@ -349,8 +350,11 @@ impl ClientConfig {
         if let Some(t) = trusts.pop() {
             c.trust = Some(t);
         }
-        if let Some((_, v)) = get("FELIX_TOKEN") {
-            c.token = Some(v);
+        match (get("FELIX_TOKEN"), get("FELIX_TOKEN_FILE")) {
+            (Some(_), Some(_)) => return Err(ConfigError::ConflictingToken),
+            (Some((_, v)), None) => c.token = Some(v),
+            (None, Some((_, v))) => c.token = Some(read_token_file(Path::new(&v))?),
+            (None, None) => {}
         }
         if let Some((key, v)) = get("FELIX_CONNECTIONS") {
             c.connections = Some(parse_num(key, &v)?);
@@ -553,6 +557,19 @@ impl fmt::Display for ClientConfig {
             p.idempotent,
             p.retry_timeout_ms
         )
+    }
+}
+
+/// The token held in `path` (`--token-file`, `FELIX_TOKEN_FILE`), surrounding whitespace
+/// (a trailing newline) removed; an empty file is an error, as is one over
+/// `felix_proto::limits::MAX_TOKEN_BYTES` (checked by [`ClientConfig::validate`]).
+pub fn read_token_file(path: &Path) -> Result<String, ConfigError> {
+    let refuse =
+        |reason: String| ConfigError::TokenFile { path: path.display().to_string(), reason };
+    let text = std::fs::read_to_string(path).map_err(|e| refuse(e.to_string()))?;
+    match text.trim() {
+        "" => Err(refuse("the file is empty".into())),
+        token => Ok(token.to_owned()),
     }
 }
 

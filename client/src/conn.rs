@@ -91,9 +91,18 @@ fn initial_dcid_for(core: CoreId) -> Option<[u8; felix_proto::cid::CID_LEN]> {
 /// [`SOCKET_RECV_BUFFER_BYTES`] (best effort: a smaller buffer is not an error). It tells the
 /// broker it takes datagrams of up to `max_udp_payload` bytes (QUIC's `max_udp_payload_size`),
 /// so that the broker's path MTU discovery may grow what it sends to that, and its GSO sends stay
-/// within the kernel's limit for datagrams that large ([`GsoCapped`]).
-fn client_endpoint(bind: SocketAddr, max_udp_payload: u16) -> std::io::Result<quinn::Endpoint> {
+/// within the kernel's limit for datagrams that large ([`GsoCapped`]). The socket is
+/// connected to `peer`, the one address its connection talks to, so that a refused port is
+/// reported on it: the endpoint comes with a second descriptor of its socket, for
+/// `socket::refused` (none when it cannot be duplicated).
+fn client_endpoint(
+    bind: SocketAddr,
+    peer: SocketAddr,
+    max_udp_payload: u16,
+) -> std::io::Result<(quinn::Endpoint, Option<std::net::UdpSocket>)> {
     let socket = std::net::UdpSocket::bind(bind)?;
+    socket.connect(peer)?;
+    let watch = socket.try_clone().ok();
     let state = quinn::udp::UdpSocketState::new((&socket).into())?;
     if let Err(e) = state.set_recv_buffer_size((&socket).into(), SOCKET_RECV_BUFFER_BYTES) {
         tracing::debug!(error = %e, "cannot raise the UDP receive buffer");
@@ -104,7 +113,17 @@ fn client_endpoint(bind: SocketAddr, max_udp_payload: u16) -> std::io::Result<qu
         .max_udp_payload_size(max_udp_payload)
         .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e.to_string()))?;
     let socket = GsoCapped::new(runtime.wrap_udp_socket(socket)?, max_udp_payload);
-    quinn::Endpoint::new_with_abstract_socket(config, None, Arc::new(socket), runtime)
+    let endpoint =
+        quinn::Endpoint::new_with_abstract_socket(config, None, Arc::new(socket), runtime)?;
+    Ok((endpoint, watch))
+}
+
+/// [`crate::socket::refused`] of `socket`; never without one.
+async fn refused_if_watched(socket: Option<std::net::UdpSocket>) {
+    match socket {
+        Some(s) => crate::socket::refused(s).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Connection parameters that do not change across reconnects.
@@ -157,7 +176,7 @@ impl Conn {
         } else {
             (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
         };
-        let endpoint = client_endpoint(bind, p.max_udp_payload)
+        let (endpoint, watch) = client_endpoint(bind, p.addr, p.max_udp_payload)
             .map_err(|e| ClientError::Connect(e.to_string()))?;
         let mut quic = p.quic.clone();
         if let Some(dcid) = core.and_then(initial_dcid_for) {
@@ -166,7 +185,13 @@ impl Conn {
         let connecting = endpoint
             .connect_with(quic, p.addr, &p.server_name)
             .map_err(|e| ClientError::Connect(e.to_string()))?;
-        let connection = match connecting.await {
+        let connected = tokio::select! {
+            c = connecting => c,
+            () = refused_if_watched(watch) => {
+                return Err(ClientError::PortUnreachable { addr: p.addr });
+            }
+        };
+        let connection = match connected {
             Ok(c) => c,
             Err(e) => return Err(handshake_error(e, &p.rejection)),
         };

@@ -29,6 +29,17 @@ pub enum ConfigError {
     /// More than one way of trusting the broker was configured.
     #[error("choose one of FELIX_CA_FILE, FELIX_CERT_FINGERPRINT, FELIX_DANGER_ACCEPT_ANY_CERT")]
     ConflictingTrust,
+    /// Both `FELIX_TOKEN` and `FELIX_TOKEN_FILE` are set.
+    #[error("choose one of FELIX_TOKEN, FELIX_TOKEN_FILE")]
+    ConflictingToken,
+    /// The token file could not be read or is empty.
+    #[error("token file {path}: {reason}")]
+    TokenFile {
+        /// The file.
+        path: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// No way of trusting the broker was configured.
     #[error(
         "no trust configured: set a CA file (FELIX_CA_FILE), a certificate fingerprint \
@@ -54,8 +65,9 @@ pub enum ConfigError {
 /// Why a client operation failed.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum ClientError {
-    /// The configuration is invalid.
-    #[error("configuration: {0}")]
+    /// The configuration is invalid (displayed as the [`ConfigError`] alone: it names the
+    /// setting).
+    #[error(transparent)]
     Config(#[from] ConfigError),
     /// The broker address did not resolve.
     #[error("cannot resolve {addr}: {reason}")]
@@ -68,6 +80,15 @@ pub enum ClientError {
     /// The QUIC or TLS handshake failed for a reason other than certificate verification.
     #[error("connect failed: {0}")]
     Connect(String),
+    /// Nothing listens on the broker's UDP port: the host answered a datagram with an ICMP
+    /// port unreachable (the connection attempt fails at once instead of at the timeout).
+    #[error(
+        "{addr} refused the connection (ICMP port unreachable: nothing listens on that UDP port)"
+    )]
+    PortUnreachable {
+        /// The address tried.
+        addr: std::net::SocketAddr,
+    },
     /// The broker's certificate was refused (wrong pin, unknown CA, wrong name).
     #[error("broker certificate rejected: {0}")]
     CertificateRejected(String),

@@ -31,6 +31,10 @@ pub const COVER_ATTEMPTS_PER_CONNECTION: usize = 4;
 /// Marks a slot whose connection's core is not known.
 const CORE_UNKNOWN: u32 = u32::MAX;
 
+/// Within one reconnect attempt, how long after a refused port (nothing listens: a broker
+/// restarting) the connection is tried again.
+pub const REFUSED_RETRY_MS: u64 = 100;
+
 /// The connections to one broker.
 pub(crate) struct Pool {
     /// The address as configured or as the cluster advertised it (`host:port`).
@@ -244,7 +248,7 @@ async fn reconnect(
     for attempt in 1..=policy.attempts_max {
         // The core asked for on the first attempt only: one that is gone (a broker restarted
         // with fewer cores) or full must not hold the slot's every retry.
-        match Conn::open_on(p, core.filter(|_| attempt == 1)).await {
+        match open_attempt(p, core.filter(|_| attempt == 1)).await {
             Ok(c) => {
                 tracing::info!(attempt, core = c.hello().core.0, addr = %p.addr, "reconnected");
                 return Ok(c);
@@ -261,6 +265,25 @@ async fn reconnect(
         }
     }
     Err(last)
+}
+
+/// One reconnect attempt: [`Conn::open_on`] within the connect timeout. A refused port fails
+/// an open at once, so within the attempt it is tried again every [`REFUSED_RETRY_MS`]: an
+/// attempt lasts as long as one the handshake's own retransmissions carried, and a broker that
+/// comes back during it is reached as soon.
+async fn open_attempt(p: &ConnParams, core: Option<CoreId>) -> Result<Arc<Conn>, ClientError> {
+    let deadline = tokio::time::Instant::now() + p.connect_timeout;
+    let retry = Duration::from_millis(REFUSED_RETRY_MS);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let params = ConnParams { connect_timeout: left, ..p.clone() };
+        match Conn::open_on(&params, core).await {
+            Err(ClientError::PortUnreachable { .. }) if left > retry => {
+                tokio::time::sleep(retry).await;
+            }
+            other => return other,
+        }
+    }
 }
 
 /// Whether a connect error is one no retry can fix (certificate, token, version).

@@ -100,6 +100,15 @@ impl Publisher {
         let shard_count = match client.describe_stream(&stream).await {
             Ok(d) => Some(d.shards),
             Err(ClientError::Broker { code: felix_proto::ErrorCode::StreamNotFound, .. }) => None,
+            // The description needs the token's Read, which publish or subscribe grants: a
+            // token with neither is refused here, and a publisher is to hear of Publish.
+            Err(ClientError::Broker {
+                code: code @ felix_proto::ErrorCode::Forbidden,
+                message,
+            }) if message.contains("does not allow") => {
+                let message = format!("the token does not allow Publish on {stream}");
+                return Err(ClientError::Broker { code, message });
+            }
             Err(e) => return Err(e),
         };
         if let Some(cluster) = &client.shared.cluster {

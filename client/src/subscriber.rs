@@ -223,6 +223,15 @@ impl Subscriber {
         self.parts.first().map_or(SubscriptionId(0), |p| p.id)
     }
 
+    /// Per shard, the offset of the next record [`Subscriber::next`] returns: where the shard
+    /// started, when the broker says (`SUBSCRIBE_POSITIONS`), until a record of it is
+    /// returned, then the offset after that record. A subscription at [`StartAt::Latest`] thus
+    /// tells where each shard ended when it started (what `felix subscribe --exit-at-end`
+    /// reads up to).
+    pub fn positions(&self) -> &BTreeMap<ShardId, Offset> {
+        &self.next_offsets
+    }
+
     /// The shards this subscription reads (from the SubscribeOk answers).
     pub fn shards(&self) -> &[ShardId] {
         &self.shards

@@ -10,6 +10,9 @@ use felix_client::{AckMode, CertFingerprint, ClientConfig, Trust, ENV_KEYS};
 
 const PIN: &str = "aa:bb:cc:dd:ee:ff:00:11:22:33:44:55:66:77:88:99:aa:bb:cc:dd:ee:ff:00:11:22:33:44:55:66:77:88:99";
 
+/// A token file holding `tok-from-file` and a newline.
+const TOKEN_FILE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/token-file.txt");
+
 type Check = fn(&ClientConfig) -> bool;
 
 fn table() -> Vec<(&'static str, &'static str, Check)> {
@@ -28,6 +31,7 @@ fn table() -> Vec<(&'static str, &'static str, Check)> {
             c.trust == Some(Trust::DangerAcceptAnyCertificate)
         }),
         ("FELIX_TOKEN", "tok-123", |c| c.token.as_deref() == Some("tok-123")),
+        ("FELIX_TOKEN_FILE", TOKEN_FILE, |c| c.token.as_deref() == Some("tok-from-file")),
         ("FELIX_CONNECTIONS", "7", |c| c.connections == Some(7)),
         ("FELIX_STREAMS_PER_CONNECTION", "9", |c| c.streams_per_connection == 9),
         ("FELIX_COVER_CORES", "false", |c| !c.cover_cores),
@@ -94,17 +98,39 @@ fn each_environment_setting_takes_effect() {
 fn all_settings_together_take_effect_and_other_variables_are_ignored() {
     let mut env: Vec<(String, String)> = table()
         .into_iter()
+        // One trust choice, and one token source (FELIX_TOKEN_FILE is checked alone).
         .filter(|(k, _, _)| !k.contains("CA_FILE") && !k.contains("DANGER"))
+        .filter(|(k, _, _)| !k.contains("TOKEN_FILE"))
         .map(|(k, v, _)| (k.to_owned(), v.to_owned()))
         .collect();
     env.push(("PATH".into(), "/bin".into()));
     env.push(("FELIX_ACK_MODE_TYPO".into(), "x".into()));
     let config = ClientConfig::from_env_map(env).unwrap();
     for (key, value, check) in table() {
-        if key.contains("CA_FILE") || key.contains("DANGER") {
+        if key.contains("CA_FILE") || key.contains("DANGER") || key.contains("TOKEN_FILE") {
             continue;
         }
         assert!(check(&config), "{key}={value} lost when combined:\n{config}");
+    }
+}
+
+#[test]
+fn a_token_comes_from_one_source_and_a_token_file_must_hold_one() {
+    let with = |extra: &[(&str, &str)]| {
+        let mut env = base();
+        env.extend(extra.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        ClientConfig::from_env_map(env)
+    };
+    let both = with(&[("FELIX_TOKEN", "t"), ("FELIX_TOKEN_FILE", TOKEN_FILE)]);
+    assert_eq!(both, Err(felix_client::ConfigError::ConflictingToken));
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "\n").unwrap();
+    let missing = dir.path().join("missing");
+    for (path, reason) in [(&empty, "empty"), (&missing, "No such file")] {
+        let e = with(&[("FELIX_TOKEN_FILE", path.to_str().unwrap())]).unwrap_err();
+        assert!(matches!(e, felix_client::ConfigError::TokenFile { .. }), "{e}");
+        assert!(e.to_string().contains(reason), "{e}");
     }
 }
 

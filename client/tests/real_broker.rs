@@ -141,7 +141,11 @@ async fn connect(broker: &mut RealBroker, config: ClientConfig) -> Client {
     loop {
         match Client::connect(config.clone()).await {
             Ok(c) => return c,
-            Err(e @ (ClientError::Timeout { .. } | ClientError::Connect(_))) => {
+            Err(
+                e @ (ClientError::Timeout { .. }
+                | ClientError::Connect(_)
+                | ClientError::PortUnreachable { .. }),
+            ) => {
                 if let Ok(Some(status)) = broker.child.try_wait() {
                     panic!("the broker exited ({status}) after printing its fingerprint: {e}");
                 }

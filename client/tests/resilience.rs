@@ -69,6 +69,27 @@ async fn keyed_batches_prefer_the_connection_of_the_owning_core() {
 }
 
 #[tokio::test]
+async fn a_refused_port_does_not_use_up_a_reconnect_attempt() {
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    let mut config = broker.client_config();
+    config.connections = Some(1);
+    config.reconnect_attempts_max = 1;
+    config.connect_timeout_ms = 10_000;
+    let client = Client::connect(config).await.unwrap();
+    client.list_streams("").await.unwrap();
+    let stopped = broker.stop().await;
+    let restart = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        stopped.restart().await
+    });
+    // The one reconnect attempt meets a refused port (fast) for half a second, then the
+    // broker: within its connect timeout it keeps trying, as a handshake's retransmits would.
+    client.list_streams("").await.expect("reconnected within the one attempt");
+    let broker = restart.await.unwrap();
+    assert!(broker.state.lock().hellos >= 2, "the client reconnected");
+}
+
+#[tokio::test]
 async fn the_client_reconnects_with_backoff_after_a_broker_restart() {
     let broker = TestBroker::start(BrokerOptions::default()).await;
     broker.create_stream(STREAM, 1);
@@ -103,6 +124,7 @@ async fn the_client_reconnects_with_backoff_after_a_broker_restart() {
                     ClientError::ConnectionLost(_)
                         | ClientError::Timeout { .. }
                         | ClientError::Connect(_)
+                        | ClientError::PortUnreachable { .. }
                 ),
                 "{e}"
             ),

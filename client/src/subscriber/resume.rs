@@ -228,6 +228,7 @@ fn is_transient(e: &ClientError) -> bool {
     match e {
         ClientError::ConnectionLost(_)
         | ClientError::Connect(_)
+        | ClientError::PortUnreachable { .. }
         | ClientError::Timeout { .. }
         | ClientError::Resolve { .. }
         | ClientError::ShardUnavailable { .. }

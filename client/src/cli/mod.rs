@@ -3,23 +3,29 @@
 //! Line-oriented like kcat and `nats pub/sub`: `publish` sends each stdin line as a record,
 //! `subscribe` prints each record as a line. `--json` switches both to one JSON object per line
 //! (see `docs/client.md` for the fields). The `felix` binary wires [`ClientCommand`] into its
-//! own clap parser and calls [`run`] with [`ClientConfig::from_env`]; tests call [`run_with_io`]
-//! with in-memory input and output.
+//! own clap parser and calls [`main`]; tests call [`run_with_io`] with in-memory input and
+//! output. Modules: `publish`, `subscribe`, `output` (stdout, buffered), `errors` (messages
+//! and exit statuses).
+
+mod errors;
+mod output;
+mod publish;
+mod subscribe;
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
-use anyhow::Context as _;
-use base64::Engine as _;
-use bytes::Bytes;
-use felix_proto::{AckMode, Offset, Retention, ShardId, StartAt};
-use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
+use felix_proto::{AckMode, Offset, Retention, StartAt};
+use tokio::io::{AsyncBufRead, AsyncWrite, AsyncWriteExt};
 
-use crate::config::{parse_ack_mode, ClientConfig, Trust};
-use crate::{Client, PublishTicket, ReceivedRecord, Record, SubscribeOptions, SubscriptionState};
+pub use errors::{
+    exit_code, ConnectFailed, Interrupted, PublishFailed, EXIT_CONFIG, EXIT_FAILURE,
+    EXIT_INTERRUPTED,
+};
+pub use output::{LineOutput, OUTPUT_BUFFER_BYTES, OUTPUT_IDLE_FLUSH_MS};
+pub use publish::{PUBLISH_FAILURES_NAMED_MAX, PUBLISH_INTERRUPT_WAIT_MS};
 
-/// Tickets awaited by the output task before `publish` stops reading input.
-const PUBLISH_PENDING_MAX: usize = 65_536;
+use crate::config::{parse_ack_mode, read_token_file, ClientConfig, Trust};
+use crate::Client;
 
 /// The client commands of the `felix` binary.
 #[derive(Debug, Clone, clap::Subcommand)]
@@ -54,6 +60,13 @@ pub struct ConnectArgs {
     /// The name the certificate must carry (FELIX_SERVER_NAME).
     #[arg(long, global = true)]
     pub server_name: Option<String>,
+    /// Bearer token (a JWT) for a broker that requires one (FELIX_TOKEN). Other users of the
+    /// host can read it in the process list: prefer --token-file.
+    #[arg(long, global = true, conflicts_with = "token_file")]
+    pub token: Option<String>,
+    /// Read the token from this file, surrounding whitespace removed (FELIX_TOKEN_FILE).
+    #[arg(long, global = true)]
+    pub token_file: Option<PathBuf>,
     /// Print the effective client configuration to stderr before running (the token hidden).
     #[arg(long, global = true)]
     pub show_config: bool,
@@ -81,6 +94,9 @@ pub struct PublishArgs {
     /// Print one JSON object per published record (stream, shard, offset, key).
     #[arg(long)]
     pub json: bool,
+    /// Print no summary line (`N sent, M acked, K failed`) on stderr after a successful run.
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
     #[command(flatten)]
     pub connect: ConnectArgs,
 }
@@ -103,6 +119,10 @@ pub struct SubscribeArgs {
     /// Exit after this many records.
     #[arg(long, short = 'c')]
     pub count: Option<u64>,
+    /// Exit once every shard is read up to its end as of the start, like kcat's -e (default:
+    /// keep following).
+    #[arg(long, short = 'e')]
+    pub exit_at_end: bool,
     /// With a group: commit the printed positions at least this often, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pub commit_interval_ms: u64,
@@ -183,17 +203,60 @@ pub fn parse_start(s: &str) -> Result<StartAt, String> {
     }
 }
 
+/// Ctrl-C as a command sees it. The first asks the command to stop on its own terms
+/// (`publish` stops reading and waits a bounded time for its acks, `subscribe` writes what it
+/// holds and commits); [`main`] exits at once with [`EXIT_INTERRUPTED`] at the second.
+#[derive(Clone)]
+pub struct Interrupt(tokio::sync::watch::Receiver<bool>);
+
+impl Interrupt {
+    /// An interrupt that never comes (tests, and where no signal handler could be installed).
+    pub fn never() -> Self {
+        Interrupt(tokio::sync::watch::channel(false).1)
+    }
+
+    /// An interrupt raised by sending `true`.
+    pub fn channel() -> (tokio::sync::watch::Sender<bool>, Self) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (tx, Interrupt(rx))
+    }
+
+    /// Whether it came.
+    pub fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once it came (never for [`Interrupt::never`]).
+    pub async fn wait(&mut self) {
+        if self.0.wait_for(|set| *set).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// `fut`'s output, or [`Interrupted`] when the interrupt comes first.
+    pub async fn guard<F: std::future::Future>(
+        &mut self,
+        fut: F,
+    ) -> Result<F::Output, Interrupted> {
+        tokio::select! {
+            out = fut => Ok(out),
+            () = self.wait() => Err(Interrupted),
+        }
+    }
+}
+
 /// The whole client side of the `felix` binary: reads the `FELIX_*` environment, trusts the
 /// development certificate of a local broker when nothing else supplies trust (see
-/// [`dev_cert_default`]), runs `cmd` on a tokio runtime, prints an error to stderr. Exit status
-/// 0 on success, 1 on failure, 2 on a configuration error. The flags are applied, and the
-/// result validated, in [`run`]: trust may come from a flag alone.
+/// [`dev_cert_default`]), runs `cmd` on a tokio runtime with Ctrl-C handled (see
+/// [`Interrupt`]), prints an error to stderr once. The exit statuses are in `errors`: 0 on
+/// success, 1 on failure, 2 on a configuration error, 130 when interrupted. The flags are
+/// applied, and the result validated, in [`run`]: trust may come from a flag alone.
 pub fn main(cmd: ClientCommand) -> std::process::ExitCode {
     let config = match ClientConfig::parse_env() {
         Ok(c) => dev_cert_default(c, std::env::var_os("FELIX_DATA_DIR").map(PathBuf::from)),
         Err(e) => {
             eprintln!("felix: {e}");
-            return std::process::ExitCode::from(2);
+            return std::process::ExitCode::from(EXIT_CONFIG);
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -203,12 +266,22 @@ pub fn main(cmd: ClientCommand) -> std::process::ExitCode {
             return std::process::ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cmd, config)) {
+    // A task, not `block_on`'s own future: the command then runs on a worker thread beside the
+    // connections' tasks, and waking them (or being woken by them) is not a thread switch.
+    let result = runtime.block_on(async {
+        match tokio::spawn(run(cmd, config)).await {
+            Ok(r) => r,
+            Err(e) => Err(anyhow::anyhow!("the command's task failed: {e}")),
+        }
+    });
+    // Not waiting for the blocking pool: its stdin read stays blocked until input comes, and
+    // an interrupted `publish` has stopped reading.
+    runtime.shutdown_background();
+    match result {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("felix: {e:#}");
-            let config_error = e.downcast_ref::<crate::ConfigError>().is_some();
-            std::process::ExitCode::from(if config_error { 2 } else { 1 })
+            std::process::ExitCode::from(exit_code(&e))
         }
     }
 }
@@ -227,19 +300,42 @@ pub fn dev_cert_default(mut config: ClientConfig, data_dir: Option<PathBuf>) -> 
     config
 }
 
-/// Runs `cmd` on stdin and stdout. `config` need not be valid yet (trust may come from the
-/// command's flags): it is validated after the flags are applied.
+/// Runs `cmd` on stdin and stdout, with Ctrl-C as its [`Interrupt`] (a second Ctrl-C exits
+/// the process with [`EXIT_INTERRUPTED`]). `config` need not be valid yet (trust may come
+/// from the command's flags): it is validated after the flags are applied.
 pub async fn run(cmd: ClientCommand, config: ClientConfig) -> anyhow::Result<()> {
-    let stdin = tokio::io::BufReader::new(tokio::io::stdin());
-    run_with_io(cmd, config, stdin, tokio::io::stdout()).await
+    let interrupt = match ctrl_c() {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot handle Ctrl-C: it ends the process at once");
+            Interrupt::never()
+        }
+    };
+    let stdin = tokio::io::BufReader::with_capacity(OUTPUT_BUFFER_BYTES, tokio::io::stdin());
+    run_with(cmd, config, stdin, tokio::io::stdout(), interrupt).await
 }
 
-/// Runs `cmd` reading `input` (publish) and writing `output`.
+/// Runs `cmd` reading `input` (publish) and writing `output`, never interrupted.
 pub async fn run_with_io<R, W>(
     cmd: ClientCommand,
     config: ClientConfig,
     input: R,
+    output: W,
+) -> anyhow::Result<()>
+where
+    R: AsyncBufRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    run_with(cmd, config, input, output, Interrupt::never()).await
+}
+
+/// Runs `cmd` reading `input` (publish) and writing `output`, stopped by `interrupt`.
+pub async fn run_with<R, W>(
+    cmd: ClientCommand,
+    config: ClientConfig,
+    input: R,
     mut output: W,
+    mut interrupt: Interrupt,
 ) -> anyhow::Result<()>
 where
     R: AsyncBufRead + Unpin,
@@ -255,16 +351,51 @@ where
                 config.publish.linger_us = l;
             }
             let config = args.connect.apply(config)?;
-            publish(args, config, input, output).await
+            publish::publish(args, config, input, output, interrupt).await
         }
         ClientCommand::Subscribe(args) => {
             let config = args.connect.apply(config)?;
-            subscribe(args, config, &mut output).await
+            subscribe::subscribe(args, config, output, interrupt).await
         }
         ClientCommand::Streams(args) => {
             let config = args.connect.apply(config)?;
-            streams(args, config, &mut output).await
+            interrupt.guard(streams(args, config, &mut output)).await?
         }
+    }
+}
+
+/// The first SIGINT raises the returned interrupt; the second exits the process at once.
+#[cfg(unix)]
+fn ctrl_c() -> std::io::Result<Interrupt> {
+    let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let (tx, interrupt) = Interrupt::channel();
+    tokio::spawn(async move {
+        if sigint.recv().await.is_none() {
+            return;
+        }
+        let _ = tx.send(true);
+        if sigint.recv().await.is_some() {
+            eprintln!("felix: interrupted twice: exiting at once");
+            std::process::exit(i32::from(EXIT_INTERRUPTED));
+        }
+    });
+    Ok(interrupt)
+}
+
+#[cfg(not(unix))]
+fn ctrl_c() -> std::io::Result<Interrupt> {
+    Ok(Interrupt::never())
+}
+
+/// Connects, or says why not: the addresses tried and what to check ([`ConnectFailed`]).
+async fn connect(config: ClientConfig) -> anyhow::Result<Client> {
+    let seeds = config.seeds();
+    match Client::connect(config).await {
+        Ok(c) => Ok(c),
+        Err(e) => match ConnectFailed::new(e, &seeds) {
+            Ok(failed) => Err(failed.into()),
+            Err(config_error) => Err(config_error.into()),
+        },
     }
 }
 
@@ -287,6 +418,12 @@ impl ConnectArgs {
         if self.danger_accept_any_cert {
             config.trust = Some(Trust::DangerAcceptAnyCertificate);
         }
+        if let Some(t) = &self.token {
+            config.token = Some(t.clone());
+        }
+        if let Some(p) = &self.token_file {
+            config.token = Some(read_token_file(p)?);
+        }
         if self.show_config {
             eprintln!("felix client configuration:\n{config}");
         }
@@ -296,187 +433,12 @@ impl ConnectArgs {
     }
 }
 
-async fn publish<R, W>(
-    args: PublishArgs,
-    config: ClientConfig,
-    mut input: R,
-    output: W,
-) -> anyhow::Result<()>
-where
-    R: AsyncBufRead + Unpin,
-    W: AsyncWrite + Unpin + Send + 'static,
-{
-    let settings = config.publish.clone();
-    let client = Client::connect(config).await.context("connecting")?;
-    let publisher = client.publisher_with(&args.stream, settings).await?;
-    let (tx, rx) = tokio::sync::mpsc::channel(PUBLISH_PENDING_MAX);
-    let printer = tokio::spawn(print_receipts(rx, args.stream.clone(), args.json, output));
-    let mut line = Vec::new();
-    let mut sent = 0u64;
-    loop {
-        line.clear();
-        if input.read_until(b'\n', &mut line).await? == 0 {
-            break;
-        }
-        let text = trim_newline(&line);
-        if text.is_empty() {
-            continue;
-        }
-        let record = match (&args.key, &args.key_separator) {
-            (Some(k), _) => Record::keyed(k.clone().into_bytes(), text.to_vec()),
-            (None, Some(sep)) => split_key(text, sep.as_bytes()),
-            (None, None) => Record::unkeyed(text.to_vec()),
-        };
-        let key = record.key.clone();
-        let ticket = publisher.send(record).await?;
-        sent += 1;
-        if tx.send((key, ticket)).await.is_err() {
-            break;
-        }
-    }
-    drop(tx);
-    publisher.flush().await?;
-    let (acked, failed) = printer.await??;
-    tracing::info!(sent, acked, failed, stream = %args.stream, "published");
-    client.close();
-    anyhow::ensure!(failed == 0, "{failed} of {sent} records failed");
-    Ok(())
-}
-
-async fn print_receipts<W: AsyncWrite + Unpin>(
-    mut rx: tokio::sync::mpsc::Receiver<(Option<Bytes>, PublishTicket)>,
-    stream: String,
-    json: bool,
-    mut output: W,
-) -> anyhow::Result<(u64, u64)> {
-    let (mut acked, mut failed) = (0u64, 0u64);
-    while let Some((key, ticket)) = rx.recv().await {
-        match ticket.await {
-            Ok(receipt) => {
-                acked += u64::from(receipt.is_some());
-                if json {
-                    let mut obj = serde_json::Map::new();
-                    obj.insert("stream".into(), stream.clone().into());
-                    if let Some(r) = receipt {
-                        obj.insert("shard".into(), r.shard.0.into());
-                        obj.insert("offset".into(), r.offset.0.into());
-                    }
-                    put_bytes(&mut obj, "key", key.as_deref());
-                    output
-                        .write_all(format!("{}\n", serde_json::Value::Object(obj)).as_bytes())
-                        .await?;
-                }
-            }
-            Err(e) => {
-                failed += 1;
-                eprintln!("publish failed: {e}");
-            }
-        }
-    }
-    output.flush().await?;
-    Ok((acked, failed))
-}
-
-async fn subscribe<W: AsyncWrite + Unpin>(
-    args: SubscribeArgs,
-    config: ClientConfig,
-    output: &mut W,
-) -> anyhow::Result<()> {
-    let client = Client::connect(config).await.context("connecting")?;
-    let mut options = SubscribeOptions::new(&args.stream)
-        .start(args.from)
-        .resume_timeout_ms(args.resume_timeout_ms);
-    if let Some(g) = &args.group {
-        options = options.group(g.clone());
-    }
-    if !args.shards.is_empty() {
-        options = options.shards(args.shards.iter().map(|s| ShardId(*s)).collect());
-    }
-    let mut sub = client.subscribe(options).await?;
-    let reporter = tokio::spawn(report_resumes(sub.state()));
-    let interval = Duration::from_millis(args.commit_interval_ms);
-    let mut last_commit = Instant::now();
-    let mut printed = 0u64;
-    let ctrl_c = tokio::signal::ctrl_c();
-    tokio::pin!(ctrl_c);
-    while args.count.is_none_or(|c| printed < c) {
-        let record = tokio::select! {
-            r = sub.next() => r?,
-            _ = &mut ctrl_c => break,
-        };
-        let Some(record) = record else { break };
-        output.write_all(&format_record(&args, &record)).await?;
-        printed += 1;
-        if args.group.is_some() && last_commit.elapsed() >= interval {
-            output.flush().await?;
-            sub.commit_consumed().await?;
-            last_commit = Instant::now();
-        }
-    }
-    output.flush().await?;
-    if args.group.is_some() {
-        sub.commit_consumed().await?;
-    }
-    reporter.abort();
-    client.close();
-    Ok(())
-}
-
-/// Tells stderr, once each, when the subscription lost its broker and when it is back, as
-/// `nats sub` does: `felix: connection lost: timed out; resuming the subscription`, then
-/// `felix: subscription resumed after 2.4 s`. Each failed attempt in between is logged at
-/// `FELIX_LOG=warn`; a resume that gives up is the command's error.
-async fn report_resumes(mut state: tokio::sync::watch::Receiver<SubscriptionState>) {
-    // Since when the broker is away, and the resumes before.
-    let mut away: Option<(Instant, u64)> = None;
-    let mut resumes = 0;
-    while state.changed().await.is_ok() {
-        let now = state.borrow_and_update().clone();
-        match (now, away) {
-            (SubscriptionState::Resuming { since, error, .. }, None) => {
-                eprintln!("felix: {error}; resuming the subscription");
-                away = Some((since, resumes));
-            }
-            (SubscriptionState::Reading { resumes: after }, Some((since, before))) => {
-                if after > before {
-                    let secs = since.elapsed().as_secs_f64();
-                    eprintln!("felix: subscription resumed after {secs:.1} s");
-                }
-                (away, resumes) = (None, after);
-            }
-            (SubscriptionState::Reading { resumes: after }, None) => resumes = after,
-            (SubscriptionState::Resuming { .. }, Some(_)) => {}
-        }
-    }
-}
-
-fn format_record(args: &SubscribeArgs, r: &ReceivedRecord) -> Vec<u8> {
-    if args.json {
-        let mut obj = serde_json::Map::new();
-        obj.insert("stream".into(), args.stream.clone().into());
-        obj.insert("shard".into(), r.shard.0.into());
-        obj.insert("offset".into(), r.offset.0.into());
-        obj.insert("timestamp_ms".into(), r.timestamp_ms.into());
-        put_bytes(&mut obj, "key", r.key.as_deref());
-        put_bytes(&mut obj, "value", Some(&r.value));
-        return format!("{}\n", serde_json::Value::Object(obj)).into_bytes();
-    }
-    let mut line = Vec::with_capacity(r.value.len() + 1);
-    if let Some(sep) = &args.key_separator {
-        line.extend_from_slice(String::from_utf8_lossy(r.key.as_deref().unwrap_or(b"")).as_bytes());
-        line.extend_from_slice(sep.as_bytes());
-    }
-    line.extend_from_slice(String::from_utf8_lossy(&r.value).as_bytes());
-    line.push(b'\n');
-    line
-}
-
 async fn streams<W: AsyncWrite + Unpin>(
     args: StreamsArgs,
     config: ClientConfig,
     output: &mut W,
 ) -> anyhow::Result<()> {
-    let client = Client::connect(config).await.context("connecting")?;
+    let client = connect(config).await?;
     let text = match args.command {
         StreamsCommand::Create { stream, shards, retention_bytes, retention_ms, replicas } => {
             let retention = Retention {
@@ -515,39 +477,6 @@ fn describe_text(d: &crate::StreamDescription, json: bool) -> String {
     } else {
         format!("{} shards={} retention_bytes={bytes} retention_ms={ms}\n", d.name, d.shards)
     }
-}
-
-/// Inserts `name` as a UTF-8 string, or `name_b64` as base64 when the bytes are not UTF-8;
-/// `null` when absent.
-fn put_bytes(obj: &mut serde_json::Map<String, serde_json::Value>, name: &str, v: Option<&[u8]>) {
-    match v {
-        None => {
-            obj.insert(name.into(), serde_json::Value::Null);
-        }
-        Some(b) => match std::str::from_utf8(b) {
-            Ok(s) => {
-                obj.insert(name.into(), s.into());
-            }
-            Err(_) => {
-                let b64 = base64::engine::general_purpose::STANDARD.encode(b);
-                obj.insert(format!("{name}_b64"), b64.into());
-            }
-        },
-    }
-}
-
-fn trim_newline(line: &[u8]) -> &[u8] {
-    let line = line.strip_suffix(b"\n").unwrap_or(line);
-    line.strip_suffix(b"\r").unwrap_or(line)
-}
-
-fn split_key(line: &[u8], sep: &[u8]) -> Record {
-    if !sep.is_empty() {
-        if let Some(at) = line.windows(sep.len()).position(|w| w == sep) {
-            return Record::keyed(line[..at].to_vec(), line[at + sep.len()..].to_vec());
-        }
-    }
-    Record::unkeyed(line.to_vec())
 }
 
 #[cfg(test)]
@@ -685,17 +614,21 @@ mod tests {
     }
 
     #[test]
-    fn keys_split_at_the_first_separator_and_json_keeps_binary_as_base64() {
-        let r = split_key(b"k1:v:1", b":");
-        assert_eq!((r.key.as_deref(), &r.value.to_bytes()[..]), (Some(&b"k1"[..]), &b"v:1"[..]));
-        assert_eq!(split_key(b"novalue", b":").key, None);
-        let mut obj = serde_json::Map::new();
-        put_bytes(&mut obj, "value", Some(&[0xff, 0x00]));
-        put_bytes(&mut obj, "key", None);
-        assert_eq!(
-            serde_json::Value::Object(obj).to_string(),
-            r#"{"key":null,"value_b64":"/wA="}"#
-        );
-        assert_eq!(trim_newline(b"x\r\n"), b"x");
+    fn a_token_comes_from_a_flag_or_a_file_and_the_flags_exclude_each_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "  from-file\n").unwrap();
+        let env = ClientConfig::parse_env_map([("FELIX_TOKEN", "from-env")]).unwrap();
+        let env = ClientConfig { trust: Some(Trust::DangerAcceptAnyCertificate), ..env };
+        let flag = ConnectArgs { token: Some("from-flag".into()), ..Default::default() };
+        assert_eq!(flag.apply(env.clone()).unwrap().token.as_deref(), Some("from-flag"));
+        let from_file = ConnectArgs { token_file: Some(file.clone()), ..Default::default() };
+        assert_eq!(from_file.apply(env.clone()).unwrap().token.as_deref(), Some("from-file"));
+        let missing = ConnectArgs { token_file: Some(dir.path().join("no")), ..Default::default() };
+        let e = missing.apply(env).unwrap_err();
+        assert_eq!(exit_code(&e), EXIT_CONFIG, "{e}");
+        let file_s = file.display().to_string();
+        let both = ["felix", "streams", "list", "--token", "t", "--token-file", &file_s];
+        assert!(Felix::try_parse_from(both).is_err(), "--token and --token-file conflict");
     }
 }

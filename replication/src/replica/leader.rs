@@ -344,7 +344,8 @@ impl Replica {
     /// (not durably caught up for `isr_lag_max_ms`) or silent (answered more than
     /// `follower_silence_ms` ago and not heard from since: gone, as far as commits can tell).
     fn maybe_shrink_isr(&mut self, now: Time) {
-        let (lag_max_ms, silence_ms) = (self.config.isr_lag_max_ms, self.config.follower_silence_ms);
+        let (lag_max_ms, silence_ms) =
+            (self.config.isr_lag_max_ms, self.config.follower_silence_ms);
         let end = self.log.end();
         let Some(group) = &self.group else { return };
         let Role::Leader(state) = &self.role else { return };

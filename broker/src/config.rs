@@ -28,6 +28,44 @@ pub const MIN_FREE_AUTO_PERCENT: u64 = 5;
 /// ...but never asks for more than this many bytes.
 pub const MIN_FREE_AUTO_CAP_BYTES: u64 = 4 << 30;
 
+/// Default of `--producer-expiry`.
+pub const DEFAULT_PRODUCER_EXPIRY: &str = "7d";
+
+/// A duration flag that takes units: `7d`, `12h`, `30m`, `90s`, `250ms`, `1h 30m`; a plain
+/// number is milliseconds. In the config file, a string.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct DurationMs(pub u64);
+
+impl std::str::FromStr for DurationMs {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        if let Ok(ms) = s.parse::<u64>() {
+            return Ok(DurationMs(ms));
+        }
+        humantime::parse_duration(s)
+            .map(|d| DurationMs(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+            .map_err(|e| format!("{s:?} is not a duration (7d, 12h, 30m, 90s, 250ms): {e}"))
+    }
+}
+
+impl TryFrom<String> for DurationMs {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, Self::Error> {
+        s.parse()
+    }
+}
+
+impl std::fmt::Display for DurationMs {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let d = std::time::Duration::from_millis(self.0);
+        write!(f, "{}", humantime::format_duration(d))
+    }
+}
+
 /// The free-space floor of the data directory's file system (`--min-free-bytes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MinFreeBytes {
@@ -251,6 +289,16 @@ pub struct ServeArgs {
     /// the log when a follower fetches them.
     #[arg(long, env = "FELIX_REPLICA_RESIDENT_BYTES", default_value_t = 4 << 20)]
     pub replica_resident_bytes: u64,
+    /// An idempotent producer idle this long (by its shard's batch times) is forgotten: its
+    /// next batch starts it again, and a retry of a batch it sent before is stored as new.
+    /// Units: 7d, 12h, 30m, 90s, 250ms (a plain number is ms). Every broker of a cluster
+    /// should use the same value (replicas decide from their logs).
+    #[arg(long, env = "FELIX_PRODUCER_EXPIRY", default_value = DEFAULT_PRODUCER_EXPIRY)]
+    pub producer_expiry: DurationMs,
+    /// Idempotent producers each shard remembers at most; beyond it the one idle longest is
+    /// forgotten first. Same on every broker of a cluster.
+    #[arg(long, env = "FELIX_MAX_PRODUCERS_PER_SHARD", default_value_t = felix_storage::PRODUCERS_PER_SHARD_MAX)]
+    pub max_producers_per_shard: usize,
     /// Certificates (PEM) the other brokers' certificates are verified against for
     /// replication, both when this broker connects to them and when they connect to it with
     /// their certificate as a TLS client certificate (mutual TLS). Default: this broker's own
@@ -312,6 +360,8 @@ struct FileConfig {
     default_replicas: Option<u8>,
     min_insync: Option<usize>,
     replica_resident_bytes: Option<u64>,
+    producer_expiry: Option<DurationMs>,
+    max_producers_per_shard: Option<usize>,
     peer_ca: Option<PathBuf>,
     peer_server_name: Option<String>,
 }
@@ -449,6 +499,8 @@ impl ServeArgs {
             lease_ttl_s,
             min_insync,
             replica_resident_bytes,
+            producer_expiry,
+            max_producers_per_shard,
             peer_server_name
         );
         if f.peer_ca.is_some() && unset("peer_ca") {
@@ -550,6 +602,12 @@ impl ServeArgs {
         if self.min_insync > usize::from(max) {
             return bad(format!("--min-insync must be 0..={max}"));
         }
+        if self.producer_expiry.0 < 1_000 {
+            return bad(format!("--producer-expiry {} is under a second", self.producer_expiry));
+        }
+        if self.max_producers_per_shard == 0 {
+            return bad("--max-producers-per-shard must be at least 1".into());
+        }
         Ok(())
     }
 
@@ -618,6 +676,8 @@ impl ServeArgs {
             },
             format!("min_insync = {}", self.min_insync),
             format!("replica_resident_bytes = {}", self.replica_resident_bytes),
+            format!("producer_expiry = \"{}\"", self.producer_expiry),
+            format!("max_producers_per_shard = {}", self.max_producers_per_shard),
             match &self.peer_ca {
                 Some(p) => format!("peer_ca = {:?}", p.display().to_string()),
                 None => "# peer_ca: this broker's own certificate".to_owned(),

@@ -89,6 +89,7 @@ fn key_for(shard: u32) -> Bytes {
 
 fn publish(id: u64, shard: u32, value: &str) -> Frame {
     Frame::Publish(Publish {
+        oldest_pending: false,
         ack: Some(AckRequest { request_id: RequestId(id), mode: AckMode::Durable }),
         key: Some(key_for(shard)),
         producer: None,
@@ -381,6 +382,7 @@ async fn a_definition_too_wide_for_this_broker_is_refused_not_kept() {
         .await;
     assert!(matches!(created, Frame::StreamInfo(ref i) if i.shards == 400), "{created:?}");
     let ask = Frame::Publish(Publish {
+        oldest_pending: false,
         ack: Some(AckRequest { request_id: RequestId(7), mode: AckMode::Durable }),
         key: Some(Bytes::from_static(b"k")),
         producer: None,

@@ -16,6 +16,7 @@ fn hello() -> Bytes {
 
 fn acked_publish(id: u64, records: Vec<Bytes>) -> Frame {
     Frame::Publish(Publish {
+        oldest_pending: false,
         ack: Some(AckRequest { request_id: RequestId(id), mode: AckMode::Written }),
         key: None,
         producer: None,

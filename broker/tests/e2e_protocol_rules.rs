@@ -44,6 +44,7 @@ fn vector(name: &str) -> Bytes {
 
 fn publish(id: Option<u64>, mode: AckMode, stream: &str, records: &[&str]) -> Frame {
     Frame::Publish(Publish {
+        oldest_pending: false,
         ack: id.map(|id| AckRequest { request_id: RequestId(id), mode }),
         key: None,
         producer: None,
@@ -198,6 +199,7 @@ async fn limits_are_advertised_as_documented_and_enforced_to_the_byte() {
     let fit = (max as usize - 48) / (9 + 1024);
     for (id, n, fits) in [(2u64, fit + 1, false), (3, fit, true)] {
         let frame = Frame::Publish(Publish {
+            oldest_pending: false,
             ack: Some(AckRequest { request_id: RequestId(id), mode: AckMode::Written }),
             key: Some(Bytes::from(vec![b'k'; 1024])),
             producer: None,

@@ -387,6 +387,7 @@ async fn receive_span_is_the_time_a_publish_frame_took_to_arrive() {
     assert!(matches!(read_frames(&mut recv, 1).await[0], Frame::HelloOk(_)));
     let publish = |id: u64| {
         Frame::Publish(Publish {
+            oldest_pending: false,
             ack: Some(AckRequest {
                 request_id: RequestId(id),
                 mode: felix_proto::AckMode::Written,

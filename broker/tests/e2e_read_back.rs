@@ -41,7 +41,14 @@ async fn publish_all(broker: &TestBroker) -> u64 {
         next += n;
         let ack = (batch == BATCHES)
             .then_some(AckRequest { request_id: RequestId(1), mode: AckMode::Durable });
-        let publish = Publish { ack, key: None, producer: None, stream: STREAM.into(), records };
+        let publish = Publish {
+            oldest_pending: false,
+            ack,
+            key: None,
+            producer: None,
+            stream: STREAM.into(),
+            records,
+        };
         send.write_all(&Frame::Publish(publish).to_bytes()).await.unwrap();
     }
     match &read_frames(&mut recv, 1).await[..] {

@@ -65,11 +65,21 @@ const EXTRA: [&str; 4] = ["--segment-bytes", "4198400", "--replica-resident-byte
 
 /// Starts b1, and waits for its development certificate.
 fn start_first(hosts: &std::rc::Rc<Hosts>, root: &std::path::Path, etcd: &str) -> Vec<Node> {
+    start_first_with(hosts, root, etcd, &EXTRA)
+}
+
+/// [`start_first`] with these `felix serve` arguments.
+fn start_first_with(
+    hosts: &std::rc::Rc<Hosts>,
+    root: &std::path::Path,
+    etcd: &str,
+    extra: &[&str],
+) -> Vec<Node> {
     // The test's stream asks for its replicas itself (CreateStream flag REPLICAS); the brokers
     // keep their default (3 in a cluster of three), which a second stream checks.
     // A small resident set (64 KiB of payloads), so replicas archive old batches and a
     // follower that fell behind catches up from the leader's stored log (`FetchFromLog`).
-    let first = Node::start_with(hosts, 0, "b1", root, etcd, &EXTRA);
+    let first = Node::start_with(hosts, 0, "b1", root, etcd, extra);
     let deadline = Instant::now() + WAIT;
     while !(first.dir.join("dev-cert.pem").exists() && first.dir.join("dev-key.pem").exists()) {
         assert!(Instant::now() < deadline, "b1 made no certificate: {}", first.log_text());
@@ -87,13 +97,25 @@ fn start_next(
     nodes: &mut Vec<Node>,
     i: usize,
 ) {
+    start_next_with(hosts, root, etcd, nodes, i, &EXTRA);
+}
+
+/// [`start_next`] with these `felix serve` arguments.
+fn start_next_with(
+    hosts: &std::rc::Rc<Hosts>,
+    root: &std::path::Path,
+    etcd: &str,
+    nodes: &mut Vec<Node>,
+    i: usize,
+    extra: &[&str],
+) {
     let id = format!("b{}", i + 1);
     let dir = root.join(&id);
     std::fs::create_dir_all(&dir).unwrap();
     for f in ["dev-cert.pem", "dev-key.pem"] {
         std::fs::copy(nodes[0].dir.join(f), dir.join(f)).unwrap();
     }
-    nodes.push(Node::start_with(hosts, i, &id, root, etcd, &EXTRA));
+    nodes.push(Node::start_with(hosts, i, &id, root, etcd, extra));
 }
 
 fn client_config(nodes: &[Node]) -> ClientConfig {
@@ -570,6 +592,36 @@ async fn a_follower_behind_the_archive_catches_up_from_the_leaders_log() {
         assert_eq!((r.shard.0, r.offset.0), (0, offset));
     }
     reader.close();
+
+    // The old leader restarts from its replica checkpoint (it archived most of shard 0): it
+    // reads only the batches after the checkpoint, and rejoins the in-sync set.
+    let before = nodes[at].log_text().len();
+    nodes[at].spawn();
+    wait_healthy(&url, &nodes, "after the old leader restarted").await;
+    // The log may be coloured: drop the escape sequences (ESC [ ... m).
+    let mut log = String::new();
+    let mut escaped = false;
+    for c in nodes[at].log_text()[before..].chars() {
+        match (escaped, c) {
+            (false, '\u{1b}') => escaped = true,
+            (true, 'm') => escaped = false,
+            (true, _) => {}
+            (false, c) => log.push(c),
+        }
+    }
+    let field = |line: &str, name: &str| -> Option<u64> {
+        let rest = &line[line.find(&format!("{name}="))? + name.len() + 1..];
+        rest.split(|c: char| !c.is_ascii_digit()).next()?.parse().ok()
+    };
+    let shard0 = log
+        .lines()
+        .rev()
+        .find(|l| l.contains("replica log recovered") && field(l, "shard") == Some(0))
+        .unwrap_or_else(|| panic!("no recovery line for shard 0: {log}"));
+    let (end, after) = (field(shard0, "checkpoint_end"), field(shard0, "batches_after"));
+    println!("restarted from a checkpoint ending at {end:?}, {after:?} batches read after it");
+    assert!(end.is_some_and(|e| e > 0), "not from a checkpoint: {shard0}");
+    assert!(after.is_some_and(|a| a < u64::from(BATCHES)), "read everything: {shard0}");
     client.close();
     drop(nodes);
     drop(etcd);
@@ -662,6 +714,81 @@ async fn replicas_start_only_once_their_stream_is_placed() {
             nodes.iter().map(|n| n.log_text()).collect::<Vec<_>>().join("\n----\n")
         );
     }
+    client.close();
+    drop(nodes);
+    drop(etcd);
+}
+
+/// An idempotent producer idle past `--producer-expiry` is forgotten by every replica of its
+/// shard (decided from the log: another producer's later batch moves the log's clock), and its
+/// next batch is acked at once: the client says nothing earlier of it is pending
+/// (`OLDEST_PENDING`), so the leader takes it at its sequence number instead of refusing it with
+/// `OutOfOrderSequence` until the publisher's retry timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_producer_expires_on_every_replica_and_publishes_again_at_once() {
+    const EXPIRING: &str = "acme/app/expiring";
+    let hosts = std::rc::Rc::new(Hosts::new(3));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let url = etcd.client_url.clone();
+    let root = tempfile::tempdir().unwrap();
+    let extra: Vec<&str> = EXTRA.iter().copied().chain(["--producer-expiry", "2s"]).collect();
+    let mut nodes = start_first_with(&hosts, root.path(), &url, &extra);
+    for i in 1..3 {
+        start_next_with(&hosts, root.path(), &url, &mut nodes, i, &extra);
+    }
+    let client = connect(&nodes).await;
+    let deadline = Instant::now() + WAIT;
+    while let Err(e) = client.create_stream_with(EXPIRING, 1, Default::default(), Some(3)).await {
+        assert!(Instant::now() < deadline, "create: {e}; {}", status(&url));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let settings =
+        felix_client::PublishSettings { retry_timeout_ms: 15_000, ..client_config(&nodes).publish };
+    let send = |publisher: &felix_client::Publisher, value: &'static str| {
+        let publisher = publisher.clone();
+        async move {
+            let ticket = publisher.send(Record::keyed("k", value.as_bytes().to_vec())).await;
+            let started = Instant::now();
+            let acked = tokio::time::timeout(Duration::from_secs(30), ticket.unwrap()).await;
+            assert!(matches!(acked, Ok(Ok(Some(_)))), "{value}: {acked:?}");
+            started.elapsed()
+        }
+    };
+    let old = client.publisher_with(EXPIRING, settings.clone()).await.unwrap();
+    send(&old, "a1").await;
+    send(&old, "a2").await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let other = client.publisher_with(EXPIRING, settings).await.unwrap();
+    send(&other, "b1").await;
+
+    // Every replica forgot the idle producer: the leader and both followers.
+    let sum = |metric: &str| nodes.iter().map(|n| n.metric_sum(metric)).sum::<f64>();
+    let deadline = Instant::now() + WAIT;
+    while sum("felix_broker_replication_producers_expired") < 3.0 {
+        assert!(
+            Instant::now() < deadline,
+            "expired: {}, known: {}",
+            sum("felix_broker_replication_producers_expired"),
+            sum("felix_broker_replication_producers")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(sum("felix_broker_replication_producers"), 3.0, "one producer per replica left");
+
+    let took = send(&old, "a3").await;
+    println!("the expired producer's next batch was acked in {took:?}");
+    assert!(took < Duration::from_secs(5), "acked only after {took:?}");
+
+    let opts = SubscribeOptions::new(EXPIRING).start(StartAt::Earliest);
+    let mut sub = client.subscribe(opts).await.expect("subscribe");
+    let mut values = Vec::new();
+    while values.len() < 4 {
+        match tokio::time::timeout(Duration::from_secs(10), sub.next()).await {
+            Ok(Ok(Some(r))) => values.push(String::from_utf8_lossy(&r.value).into_owned()),
+            other => panic!("after {values:?}: {other:?}"),
+        }
+    }
+    assert_eq!(values, ["a1", "a2", "b1", "a3"], "each stored once, in order");
     client.close();
     drop(nodes);
     drop(etcd);

@@ -829,6 +829,7 @@ mod tests {
 
     fn publish(acked: bool, keyed: bool) -> Frame {
         Frame::Publish(Publish {
+            oldest_pending: false,
             ack: acked.then_some(AckRequest { request_id: RequestId(1), mode: AckMode::Durable }),
             key: keyed.then(|| Bytes::from_static(b"k")),
             producer: None,

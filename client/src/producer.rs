@@ -51,6 +51,16 @@ impl ProducerShared {
             .is_none_or(|&oldest| next.wrapping_sub(oldest) < PRODUCER_IN_FLIGHT_MAX as u32)
     }
 
+    /// Whether no batch before `seq` is unresolved: every batch the producer sent before it
+    /// was acked or failed (Publish flag `OLDEST_PENDING`, so a broker that forgot the
+    /// producer takes `seq` as its start).
+    pub(crate) fn is_oldest(&self, seq: u32) -> bool {
+        let unresolved = self.unresolved.lock().unwrap_or_else(|p| p.into_inner());
+        // Within the window, `s` is earlier when `seq` is ahead of it by less than half the
+        // sequence space.
+        !unresolved.iter().any(|&s| s != seq && seq.wrapping_sub(s) < 1 << 31)
+    }
+
     /// Holds a place in the window for sequence number `seq`.
     pub(crate) fn hold(self: &Arc<Self>, tag: ProducerTag) -> TagHold {
         self.unresolved.lock().unwrap_or_else(|p| p.into_inner()).insert(tag.seq);

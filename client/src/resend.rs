@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use felix_proto::{
-    shard_for_key, AckMode, AckRequest, ErrorCode, Frame, ProducerTag, Publish, ShardId,
+    shard_for_key, AckMode, AckRequest, Capabilities, ErrorCode, Frame, ProducerTag, Publish,
+    ShardId,
 };
 
 use crate::batch::{BatchResult, Completion};
@@ -27,7 +28,7 @@ use crate::cluster::{
 };
 use crate::conn::Conn;
 use crate::error::ClientError;
-use crate::producer::outcome_unknown;
+use crate::producer::{outcome_unknown, ProducerShared};
 
 /// An acked batch kept for sending again in a cluster.
 #[derive(Clone)]
@@ -37,6 +38,8 @@ pub(crate) struct Resend {
     /// The shard of a tagged batch (its key's, or its producer's for an unkeyed one).
     pub(crate) shard: Option<ShardId>,
     pub(crate) producer: Option<ProducerTag>,
+    /// Its producer's window: whether an earlier batch of it is still unresolved.
+    pub(crate) producer_shared: Option<Arc<ProducerShared>>,
     pub(crate) records: Vec<felix_proto::Payload>,
     pub(crate) mode: AckMode,
     /// How long an idempotent batch is retried (`PublishSettings::retry_timeout_ms`).
@@ -76,7 +79,13 @@ impl Resend {
     /// its shard to leave that broker).
     async fn send_on(&self, cluster: &Cluster, conn: Arc<Conn>) -> Result<Frame, ClientError> {
         let id = conn.next_request_id();
+        let oldest_pending = conn.capabilities().contains(Capabilities::OLDEST_PENDING)
+            && self
+                .producer
+                .zip(self.producer_shared.as_ref())
+                .is_some_and(|(t, p)| p.is_oldest(t.seq));
         let frame = Frame::Publish(Publish {
+            oldest_pending,
             ack: Some(AckRequest { request_id: id, mode: self.mode }),
             key: self.key.clone(),
             producer: self.producer,

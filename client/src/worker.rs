@@ -443,7 +443,10 @@ impl Worker {
         };
         let id = if mode == AckMode::None { RequestId(0) } else { conn.next_request_id() };
         let count = out.records.len();
+        let oldest_pending = conn.capabilities().contains(Capabilities::OLDEST_PENDING)
+            && out.tag.as_ref().is_some_and(|t| t.producer.is_oldest(t.tag.seq));
         let frame = Frame::Publish(Publish {
+            oldest_pending,
             ack: (mode != AckMode::None).then_some(AckRequest { request_id: id, mode }),
             key: out.key.clone(),
             producer: out.tag.as_ref().map(|t| t.tag),
@@ -594,6 +597,7 @@ impl Worker {
             key: out.key.clone(),
             shard: out.shard,
             producer: out.tag.as_ref().map(|t| t.tag),
+            producer_shared: out.tag.as_ref().map(|t| t.producer.clone()),
             records: out.records.clone(),
             mode: self.ctx.settings.ack_mode,
             retry_ms: self.ctx.settings.retry_timeout_ms,

@@ -12,6 +12,7 @@ const SIZES: [usize; 3] = [256, 4096, 65536];
 
 fn publish(size: usize) -> Frame {
     Frame::Publish(Publish {
+        oldest_pending: false,
         ack: Some(AckRequest { request_id: RequestId(1), mode: AckMode::Durable }),
         key: Some(Bytes::from_static(b"customer-0042")),
         producer: None,

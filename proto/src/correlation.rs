@@ -79,6 +79,7 @@ mod tests {
         let body = ErrorBody { request_id: id, code: ErrorCode::Internal, message: "m".into() };
         let publish = |ack: Option<AckRequest>| {
             Frame::Publish(Publish {
+                oldest_pending: false,
                 ack,
                 key: None,
                 producer: None,

@@ -379,6 +379,7 @@ mod tests {
 
     fn publish(ack: bool, key: bool) -> Frame {
         Frame::Publish(Publish {
+            oldest_pending: false,
             ack: ack.then_some(AckRequest { request_id: RequestId(42), mode: AckMode::Durable }),
             key: key.then(|| Bytes::from_static(b"k")),
             producer: None,
@@ -491,6 +492,7 @@ mod tests {
     fn an_oversized_frame_with_a_request_id_carries_it() {
         let limits = Limits { max_frame_bytes: 64, ..Limits::default() };
         let big = Frame::Publish(Publish {
+            oldest_pending: false,
             ack: Some(AckRequest { request_id: RequestId(9), mode: AckMode::Written }),
             key: None,
             producer: None,
@@ -570,6 +572,7 @@ mod tests {
         let limits = Limits { max_frame_bytes: 64, ..Limits::default() };
         let mut d = FrameDecoder::new(limits, Capabilities::ALL);
         let big = Frame::Publish(Publish {
+            oldest_pending: false,
             ack: None,
             key: None,
             producer: None,
@@ -591,6 +594,7 @@ mod tests {
         // the full limits: the large frame after it decodes.
         let first = Frame::Pong(7);
         let big = Frame::Publish(Publish {
+            oldest_pending: false,
             ack: None,
             key: None,
             producer: None,

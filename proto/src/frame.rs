@@ -190,6 +190,12 @@ pub struct Publish {
     /// Idempotent publishing (capability `IDEMPOTENT`): the batch's producer and sequence. The
     /// shard's owner stores a tagged batch once; a retry gets the original offsets.
     pub producer: Option<ProducerTag>,
+    /// Flag `OLDEST_PENDING` (capability `OLDEST_PENDING`, only with `producer`): the producer
+    /// has no earlier batch unresolved (each one it sent before was acked or failed), so a
+    /// shard that does not know the producer (never did, or forgot it: expired or evicted)
+    /// may take this batch at its sequence number instead of refusing it with
+    /// `OutOfOrderSequence` until sequence 0 arrives.
+    pub oldest_pending: bool,
     /// `tenant/namespace/stream`.
     pub stream: String,
     /// Payloads: decoded, each is the slices of the received chunks it arrived in.
@@ -619,9 +625,11 @@ fn decode_publish(r: &mut Reader, flags: Flags, limits: &Limits) -> Result<Publi
     } else {
         None
     };
+    // Without a tag the flag means nothing: ignored, as the encoder never sets it then.
+    let oldest_pending = producer.is_some() && flags.contains(Flags::OLDEST_PENDING);
     let stream = stream_name(r)?;
     let records = payloads(r, limits)?;
-    Ok(Publish { ack, key, producer, stream, records })
+    Ok(Publish { ack, key, producer, oldest_pending, stream, records })
 }
 
 fn decode_subscribe(r: &mut Reader, flags: Flags) -> Result<Subscribe, DecodeError> {

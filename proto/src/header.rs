@@ -109,7 +109,9 @@ impl FrameType {
     /// The flag bits defined for this frame type.
     pub fn known_flags(self) -> Flags {
         match self {
-            Self::Publish => Flags(Flags::ACKED.0 | Flags::KEYED.0 | Flags::PRODUCER.0),
+            Self::Publish => {
+                Flags(Flags::ACKED.0 | Flags::KEYED.0 | Flags::PRODUCER.0 | Flags::OLDEST_PENDING.0)
+            }
             Self::CreateStream => Flags::REPLICAS,
             Self::Subscribe | Self::SubscribeOk => Flags::POSITIONS,
             _ => Flags::NONE,
@@ -157,6 +159,9 @@ impl Flags {
     /// Subscribe: after the group, a start offset (u64) for each listed shard. SubscribeOk:
     /// after the shards, the offset each shard starts at (u64). Needs `SUBSCRIBE_POSITIONS`.
     pub const POSITIONS: Flags = Flags(0x0010);
+    /// Publish, with [`Flags::PRODUCER`]: the producer has no earlier batch unresolved (no body
+    /// bytes). Needs `OLDEST_PENDING`.
+    pub const OLDEST_PENDING: Flags = Flags(0x0020);
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: Flags) -> bool {
@@ -191,8 +196,12 @@ impl Capabilities {
     /// Subscribe and SubscribeOk may carry [`Flags::POSITIONS`]: a subscription learns where
     /// each of its shards starts, and resumes each shard at an offset of its own.
     pub const SUBSCRIBE_POSITIONS: Capabilities = Capabilities(1 << 6);
+    /// Publish may carry [`Flags::OLDEST_PENDING`]: a shard that forgot an idle producer (or
+    /// never knew it) takes its batch at the sequence number it carries when the producer
+    /// says nothing earlier is pending.
+    pub const OLDEST_PENDING: Capabilities = Capabilities(1 << 7);
     /// Everything this build offers to clients (every bit but `REPLICATION`).
-    pub const ALL: Capabilities = Capabilities(0b101_1111);
+    pub const ALL: Capabilities = Capabilities(0b1101_1111);
 
     /// Whether every bit of `other` is set.
     pub fn contains(self, other: Capabilities) -> bool {
@@ -216,6 +225,9 @@ impl Capabilities {
             }
             if self.contains(Self::IDEMPOTENT) {
                 bits |= Flags::PRODUCER.0;
+            }
+            if self.contains(Self::OLDEST_PENDING) {
+                bits |= Flags::OLDEST_PENDING.0;
             }
         }
         if frame_type == FrameType::CreateStream && self.contains(Self::CLUSTER) {

@@ -19,6 +19,9 @@ impl Publish {
         }
         if self.producer.is_some() {
             bits |= Flags::PRODUCER.0;
+            if self.oldest_pending {
+                bits |= Flags::OLDEST_PENDING.0;
+            }
         }
         Flags(bits)
     }
@@ -76,6 +79,7 @@ mod tests {
                 })
                 .collect();
             let p = Publish {
+                oldest_pending: false,
                 ack: (bits & 1 != 0)
                     .then_some(AckRequest { request_id: RequestId(7), mode: AckMode::Durable }),
                 key: (bits & 2 != 0).then(|| Bytes::from_static(b"user-42")),

@@ -27,8 +27,9 @@ enum Spoil {
 
 fn spoil() -> impl Strategy<Value = Spoil> {
     prop_oneof![
-        // Bits 0-4 are defined (Publish 0-2, CreateStream 3, Subscribe and SubscribeOk 4).
-        (5u8..16).prop_map(Spoil::UnknownFlag),
+        // Bits 0-5 are defined (Publish 0-2 and 5, CreateStream 3, Subscribe and SubscribeOk
+        // 4).
+        (6u8..16).prop_map(Spoil::UnknownFlag),
         Just(Spoil::TooLarge),
         Just(Spoil::TrailingByte),
         (1usize..64).prop_map(Spoil::CutByFin),
@@ -176,6 +177,7 @@ fn the_reported_cases_carry_their_ids() {
         replicas: None,
     });
     let publish = Frame::Publish(Publish {
+        oldest_pending: false,
         ack: Some(AckRequest { request_id: RequestId(4242), mode: AckMode::Written }),
         key: None,
         producer: None,

@@ -49,6 +49,7 @@ fn large_publish() -> impl Strategy<Value = Frame> {
     )
         .prop_map(|(ack, key, records)| {
             Frame::Publish(Publish {
+                oldest_pending: false,
                 ack: ack.map(|id| AckRequest { request_id: RequestId(id), mode: AckMode::Durable }),
                 key: key.map(Bytes::from),
                 producer: None,

@@ -114,6 +114,7 @@ fn vectors() -> Vec<(&'static str, Frame)> {
         (
             "publish",
             Frame::Publish(Publish {
+                oldest_pending: false,
                 ack: None,
                 key: None,
                 producer: None,
@@ -124,6 +125,7 @@ fn vectors() -> Vec<(&'static str, Frame)> {
         (
             "publish_acked_keyed",
             Frame::Publish(Publish {
+                oldest_pending: false,
                 ack: Some(AckRequest { request_id: RequestId(7), mode: AckMode::Durable }),
                 key: Some(Bytes::from_static(b"k1")),
                 producer: None,
@@ -134,6 +136,7 @@ fn vectors() -> Vec<(&'static str, Frame)> {
         (
             "publish_idempotent",
             Frame::Publish(Publish {
+                oldest_pending: false,
                 ack: Some(AckRequest { request_id: RequestId(9), mode: AckMode::Durable }),
                 key: Some(Bytes::from_static(b"k")),
                 producer: Some(ProducerTag { producer: ProducerId(0x0102_0304_0506_0708), seq: 5 }),
@@ -174,6 +177,7 @@ fn vectors() -> Vec<(&'static str, Frame)> {
         (
             "publish_keyed_empty_key",
             Frame::Publish(Publish {
+                oldest_pending: false,
                 ack: None,
                 key: Some(Bytes::new()),
                 producer: None,
@@ -319,6 +323,7 @@ fn rejections() -> Vec<Rejection> {
         replicas: None,
     });
     let publish = Frame::Publish(Publish {
+        oldest_pending: false,
         ack: Some(AckRequest { request_id: RequestId(4242), mode: AckMode::Written }),
         key: None,
         producer: None,

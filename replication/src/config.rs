@@ -42,6 +42,9 @@ pub struct ReplicaConfig {
     pub follower_unwritten_bytes_max: u64,
     /// [`crate::Replica::archive`] moves batches out of memory this many at least at a time.
     pub archive_min_batches: usize,
+    /// How long and how many idempotent producers the shard remembers
+    /// ([`crate::ProducerLimits`]); the same on every replica of a shard.
+    pub producers: crate::ProducerLimits,
 }
 
 impl ReplicaConfig {
@@ -57,6 +60,7 @@ impl ReplicaConfig {
             fetch_bytes_max: 1024 * 1024,
             follower_unwritten_bytes_max: 8 * 1024 * 1024,
             archive_min_batches: 1024,
+            producers: crate::ProducerLimits::default(),
         }
     }
 }

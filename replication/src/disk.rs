@@ -177,6 +177,7 @@ mod tests {
             base: Offset(base),
             records: 1,
             producer: None,
+            time_ms: 0,
             payload: Bytes::new(),
         }
     }

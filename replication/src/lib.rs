@@ -33,6 +33,8 @@
 //!     request: RequestId(1),
 //!     producer: None,
 //!     records: 3,
+//!     oldest_pending: false,
+//!     time_ms: 1_796_000_000_000,
 //!     payload: Bytes::from_static(b"three records"),
 //!     mode: AckMode::Durable,
 //! };
@@ -58,24 +60,28 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 pub mod config;
 pub mod controller;
 pub mod disk;
 pub mod error;
 pub mod log;
 pub mod message;
+pub mod producers;
 mod replica;
 #[cfg(feature = "sim")]
 pub mod sim;
 pub mod types;
 pub mod wire;
 
+pub use checkpoint::CheckpointError;
 pub use config::{InjectedBugs, ReplicaConfig};
 pub use controller::{GroupState, IsrProposal};
 pub use disk::{DiskOp, DiskOpId};
 pub use error::{AppendError, CasError, LogError};
 pub use log::ReplicaLog;
 pub use message::{Message, Output};
+pub use producers::{ProducerLimits, PRODUCERS_PER_SHARD_MAX, PRODUCER_EXPIRY_MS};
 pub use replica::{AppendRequest, FollowerView, Replica, ReplicaStats, RoleView};
 pub use types::{
     AckMode, Batch, Epoch, LeaseId, NodeId, Offset, ProducerId, ProducerSeq, RequestId, Seq, Time,

@@ -10,18 +10,13 @@
 //! keeps only its end, its epoch boundaries (one entry per leader epoch), a byte position
 //! about every [`ARCHIVE_MARK_BYTES`] (for lag in bytes) and the producer table as of its end.
 
-use std::collections::{HashMap, VecDeque};
-
-use crate::config::PRODUCER_SEQ_WINDOW;
 use crate::error::LogError;
-use crate::types::{Batch, Epoch, Offset, ProducerId, ProducerSeq, Seq};
+use crate::producers::{ProducerLimits, ProducerTable};
+use crate::types::{Batch, Epoch, Offset, ProducerSeq, Seq};
 
 /// The archive keeps a byte position about this often: [`ReplicaLog::bytes_after`] an offset
 /// inside the archive counts up to this much (plus one batch) too many.
 pub const ARCHIVE_MARK_BYTES: u64 = 1 << 20;
-
-/// The recent sequence numbers of each producer: `(seq, base offset, records)`, oldest first.
-type ProducerTable = HashMap<ProducerId, VecDeque<(Seq, Offset, u32)>>;
 
 /// The batches of one shard on one replica.
 #[derive(Clone, Debug, Default)]
@@ -39,22 +34,26 @@ pub struct ReplicaLog {
     archive: Archive,
 }
 
-/// What the log keeps of its archived prefix ([`ReplicaLog::archive`]).
+/// What the log keeps of its archived prefix ([`ReplicaLog::archive`]); what a checkpoint
+/// holds (`crate::checkpoint`).
 #[derive(Clone, Debug, Default)]
-struct Archive {
+pub(crate) struct Archive {
     /// Batches archived.
-    batches: u64,
+    pub(crate) batches: u64,
     /// Offset one past the last archived record.
-    end: Offset,
+    pub(crate) end: Offset,
     /// Payload bytes archived.
-    bytes: u64,
+    pub(crate) bytes: u64,
     /// The first offset of each epoch in the archive, in order.
-    epochs: Vec<(Epoch, Offset)>,
+    pub(crate) epochs: Vec<(Epoch, Offset)>,
     /// `(base, payload bytes before it)` of an archived batch, about every
     /// [`ARCHIVE_MARK_BYTES`], the first at offset 0.
-    marks: Vec<(Offset, u64)>,
+    pub(crate) marks: Vec<(Offset, u64)>,
+    /// The last archived batch: `(base, records, epoch)` (a checkpoint is checked against
+    /// storage with it).
+    pub(crate) last: Option<(Offset, u32, Epoch)>,
     /// The producer table as of `end` (a truncation rebuilds the table from it).
-    producers: ProducerTable,
+    pub(crate) producers: ProducerTable,
 }
 
 /// What the idempotence table says about an incoming producer batch.
@@ -76,14 +75,97 @@ pub enum SeqCheck {
 }
 
 impl ReplicaLog {
+    /// An empty log whose producer table keeps to `limits` (the default log keeps to
+    /// `ProducerLimits::default()`). Every replica of a shard must use the same limits.
+    pub fn with_producer_limits(limits: ProducerLimits) -> ReplicaLog {
+        let table = ProducerTable::new(limits);
+        ReplicaLog {
+            producers: table.clone(),
+            archive: Archive { producers: table, ..Archive::default() },
+            ..ReplicaLog::default()
+        }
+    }
+
     /// A log holding `batches` (as recovered from disk). Fails if they are not dense from 0 or
     /// their epochs decrease.
     pub fn from_batches(batches: Vec<Batch>) -> Result<ReplicaLog, LogError> {
-        let mut log = ReplicaLog::default();
+        Self::from_batches_with(batches, ProducerLimits::default())
+    }
+
+    /// [`from_batches`](Self::from_batches) with a producer table keeping to `limits`.
+    pub fn from_batches_with(
+        batches: Vec<Batch>,
+        limits: ProducerLimits,
+    ) -> Result<ReplicaLog, LogError> {
+        let mut log = ReplicaLog::with_producer_limits(limits);
         for batch in batches {
             log.append(batch)?;
         }
         Ok(log)
+    }
+
+    /// The checkpoint of its archived prefix (`crate::checkpoint`): a restarted replica
+    /// starts from it ([`from_checkpoint`](Self::from_checkpoint)) and appends only the
+    /// batches after [`archived_end`](Self::archived_end) read from storage. `None` while
+    /// nothing is archived.
+    pub fn checkpoint(&self) -> Option<Vec<u8>> {
+        (self.archive.batches > 0).then(|| crate::checkpoint::encode(&self.archive))
+    }
+
+    /// A log whose archived prefix is the checkpoint `bytes` (made by
+    /// [`checkpoint`](Self::checkpoint) with the same producer limits), holding no batch after
+    /// it yet. Returns the log and the archived prefix's last batch `(base, records, epoch)`,
+    /// which the caller checks against its storage before it trusts the checkpoint.
+    pub fn from_checkpoint(
+        bytes: &[u8],
+        limits: ProducerLimits,
+    ) -> Result<(ReplicaLog, (Offset, u32, Epoch)), crate::checkpoint::CheckpointError> {
+        let archive = crate::checkpoint::decode(bytes, limits)?;
+        let last = archive.last.ok_or(crate::checkpoint::CheckpointError::Malformed("empty"))?;
+        let log =
+            ReplicaLog { producers: archive.producers.clone(), archive, ..ReplicaLog::default() };
+        Ok((log, last))
+    }
+
+    /// The limits its producer table keeps to.
+    pub fn producer_limits(&self) -> ProducerLimits {
+        self.producers.limits()
+    }
+
+    /// Producers the table remembers.
+    pub fn producers_known(&self) -> usize {
+        self.producers.len()
+    }
+
+    /// About how many bytes the producer table holds (the live one and the archive's copy).
+    pub fn producer_table_bytes(&self) -> u64 {
+        self.producers.bytes() + self.archive.producers.bytes()
+    }
+
+    /// About how many bytes of memory the log's bookkeeping holds, payloads left out: each
+    /// batch after the archive, the archive's epochs and marks, and the producer tables.
+    pub fn index_bytes(&self) -> u64 {
+        let per_batch = std::mem::size_of::<Batch>() + std::mem::size_of::<u64>();
+        let archive = (self.archive.epochs.len() + self.archive.marks.len())
+            * std::mem::size_of::<(Epoch, Offset)>();
+        (self.batches.len() * per_batch + archive) as u64 + self.producer_table_bytes()
+    }
+
+    /// Producers forgotten so far: `(expired, evicted by the count bound)`.
+    pub fn producers_forgotten(&self) -> (u64, u64) {
+        self.producers.forgotten()
+    }
+
+    /// The ids of the producers the table remembers, sorted (for checks).
+    pub fn producer_ids(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.producers.ids().map(|p| p.0).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// The log clock: the largest batch time in the log (ms), which decides expiry.
+    pub fn clock_ms(&self) -> u64 {
+        self.producers.clock_ms()
     }
 
     /// Offset one past the last record.
@@ -141,7 +223,7 @@ impl ReplicaLog {
         if batch.epoch < self.last_epoch() {
             return Err(LogError::EpochDecreased { last: self.last_epoch(), got: batch.epoch });
         }
-        remember(&mut self.producers, &batch);
+        self.producers.remember(&batch);
         let before = self.bytes_through.last().copied().unwrap_or(self.archive.bytes);
         self.bytes_through.push(before + payload_bytes);
         self.batches.push(batch);
@@ -166,7 +248,7 @@ impl ReplicaLog {
         self.generation += 1;
         self.producers = self.archive.producers.clone();
         for batch in &self.batches {
-            remember(&mut self.producers, batch);
+            self.producers.remember(batch);
         }
         Ok(())
     }
@@ -195,7 +277,8 @@ impl ReplicaLog {
             if archive.epochs.last().is_none_or(|&(e, _)| e != batch.epoch) {
                 archive.epochs.push((batch.epoch, batch.base));
             }
-            remember(&mut archive.producers, &batch);
+            archive.producers.remember(&batch);
+            archive.last = Some((batch.base, batch.records, batch.epoch));
             archive.batches += 1;
             archive.end = batch.end();
             archive.bytes = through;
@@ -323,13 +406,21 @@ impl ReplicaLog {
             || self.batches.binary_search_by_key(&offset, |b| b.base).is_ok()
     }
 
-    /// What the idempotence table says about `tag`.
-    pub fn check_seq(&self, tag: ProducerSeq) -> SeqCheck {
-        let Some(recent) = self.producers.get(&tag.producer) else {
-            // An unknown producer starts at 0. A later sequence number first means its earlier
-            // batches are still on their way (retried out of order after a failover): refused
-            // until they arrive, so the producer's batches are stored in order.
-            return if tag.seq == Seq(0) { SeqCheck::New } else { SeqCheck::OutOfOrder };
+    /// What the idempotence table says about `tag`. `oldest_pending`: the producer says it
+    /// has no earlier batch unresolved (every batch it sent before this one was acked or
+    /// failed).
+    pub fn check_seq(&self, tag: ProducerSeq, oldest_pending: bool) -> SeqCheck {
+        let Some(recent) = self.producers.recent(tag.producer) else {
+            // An unknown producer starts at 0, or where it says nothing earlier is pending (it
+            // was forgotten: expired or evicted). A later sequence number first otherwise
+            // means its earlier batches are still on their way (retried out of order after a
+            // failover): refused until they arrive, so the producer's batches are stored in
+            // order.
+            return if tag.seq == Seq(0) || oldest_pending {
+                SeqCheck::New
+            } else {
+                SeqCheck::OutOfOrder
+            };
         };
         if let Some(&(_, base, records)) = recent.iter().find(|(seq, _, _)| *seq == tag.seq) {
             return SeqCheck::Duplicate { base, records };
@@ -345,21 +436,10 @@ impl ReplicaLog {
     }
 }
 
-/// Records `batch`'s producer tag (if any) in `producers`, keeping the last
-/// [`PRODUCER_SEQ_WINDOW`] sequence numbers per producer.
-fn remember(producers: &mut ProducerTable, batch: &Batch) {
-    if let Some(tag) = batch.producer {
-        let recent = producers.entry(tag.producer).or_default();
-        recent.push_back((tag.seq, batch.base, batch.records));
-        if recent.len() > PRODUCER_SEQ_WINDOW {
-            recent.pop_front();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::types::ProducerId;
     use bytes::Bytes;
 
     fn batch(epoch: u64, base: u64, records: u32, tag: Option<(u64, u32)>) -> Batch {
@@ -368,6 +448,7 @@ mod tests {
             base: Offset(base),
             records,
             producer: tag.map(|(p, s)| ProducerSeq { producer: ProducerId(p), seq: Seq(s) }),
+            time_ms: 0,
             payload: Bytes::from_static(b"x"),
         }
     }
@@ -399,15 +480,25 @@ mod tests {
         log.append(batch(1, 0, 2, Some((7, 0)))).unwrap();
         log.append(batch(1, 2, 1, Some((7, 1)))).unwrap();
         let tag = |s| ProducerSeq { producer: ProducerId(7), seq: Seq(s) };
-        assert_eq!(log.check_seq(tag(1)), SeqCheck::Duplicate { base: Offset(2), records: 1 });
-        assert_eq!(log.check_seq(tag(2)), SeqCheck::New);
-        assert_eq!(log.check_seq(tag(4)), SeqCheck::OutOfOrder);
+        assert_eq!(
+            log.check_seq(tag(1), false),
+            SeqCheck::Duplicate { base: Offset(2), records: 1 }
+        );
+        assert_eq!(log.check_seq(tag(2), false), SeqCheck::New);
+        assert_eq!(log.check_seq(tag(4), false), SeqCheck::OutOfOrder);
         log.truncate(Offset(2)).unwrap();
-        assert_eq!(log.check_seq(tag(1)), SeqCheck::New);
-        assert_eq!(log.check_seq(tag(0)), SeqCheck::Duplicate { base: Offset(0), records: 2 });
+        assert_eq!(log.check_seq(tag(1), false), SeqCheck::New);
+        assert_eq!(
+            log.check_seq(tag(0), false),
+            SeqCheck::Duplicate { base: Offset(0), records: 2 }
+        );
         log.truncate(Offset(0)).unwrap();
-        assert_eq!(log.check_seq(tag(1)), SeqCheck::OutOfOrder, "an unknown producer starts at 0");
-        assert_eq!(log.check_seq(tag(0)), SeqCheck::New);
+        assert_eq!(
+            log.check_seq(tag(1), false),
+            SeqCheck::OutOfOrder,
+            "an unknown producer starts at 0"
+        );
+        assert_eq!(log.check_seq(tag(0), false), SeqCheck::New);
     }
 
     #[test]
@@ -474,7 +565,11 @@ mod tests {
             }
             for seq in 0..8 {
                 let tag = ProducerSeq { producer: ProducerId(7), seq: Seq(seq) };
-                assert_eq!(log.check_seq(tag), whole.check_seq(tag), "cut {cut}, seq {seq}");
+                assert_eq!(
+                    log.check_seq(tag, false),
+                    whole.check_seq(tag, false),
+                    "cut {cut}, seq {seq}"
+                );
             }
             for b in &batches[cut..] {
                 assert_eq!(log.bytes_after(b.base), whole.bytes_after(b.base));
@@ -504,9 +599,12 @@ mod tests {
         assert_eq!((log.end(), log.last_epoch()), (Offset(3), Epoch(1)));
         let tag = |p, s| ProducerSeq { producer: ProducerId(p), seq: Seq(s) };
         // The archived producers are still known after the table was rebuilt.
-        assert_eq!(log.check_seq(tag(7, 0)), SeqCheck::Duplicate { base: Offset(0), records: 2 });
-        assert_eq!(log.check_seq(tag(7, 1)), SeqCheck::New);
-        assert_eq!(log.check_seq(tag(8, 1)), SeqCheck::New);
+        assert_eq!(
+            log.check_seq(tag(7, 0), false),
+            SeqCheck::Duplicate { base: Offset(0), records: 2 }
+        );
+        assert_eq!(log.check_seq(tag(7, 1), false), SeqCheck::New);
+        assert_eq!(log.check_seq(tag(8, 1), false), SeqCheck::New);
         assert_eq!(log.end_of_epoch(Epoch(1)), Offset(3));
         log.append(batch(3, 3, 1, Some((7, 1)))).unwrap();
         assert_eq!(log.end_of_epoch(Epoch(2)), Offset(3));

@@ -91,11 +91,27 @@ pub struct Batch {
     pub records: u32,
     /// Idempotence tag, if the producer is idempotent.
     pub producer: Option<ProducerSeq>,
+    /// The leader's clock when it appended the batch, ms since the Unix epoch (0: unknown).
+    /// The producer table's expiry runs on the largest batch time in the log, so every replica
+    /// expires the same producers at the same batch.
+    pub time_ms: u64,
     /// The encoded records (opaque here).
     pub payload: Bytes,
 }
 
 impl Batch {
+    /// The batch with `time_ms` read from its payload, which by the broker's encoding begins
+    /// with the batch's time (u64, big-endian, ms since the Unix epoch); 0 when the payload is
+    /// shorter. The batch time does not travel on its own on the wire: the payload has it.
+    pub fn with_time_from_payload(mut self) -> Batch {
+        if let Some(head) = self.payload.get(..8) {
+            let mut be = [0u8; 8];
+            be.copy_from_slice(head);
+            self.time_ms = u64::from_be_bytes(be);
+        }
+        self
+    }
+
     /// Offset one past its last record.
     pub fn end(&self) -> Offset {
         Offset(self.base.0 + u64::from(self.records))

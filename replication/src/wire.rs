@@ -83,8 +83,10 @@ fn batch_from_wire(b: ReplicaBatch) -> Batch {
         producer: b
             .producer
             .map(|t| ProducerSeq { producer: ProducerId(t.producer.0), seq: Seq(t.seq) }),
+        time_ms: 0,
         payload: b.payload.into_bytes(),
     }
+    .with_time_from_payload()
 }
 
 #[cfg(test)]
@@ -103,13 +105,18 @@ mod tests {
             proptest::option::of((any::<u64>(), any::<u32>())),
             proptest::collection::vec(any::<u8>(), 0..300),
         )
-            .prop_map(|(epoch, base, records, producer, payload)| Batch {
-                epoch: Epoch(epoch),
-                base: Offset(base),
-                records,
-                producer: producer
-                    .map(|(p, s)| ProducerSeq { producer: ProducerId(p), seq: Seq(s) }),
-                payload: Bytes::from(payload),
+            .prop_map(|(epoch, base, records, producer, payload)| {
+                Batch {
+                    epoch: Epoch(epoch),
+                    base: Offset(base),
+                    records,
+                    producer: producer
+                        .map(|(p, s)| ProducerSeq { producer: ProducerId(p), seq: Seq(s) }),
+                    time_ms: 0,
+                    payload: Bytes::from(payload),
+                }
+                // The time travels in the payload's first 8 bytes.
+                .with_time_from_payload()
             })
     }
 

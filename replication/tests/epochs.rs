@@ -27,6 +27,7 @@ fn leader_logs(history: &History) -> Vec<Vec<Batch>> {
                 base,
                 records: 1 + (base.0 % 3) as u32,
                 producer: None,
+                time_ms: 0,
                 payload,
             });
         }

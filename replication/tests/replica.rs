@@ -7,8 +7,8 @@ use std::collections::VecDeque;
 use bytes::Bytes;
 use felix_replication::{
     AckMode, AppendError, AppendRequest, Batch, DiskOp, DiskOpId, Epoch, GroupState, LeaseId,
-    Message, NodeId, Offset, Output, ProducerId, ProducerSeq, Replica, ReplicaConfig, ReplicaLog,
-    RequestId, RoleView, Seq, Time,
+    Message, NodeId, Offset, Output, ProducerId, ProducerLimits, ProducerSeq, Replica,
+    ReplicaConfig, ReplicaLog, RequestId, RoleView, Seq, Time,
 };
 
 /// Lease validity the harness grants, ms.
@@ -95,10 +95,29 @@ impl Harness {
         mode: AckMode,
         records: u32,
     ) {
+        self.append_with(node, request, tag, mode, records, false);
+    }
+
+    /// An append whose producer says nothing earlier of it is unresolved (`oldest_pending`).
+    fn append_oldest(&mut self, node: u32, request: u64, tag: (u64, u32)) {
+        self.append_with(node, request, Some(tag), AckMode::Durable, 2, true);
+    }
+
+    fn append_with(
+        &mut self,
+        node: u32,
+        request: u64,
+        tag: Option<(u64, u32)>,
+        mode: AckMode,
+        records: u32,
+        oldest_pending: bool,
+    ) {
         let append = AppendRequest {
             request: RequestId(request),
             producer: tag.map(|(p, s)| ProducerSeq { producer: ProducerId(p), seq: Seq(s) }),
             records,
+            oldest_pending,
+            time_ms: self.now.0,
             payload: Bytes::from(format!("batch {request}")),
             mode,
         };
@@ -273,6 +292,59 @@ fn a_retry_gets_the_original_offsets_even_after_failover() {
     h.append(1, 4, Some((9, 1)), AckMode::Durable);
     assert_eq!(h.acked(4), Some((Offset(2), 2)));
     h.append(1, 5, Some((9, 3)), AckMode::Durable);
+    assert_eq!(h.rejected(5), Some(AppendError::OutOfOrderSequence));
+}
+
+#[test]
+fn an_idle_producer_expires_on_every_replica_and_starts_again_where_it_says() {
+    let limits = ProducerLimits { expiry_ms: 1_000, max: 16 };
+    let mut h = Harness::with_config(3, ReplicaConfig { producers: limits, ..Default::default() });
+    h.append(0, 1, Some((9, 0)), AckMode::Durable);
+    h.append(0, 2, Some((9, 1)), AckMode::Durable);
+    assert_eq!(h.acked(2), Some((Offset(2), 2)));
+    // Another producer appends 1.5 s later: producer 9 has been idle more than the expiry by
+    // the log clock, on every replica alike.
+    h.advance(1_500);
+    h.append(0, 3, Some((5, 0)), AckMode::Durable);
+    assert_eq!(h.acked(3), Some((Offset(4), 2)));
+    for node in &h.nodes {
+        assert_eq!(node.log().producer_ids(), vec![5], "{:?}", node.role());
+        assert_eq!(node.log().producers_forgotten(), (1, 0));
+    }
+    // Its next batch: refused while it may have earlier ones on the way, taken when it says it
+    // has none.
+    h.append(0, 4, Some((9, 2)), AckMode::Durable);
+    assert_eq!(h.rejected(4), Some(AppendError::OutOfOrderSequence));
+    h.append_oldest(0, 5, (9, 2));
+    assert_eq!(h.acked(5), Some((Offset(6), 2)));
+    h.append(0, 6, Some((9, 3)), AckMode::Durable);
+    assert_eq!(h.acked(6), Some((Offset(8), 2)), "known again: the next sequence follows");
+    // The limit of exactly-once: a batch retried after its producer expired is stored again.
+    h.advance(1_500);
+    h.append(0, 7, Some((5, 1)), AckMode::Durable);
+    h.append_oldest(0, 8, (9, 3));
+    assert_eq!(h.acked(8), Some((Offset(12), 2)), "stored twice, as documented");
+}
+
+#[test]
+fn the_producer_table_keeps_the_most_recent_producers_within_its_bound() {
+    let limits = ProducerLimits { expiry_ms: u64::MAX, max: 2 };
+    let mut h = Harness::with_config(3, ReplicaConfig { producers: limits, ..Default::default() });
+    for (request, producer) in [(1, 1), (2, 2), (3, 1), (4, 3)] {
+        h.append(
+            0,
+            request,
+            Some((producer, u32::from(request > 2 && producer == 1))),
+            AckMode::Durable,
+        );
+        assert!(h.acked(request).is_some());
+    }
+    for node in &h.nodes {
+        assert_eq!(node.log().producer_ids(), vec![1, 3], "producer 2 was the oldest idle");
+        assert_eq!(node.log().producers_forgotten(), (0, 1));
+    }
+    // A producer the bound forgot is unknown again.
+    h.append(0, 5, Some((2, 1)), AckMode::Durable);
     assert_eq!(h.rejected(5), Some(AppendError::OutOfOrderSequence));
 }
 

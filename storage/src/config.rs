@@ -110,6 +110,9 @@ pub struct StorageConfig {
     /// [`PRODUCERS_PER_SHARD_MAX`]); beyond it, the producer whose last append is oldest is
     /// forgotten, and a retry of its batches is then stored as new. At least 1.
     pub producers_per_shard_max: usize,
+    /// A producer idle longer than this, by the shard's batch times, is forgotten (default
+    /// [`crate::PRODUCER_EXPIRY_MS`], 7 days): a retry of its batches is then stored as new.
+    pub producer_expiry_ms: u64,
     /// Bytes of recently read log blocks a core keeps for its readers (whole
     /// [`crate::READ_CACHE_BLOCK_BYTES`] blocks; 0: no cache). See `crate::cache`.
     pub read_cache_bytes: u64,
@@ -172,6 +175,7 @@ impl StorageConfig {
             repair: false,
             retention: RetentionConfig::default(),
             producers_per_shard_max: PRODUCERS_PER_SHARD_MAX,
+            producer_expiry_ms: crate::PRODUCER_EXPIRY_MS,
             read_cache_bytes: READ_CACHE_BYTES_DEFAULT,
             write_sync: WriteSync::default(),
             preallocate: Preallocate::default(),

@@ -337,6 +337,58 @@ pub(crate) fn rename(from: &Path, to: &Path) -> Result<()> {
     std::fs::rename(from, to).map_err(|e| StorageError::io("renaming", from.to_owned(), e))
 }
 
+/// Replace `dir/name` by a file holding `bytes`: write `dir/name.tmp`, fdatasync it, rename
+/// it over `name`, fsync the directory. A crash leaves the old file or the new one.
+pub(crate) async fn replace_file(dir: &Path, name: &str, bytes: Vec<u8>) -> Result<()> {
+    let (path, tmp) = (dir.join(name), dir.join(format!("{name}.tmp")));
+    let err = |context, e| StorageError::io(context, tmp.clone(), to_io(e));
+    let file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .buffered_open(&tmp)
+        .await
+        .map_err(|e| err("creating", e))?;
+    let len = bytes.len();
+    let written = async {
+        let n = file.write_at(bytes, 0).await.map_err(|e| err("writing", e))?;
+        if n != len {
+            let enospc = io::Error::from_raw_os_error(libc::ENOSPC);
+            return Err(StorageError::io("short write", tmp.clone(), enospc));
+        }
+        file.fdatasync().await.map_err(|e| err("fdatasync", e))
+    }
+    .await;
+    let closed = file.close().await.map_err(|e| err("closing", e));
+    written?;
+    closed?;
+    std::fs::rename(&tmp, &path).map_err(|e| StorageError::io("renaming", tmp.clone(), e))?;
+    sync_dir(dir).await
+}
+
+/// The bytes of the file at `path`, at most `limit` of them (more is an error); `None` if
+/// there is no such file.
+pub(crate) async fn read_file(path: &Path, limit: u64) -> Result<Option<Vec<u8>>> {
+    let err = |context, e| StorageError::io(context, path.to_owned(), to_io(e));
+    if !path.exists() {
+        return Ok(None);
+    }
+    let file =
+        OpenOptions::new().read(true).buffered_open(path).await.map_err(|e| err("opening", e))?;
+    let read = async {
+        let size = file.file_size().await.map_err(|e| err("reading the size of", e))?;
+        if size > limit {
+            let efbig = io::Error::from_raw_os_error(libc::EFBIG);
+            return Err(StorageError::io("a sidecar file too large", path.to_owned(), efbig));
+        }
+        let bytes = file.read_at(0, size as usize).await.map_err(|e| err("reading", e))?;
+        Ok(bytes.to_vec())
+    }
+    .await;
+    let _ = file.close().await;
+    read.map(Some)
+}
+
 /// Names of the entries of a directory (a blocking readdir: only used when opening a log).
 pub(crate) fn list_dir(path: &Path) -> Result<Vec<String>> {
     let err = |e| StorageError::io("listing directory", path.to_owned(), e);

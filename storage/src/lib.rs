@@ -54,9 +54,9 @@ pub use epochs::EPOCH_CHANGES_PER_SHARD_MAX;
 pub use error::{is_no_space, Result, StorageError};
 pub use log::{
     AppendOutcome, Appending, BatchMeta, RetentionOutcome, StoredBatch, StreamLog,
-    READ_GAP_BYTES_MAX,
+    READ_GAP_BYTES_MAX, SIDECAR_BYTES_MAX,
 };
-pub use producers::{PRODUCERS_PER_SHARD_MAX, PRODUCER_SEQ_WINDOW};
+pub use producers::{PRODUCERS_PER_SHARD_MAX, PRODUCER_EXPIRY_MS, PRODUCER_SEQ_WINDOW};
 pub use read::{BatchView, RecordSlices};
 pub use recovery::{RecoveryReport, RepairReport, SEGMENT_SUFFIX};
 pub use stats::StorageStats;

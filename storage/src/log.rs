@@ -376,9 +376,9 @@ impl StreamLog {
         // Recorded now, with the offsets: a retry that arrives while this batch is queued or
         // being written is a duplicate. A failed write forgets it again (`ShardState::rewind`).
         if let Some(tag) = tag {
-            if s.producers.record(tag, base_offset, record_count) {
-                st.stats.producers_evicted += 1;
-            }
+            let forgotten = s.producers.record(tag, base_offset, record_count, timestamp_ms);
+            st.stats.producers_evicted += forgotten.evicted;
+            st.stats.producers_expired += forgotten.expired;
         }
         // Likewise the epoch index (a failed write cuts it back in `ShardState::rewind`).
         if s.epochs.push(meta.epoch, base_offset) {
@@ -563,6 +563,27 @@ impl StreamLog {
         self.inner.state.borrow().stats.clone()
     }
 
+    /// Replaces the log's sidecar file `name` (in the log's directory, beside its segments:
+    /// `[A-Za-z0-9._-]`, not ending in `.tmp`) by one holding `bytes`, atomically: a crash
+    /// leaves the old file or the new one. Recovery ignores sidecar files; their owner (the
+    /// broker's replica checkpoints) checks what it reads back.
+    pub async fn write_sidecar(&self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        check_sidecar_name(name)?;
+        io::replace_file(&self.inner.dir, name, bytes).await
+    }
+
+    /// The bytes of sidecar file `name` ([`write_sidecar`](Self::write_sidecar)), `None` if
+    /// there is none; at most [`SIDECAR_BYTES_MAX`].
+    pub async fn read_sidecar(&self, name: &str) -> Result<Option<Vec<u8>>> {
+        check_sidecar_name(name)?;
+        io::read_file(&self.inner.dir.join(name), SIDECAR_BYTES_MAX).await
+    }
+
+    /// Idempotent producers the shards' producer tables remember, summed over the shards.
+    pub fn producers_known(&self) -> u64 {
+        self.inner.state.borrow().shards.values().map(|s| s.producers.len() as u64).sum()
+    }
+
     /// Bytes stored in segment files (header blocks and padding included).
     pub fn stored_bytes(&self) -> u64 {
         self.inner.state.borrow().segments.iter().map(|s| s.end).sum()
@@ -642,5 +663,22 @@ pub(crate) fn owned_shard<'a>(
     match shards.get_mut(&shard) {
         Some(s) if s.owned => Ok(s),
         _ => Err(StorageError::UnknownShard { stream: stream.to_owned(), shard }),
+    }
+}
+
+/// The largest sidecar file [`StreamLog::read_sidecar`] reads.
+pub const SIDECAR_BYTES_MAX: u64 = 64 << 20;
+
+fn check_sidecar_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && !name.ends_with(".tmp")
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(StorageError::InvalidConfig {
+            reason: "a sidecar file name is [A-Za-z0-9._-], not .tmp",
+        })
     }
 }

@@ -362,6 +362,7 @@ impl Recovery<'_> {
             epochs: &mut self.epochs,
         };
         let producers_max = self.config.producers_per_shard_max;
+        let producer_expiry_ms = self.config.producer_expiry_ms;
         let walk = &mut self.walk;
         let mut last_ts = created_ms;
         let mut valid_end = SEGMENT_HEADER_BYTES;
@@ -401,8 +402,8 @@ impl Recovery<'_> {
                 tables
                     .producers
                     .entry(h.shard)
-                    .or_insert_with(|| ProducerTable::new(producers_max))
-                    .record(tag, h.base_offset.0, h.record_count);
+                    .or_insert_with(|| ProducerTable::new(producers_max, producer_expiry_ms))
+                    .record(tag, h.base_offset.0, h.record_count, h.first_timestamp_ms);
             }
             // A batch that a later marker cuts wholly is left out of the epoch index: the
             // cut would remove its change anyway, and it must not push older changes out of
@@ -538,12 +539,14 @@ impl Recovery<'_> {
         let mut producers = self.producers;
         let mut epochs = self.epochs;
         let producers_max = self.config.producers_per_shard_max;
+        let producer_expiry_ms = self.config.producer_expiry_ms;
         let shards = self
             .indexes
             .into_iter()
             .map(|(id, ix)| {
-                let table =
-                    producers.remove(&id).unwrap_or_else(|| ProducerTable::new(producers_max));
+                let table = producers
+                    .remove(&id)
+                    .unwrap_or_else(|| ProducerTable::new(producers_max, producer_expiry_ms));
                 let epochs = epochs
                     .remove(&id)
                     .unwrap_or_else(|| EpochIndex::new(EPOCH_CHANGES_PER_SHARD_MAX));

@@ -35,6 +35,9 @@ pub struct StorageStats {
     /// a retry of their batches is stored as new. Counts evictions since the log opened,
     /// not those of recovery's rebuild.
     pub producers_evicted: u64,
+    /// Producers forgotten because they were idle longer than `producer_expiry_ms`; likewise
+    /// since the log opened.
+    pub producers_expired: u64,
     /// Epoch changes forgotten because a shard's epoch index was full
     /// (`EPOCH_CHANGES_PER_SHARD_MAX`): epoch queries about older epochs then answer
     /// conservatively. Counts drops since the log opened, not those of recovery's rebuild.
@@ -76,6 +79,7 @@ impl StorageStats {
             append_errors: 0,
             duplicates: 0,
             producers_evicted: 0,
+            producers_expired: 0,
             epoch_changes_dropped: 0,
             no_space_errors: 0,
             segments_created: 0,

@@ -69,6 +69,7 @@ async fn model_of(log: &StreamLog, shard: ShardId) -> ReplicaLog {
             base: b.base_offset,
             records: b.records.len() as u32,
             producer: None,
+            time_ms: 0,
             payload: Bytes::new(),
         })
         .collect();
@@ -192,6 +193,7 @@ fn random_histories_answer_as_the_replication_model_before_and_after_a_reopen() 
                             base: Offset(base),
                             records: n as u32,
                             producer: None,
+                            time_ms: 0,
                             payload: Bytes::new(),
                         })
                         .unwrap();

@@ -544,7 +544,8 @@ impl CoreApp {
     /// batch tagged by `producer` that the shard already stored is not stored again: the
     /// outcome names the original offsets (`duplicate`).
     pub fn submit_local(self: &Rc<Self>, batch: AppendBatch) -> Result<LocalAppend, WireError> {
-        let AppendBatch { stream, shard, records, timestamp_ms, ack, producer } = batch;
+        let AppendBatch { stream, shard, records, timestamp_ms, ack, producer, oldest_pending } =
+            batch;
         let stream = stream.as_str();
         debug_assert_eq!(self.owner(shard), self.core, "a shard is appended to by its owner");
         let entry = self.streams.borrow().get(stream).cloned().ok_or_else(|| {
@@ -564,7 +565,8 @@ impl CoreApp {
             .sum();
         let app = self.clone();
         if let Some(host) = self.replication.get().filter(|h| h.is_replicated(stream)) {
-            let replicated = host.submit(stream, shard, &records, timestamp_ms, ack, producer)?;
+            let tag = producer.map(|t| (t, oldest_pending));
+            let replicated = host.submit(stream, shard, &records, timestamp_ms, ack, tag)?;
             return Ok(Box::pin(async move {
                 let base = replicated.await?;
                 stats::add(&app.stats.counters.storage_append_bytes, bytes);
@@ -811,6 +813,7 @@ impl CoreApp {
         let mut overlapped = 0;
         let mut written = 0;
         let mut zeroed = 0;
+        let (mut producers, mut expired, mut evicted) = (0, 0, 0);
         let mut flush_h = stats::new_histogram();
         let mut write_h = stats::new_histogram();
         let mut fan_in = stats::new_histogram();
@@ -821,6 +824,9 @@ impl CoreApp {
                 overlapped += s.flushes_overlapped;
                 written += s.bytes_written;
                 zeroed += s.zero_fill_bytes;
+                expired += s.producers_expired;
+                evicted += s.producers_evicted;
+                producers += log.producers_known();
                 let _ = flush_h.add(&s.flush_latency_us);
                 let _ = write_h.add(&s.write_latency_us);
                 let _ = fan_in.add(&s.fan_in);
@@ -830,6 +836,9 @@ impl CoreApp {
         stats::set(&c.storage_flushes_overlapped, overlapped);
         stats::set(&c.storage_bytes_written, written);
         stats::set(&c.storage_zero_fill_bytes, zeroed);
+        stats::set(&c.storage_producers, producers);
+        stats::set(&c.storage_producers_expired, expired);
+        stats::set(&c.storage_producers_evicted, evicted);
         let cache = self.store.read_cache_stats();
         stats::set(&c.storage_read_cache_hits, cache.hits);
         stats::set(&c.storage_read_cache_misses, cache.misses);

@@ -45,6 +45,8 @@ pub struct AppendBatch {
     pub ack: AckMode,
     /// The idempotent producer's tag, if the batch has one.
     pub producer: Option<ProducerTag>,
+    /// The producer has no earlier batch unresolved (Publish flag `OLDEST_PENDING`).
+    pub oldest_pending: bool,
 }
 
 /// Work one core asks of the core that owns a shard.

@@ -291,6 +291,10 @@ fn core_settings(
             server_name: args.peer_server_name.clone(),
             min_insync: args.min_insync,
             resident_bytes: args.replica_resident_bytes,
+            producers: felix_replication::ProducerLimits {
+                expiry_ms: args.producer_expiry.0,
+                max: args.max_producers_per_shard,
+            },
         }),
         data_dir: args.data_dir.clone(),
         cores: args.cores,
@@ -322,6 +326,8 @@ fn storage_config(args: &ServeArgs, settings: &Settings) -> Result<StorageConfig
     let mut storage = StorageConfig::new(&args.data_dir);
     storage.segment_bytes_max = args.segment_bytes;
     storage.read_cache_bytes = args.read_cache_bytes;
+    storage.producer_expiry_ms = args.producer_expiry.0;
+    storage.producers_per_shard_max = args.max_producers_per_shard;
     storage.write_sync = args.write_sync;
     storage.preallocate = args.preallocate;
     storage.batch_bytes_max = BATCH_BYTES_LIMIT;

@@ -559,13 +559,20 @@ impl Session {
             return fail(WireError::new(ErrorCode::ShuttingDown, "budget closed"));
         };
         stats::add(&c.inflight_bytes, units);
-        let producer = p.producer;
+        let (producer, oldest_pending) = (p.producer, p.oldest_pending);
         let records: Vec<Record> =
             p.records.into_iter().map(|value| Record { key: p.key.clone(), value }).collect();
         let timestamp_ms = now_ms();
         let owner = app.owner(shard);
-        let batch =
-            AppendBatch { stream: p.stream, shard, records, timestamp_ms, ack: mode, producer };
+        let batch = AppendBatch {
+            stream: p.stream,
+            shard,
+            records,
+            timestamp_ms,
+            ack: mode,
+            producer,
+            oldest_pending,
+        };
         let stored: Pin<Box<dyn Future<Output = Result<felix_storage::AppendOutcome, WireError>>>> =
             if owner == app.core {
                 // Queued now, its offsets fixed, before the stream's next frame is read (the

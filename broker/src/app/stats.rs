@@ -90,6 +90,12 @@ counters! {
     replication_batches_archived: "Batches replicas on this core moved out of memory (committed, durable, read from storage after).",
     replication_fetches_from_log: "Fetch replies leaders on this core read from storage (the follower asked for archived batches).",
     replication_resident_batches: "Batches replicas on this core hold in memory (gauge).",
+    replication_producers: "Idempotent producers the producer tables of replicas on this core remember (gauge).",
+    replication_producers_expired: "Idempotent producers the producer tables of replicas on this core forgot after --producer-expiry (gauge: a truncation rebuilds a table, and its count, from the log).",
+    replication_index_bytes: "Bytes of batch bookkeeping (offsets, epochs, producer tables; payloads left out) the replicas on this core hold (gauge).",
+    storage_producers: "Idempotent producers the producer tables of unreplicated shards on this core remember (gauge).",
+    storage_producers_expired: "Idempotent producers unreplicated shards on this core forgot after --producer-expiry.",
+    storage_producers_evicted: "Idempotent producers unreplicated shards on this core forgot for room (--max-producers-per-shard).",
     replicas_leading: "Replicated shards this core leads (gauge).",
     replicas_following: "Replicated shards this core follows (gauge).",
     replication_lag_records: "Largest lag, in records, of a follower of a shard this core leads (gauge).",
@@ -98,7 +104,11 @@ counters! {
 }
 
 /// The counters exported as gauges.
-const GAUGES: [&str; 10] = [
+const GAUGES: [&str; 14] = [
+    "replication_producers",
+    "replication_producers_expired",
+    "replication_index_bytes",
+    "storage_producers",
     "inflight_bytes",
     "storage_below_floor",
     "replication_peers_unreachable",

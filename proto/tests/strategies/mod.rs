@@ -141,6 +141,7 @@ pub fn frame() -> impl Strategy<Value = Frame> {
             vec(bytes(100), 1..20)
         )
             .prop_map(|(ack, key, producer, stream, records)| Frame::Publish(Publish {
+                oldest_pending: false,
                 ack: ack.map(|(request_id, mode)| AckRequest { request_id, mode }),
                 key,
                 producer: producer.map(|(p, seq)| ProducerTag { producer: ProducerId(p), seq }),

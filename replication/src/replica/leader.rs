@@ -133,21 +133,22 @@ impl Replica {
             return Err(AppendError::Busy);
         }
         let epoch = state.epoch;
-        let (base, records) = match append.producer.map(|tag| self.log.check_seq(tag)) {
-            Some(SeqCheck::Duplicate { base, records }) if !self.bugs.skip_dedup => {
-                if records != append.records {
-                    return Err(AppendError::SequenceMismatch {
-                        stored: records,
-                        retry: append.records,
-                    });
+        let (base, records) =
+            match append.producer.map(|tag| self.log.check_seq(tag, append.oldest_pending)) {
+                Some(SeqCheck::Duplicate { base, records }) if !self.bugs.skip_dedup => {
+                    if records != append.records {
+                        return Err(AppendError::SequenceMismatch {
+                            stored: records,
+                            retry: append.records,
+                        });
+                    }
+                    self.stats.duplicates += 1;
+                    (base, records)
                 }
-                self.stats.duplicates += 1;
-                (base, records)
-            }
-            Some(SeqCheck::TooOld) => return Err(AppendError::SequenceTooOld),
-            Some(SeqCheck::OutOfOrder) => return Err(AppendError::OutOfOrderSequence),
-            _ => self.append_batch(epoch, append),
-        };
+                Some(SeqCheck::TooOld) => return Err(AppendError::SequenceTooOld),
+                Some(SeqCheck::OutOfOrder) => return Err(AppendError::OutOfOrderSequence),
+                _ => self.append_batch(epoch, append),
+            };
         let waiter = Waiter { request: append.request, base, records, mode: append.mode };
         if let Role::Leader(state) = &mut self.role {
             state.waiters.push(waiter);
@@ -164,6 +165,7 @@ impl Replica {
             base: self.log.end(),
             records: append.records,
             producer: append.producer,
+            time_ms: append.time_ms,
             payload: append.payload.clone(),
         };
         let base = batch.base;

@@ -29,6 +29,13 @@ pub struct AppendRequest {
     pub producer: Option<ProducerSeq>,
     /// Record count (1..=`BATCH_RECORDS_MAX`).
     pub records: u32,
+    /// The producer has no earlier batch unresolved (every batch it sent before this one was
+    /// acked or failed): a shard that does not know the producer (it never did, or forgot it)
+    /// takes this batch at its sequence number instead of waiting for sequence 0.
+    pub oldest_pending: bool,
+    /// The leader's clock when it took the batch, ms since the Unix epoch (the batch's time:
+    /// the producer table's expiry clock, `ReplicaLog`).
+    pub time_ms: u64,
     /// The encoded records (at most `BATCH_PAYLOAD_BYTES_MAX` bytes).
     pub payload: Bytes,
     /// When to acknowledge.
@@ -120,7 +127,13 @@ pub struct Replica {
 impl Replica {
     /// A replica whose log was recovered from disk as `log` (all of it durable). It knows no
     /// group and no lease yet: it neither leads nor follows until told.
-    pub fn new(id: NodeId, config: ReplicaConfig, log: ReplicaLog) -> Replica {
+    /// `log` should keep to `config.producers` (`ReplicaLog::from_batches_with`); an empty one
+    /// is made to.
+    pub fn new(id: NodeId, config: ReplicaConfig, mut log: ReplicaLog) -> Replica {
+        if log.producer_limits() != config.producers && log.end() == Offset(0) {
+            log = ReplicaLog::with_producer_limits(config.producers);
+        }
+        debug_assert_eq!(log.producer_limits(), config.producers, "recovered with other limits");
         let end = log.end();
         Replica {
             id,

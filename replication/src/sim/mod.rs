@@ -85,6 +85,10 @@ pub struct SeedReport {
     /// Every in-sync replica was lost for good, so the producers could not finish (allowed:
     /// there is no unclean election).
     pub unavailable: bool,
+    /// Producers expired from the producer table (the most any live replica counted).
+    pub producers_expired: u64,
+    /// Restarts that started from the node's checkpoint.
+    pub checkpoint_restarts: u64,
 }
 
 /// A seed that broke an invariant (or did not finish after healing).
@@ -129,6 +133,12 @@ pub struct SweepReport {
     pub stats: ReplicaStats,
     /// Seeds that ended unavailable because every in-sync replica was lost.
     pub unavailable: u64,
+    /// Producers expired (see [`SeedReport::producers_expired`]), and seeds with any.
+    pub producers_expired: u64,
+    /// Seeds in which some producer expired.
+    pub seeds_with_expiry: u64,
+    /// Restarts from a checkpoint.
+    pub checkpoint_restarts: u64,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -213,6 +223,9 @@ impl SweepReport {
         self.sim_ms += report.sim_ms;
         self.stats = add_stats(self.stats, report.stats);
         self.unavailable += u64::from(report.unavailable);
+        self.producers_expired += report.producers_expired;
+        self.seeds_with_expiry += u64::from(report.producers_expired > 0);
+        self.checkpoint_restarts += report.checkpoint_restarts;
     }
 
     fn add(&mut self, other: &SweepReport) {
@@ -224,6 +237,9 @@ impl SweepReport {
         self.sim_ms += other.sim_ms;
         self.stats = add_stats(self.stats, other.stats);
         self.unavailable += other.unavailable;
+        self.producers_expired += other.producers_expired;
+        self.seeds_with_expiry += other.seeds_with_expiry;
+        self.checkpoint_restarts += other.checkpoint_restarts;
     }
 }
 
@@ -233,7 +249,8 @@ impl fmt::Display for SweepReport {
         write!(
             f,
             "{} seeds in {secs:.1} s ({:.0} seeds/s): {} events, {} durable acks, {} epochs, {} \
-             crashes, {:.1} h simulated, {} ended unavailable (every in-sync replica lost); {:?}",
+             crashes, {:.1} h simulated, {} ended unavailable (every in-sync replica lost), {} \
+             producers expired in {} seeds, {} restarts from a checkpoint; {:?}",
             self.seeds,
             self.seeds as f64 / secs.max(1e-9),
             self.events,
@@ -242,6 +259,9 @@ impl fmt::Display for SweepReport {
             self.crashes,
             self.sim_ms as f64 / 3_600_000.0,
             self.unavailable,
+            self.producers_expired,
+            self.seeds_with_expiry,
+            self.checkpoint_restarts,
             self.stats
         )
     }

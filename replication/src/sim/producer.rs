@@ -31,6 +31,8 @@ pub struct Producer {
 
 struct InFlight {
     seq: Seq,
+    /// When it was first sent.
+    first_sent: Time,
     records: u32,
     payload: Bytes,
     resend_at: Time,
@@ -63,7 +65,8 @@ impl Producer {
             let seq = Seq(self.next_seq);
             let payload = Bytes::from(format!("p{}-s{}", self.id.0, seq.0));
             let records = rng.gen_range(1..=PRODUCER_RECORDS_MAX);
-            self.in_flight = Some(InFlight { seq, records, payload, resend_at: now });
+            self.in_flight =
+                Some(InFlight { seq, records, payload, resend_at: now, first_sent: now });
         }
         let flight = self.in_flight.as_mut()?;
         if now < flight.resend_at {
@@ -75,6 +78,11 @@ impl Producer {
             producer: Some(ProducerSeq { producer: self.id, seq: flight.seq })
                 .filter(|_| self.checked),
             records: flight.records,
+            // True: one batch in flight, so none earlier is unresolved; sometimes left out
+            // (also true), so both rules for an unknown producer run.
+            oldest_pending: rng.gen_bool(0.5),
+            // The leader's clock sets it (the world, on delivery).
+            time_ms: 0,
             payload: flight.payload.clone(),
             mode: if self.checked { AckMode::Durable } else { AckMode::Written },
         };
@@ -117,6 +125,11 @@ impl Producer {
     /// Whether a retry is due (the last send went unanswered).
     pub fn retry_due(&self, now: Time) -> bool {
         self.in_flight.as_ref().is_some_and(|f| now >= f.resend_at)
+    }
+
+    /// How long ago the batch in flight was first sent, ms.
+    pub fn in_flight_age_ms(&self, now: Time) -> u64 {
+        self.in_flight.as_ref().map_or(0, |f| now.0.saturating_sub(f.first_sent.0))
     }
 
     /// The sequence in flight, if any.

@@ -18,6 +18,7 @@ use crate::controller::GroupState;
 use crate::error::AppendError;
 use crate::log::ReplicaLog;
 use crate::message::{Message, Output};
+use crate::producers::ProducerLimits;
 use crate::replica::{Replica, ReplicaStats, RoleView};
 use crate::types::{
     Batch, Epoch, LeaseId, NodeId, Offset, ProducerId, ProducerSeq, RequestId, Seq, Time,
@@ -37,6 +38,9 @@ pub const GROUP_RESYNC_MS: u64 = 100;
 pub const PRODUCER_TICK_MS: u64 = 5;
 /// A fault is considered this often while faults are on, ms.
 pub const FAULT_EVERY_MS: u64 = 60;
+/// Producers idle this long expire (a producer that finished early expires while the others
+/// still publish), ms.
+pub const SIM_PRODUCER_EXPIRY_MS: u64 = 400;
 /// Probability that a producer other than the first is idempotent and durable (checked).
 pub const PRODUCER_CHECKED_P: f64 = 0.75;
 /// Events per seed at most (a livelock guard).
@@ -52,6 +56,9 @@ struct SimNode {
     lease_sent_at: Time,
     next_keepalive: Time,
     paused_until: Time,
+    /// The checkpoint of its log's archive as of its last crash (the broker writes one after
+    /// each archive): a restart starts from it half the time.
+    checkpoint: Option<Vec<u8>>,
 }
 
 /// The whole simulated cluster.
@@ -77,6 +84,8 @@ pub(super) struct World {
     faults: Faults,
     pub(super) events: u64,
     crashes: u32,
+    /// Restarts from a checkpoint.
+    checkpoint_restarts: u64,
     /// Counters of replicas that crashed.
     retired: ReplicaStats,
     /// A node lost for good (crashed, never restarted), if any.
@@ -112,6 +121,7 @@ impl World {
             checker: Checker::new(replicas),
             events: 0,
             crashes: 0,
+            checkpoint_restarts: 0,
             retired: ReplicaStats::default(),
             lost: None,
             now: Time(0),
@@ -123,6 +133,7 @@ impl World {
             world.nodes.push(SimNode {
                 id,
                 replica: None,
+                checkpoint: None,
                 incarnation: 0,
                 disk: SimDisk::default(),
                 lease: None,
@@ -188,7 +199,14 @@ impl World {
             committed_batches: self.checker.committed_batches() as u64,
             epochs: self.etcd.group.epoch.0,
             crashes: self.crashes,
+            checkpoint_restarts: self.checkpoint_restarts,
             unavailable: false,
+            producers_expired: self
+                .nodes
+                .iter()
+                .filter_map(|n| n.replica.as_ref().map(|r| r.log().producers_forgotten().0))
+                .max()
+                .unwrap_or(0),
         }
     }
 
@@ -295,7 +313,9 @@ impl World {
                 node.lease_sent_at = sent_at;
                 replica.handle_lease(now, lease, sent_at.plus_ms(LEASE_TTL_MS));
             }
-            (Addr::Producer(_), Packet::Append(append)) => {
+            (Addr::Producer(_), Packet::Append(mut append)) => {
+                // The leader's clock stamps the batch (the producer table's expiry clock).
+                append.time_ms = now.0;
                 let (request, tag, from) = (append.request, append.producer, replica.log().end());
                 replica.handle_append(now, append);
                 // Invariant 8: whether this delivery made the node's log take the batch (the
@@ -428,6 +448,7 @@ impl World {
         let before = self.checker.committed_batches();
         let node = &self.nodes[n];
         if let Some(replica) = &node.replica {
+            self.check_producers_agree(n)?;
             self.checker.check_committed(node.id, replica.log(), replica.committed())?;
             let (stored, generation) = (node.disk.stored(), node.disk.stored_generation());
             self.checker.check_readable(node.id, stored, generation, replica.visible_end())?;
@@ -437,6 +458,31 @@ impl World {
         }
         if self.etcd.group.isr.contains(&node.id) {
             self.checker.check_image(node.id, node.disk.durable(), node.disk.generation())?;
+        }
+        Ok(())
+    }
+
+    /// Invariant 9: replicas holding the same log (the same end and last epoch: log matching)
+    /// know the same producers, whatever expired or was evicted, recovered or truncated.
+    fn check_producers_agree(&self, n: usize) -> Result<(), String> {
+        let Some(mine) = self.nodes[n].replica.as_ref().map(Replica::log) else { return Ok(()) };
+        for other in &self.nodes {
+            let Some(theirs) = other.replica.as_ref().map(Replica::log) else { continue };
+            if other.id == self.nodes[n].id
+                || theirs.end() != mine.end()
+                || theirs.last_epoch() != mine.last_epoch()
+            {
+                continue;
+            }
+            let (a, b) = (mine.producer_ids(), theirs.producer_ids());
+            if a != b {
+                return Err(format!(
+                    "{} and {} hold the same log (end {}) but know producers {a:?} and {b:?}",
+                    self.nodes[n].id,
+                    other.id,
+                    mine.end()
+                ));
+            }
         }
         Ok(())
     }
@@ -556,6 +602,11 @@ impl World {
         let request = RequestId(self.next_request);
         if let Some((target, append)) = producer.tick(self.now, request, &mut self.rng) {
             let seq = producer.in_flight_seq().expect("it just sent its batch in flight");
+            if let Some(tag) = append.producer {
+                if producer.in_flight_age_ms(self.now) > self.config.producers.expiry_ms {
+                    self.checker.retried_after_expiry(tag);
+                }
+            }
             self.next_request += 1;
             self.requests.insert(request, (p, seq));
             self.send(Addr::Producer(p), Addr::Node(target), Packet::Append(append));
@@ -583,7 +634,14 @@ impl World {
 
     /// Restarts node `n` from `image` (its durable log): a new process with no lease.
     fn start_node(&mut self, n: usize, image: Vec<Batch>) -> Result<(), String> {
-        let log = ReplicaLog::from_batches(image).map_err(|e| format!("recovery of n{n}: {e}"))?;
+        let log = ReplicaLog::from_batches_with(image, self.config.producers)
+            .map_err(|e| format!("recovery of n{n}: {e}"))?;
+        self.start_with_log(n, log);
+        Ok(())
+    }
+
+    /// Starts node `n`'s replica on `log`: a new process with no lease.
+    fn start_with_log(&mut self, n: usize, log: ReplicaLog) {
         let node = &mut self.nodes[n];
         let mut replica = Replica::new(node.id, self.config.clone(), log);
         replica.inject_bugs(self.opts.bugs);
@@ -594,13 +652,13 @@ impl World {
         let (id, incarnation) = (node.id, node.incarnation);
         self.send(Addr::Node(id), Addr::Etcd, Packet::ReadGroup);
         self.schedule(self.now, Event::NodeTick { node: n, incarnation });
-        Ok(())
     }
 
     fn crash(&mut self, n: usize) -> Result<(), String> {
         self.taken.retain(|(node, _)| *node != n);
         let node = &mut self.nodes[n];
         let Some(replica) = node.replica.take() else { return Ok(()) };
+        node.checkpoint = replica.log().checkpoint();
         self.retired = super::add_stats(self.retired, replica.stats());
         node.incarnation += 1;
         node.paused_until = Time(0);
@@ -617,7 +675,38 @@ impl World {
             return Ok(());
         }
         let image = self.nodes[n].disk.durable().to_vec();
+        if let Some(bytes) = self.nodes[n].checkpoint.take().filter(|_| self.rng.gen_bool(0.5)) {
+            return self.start_from_checkpoint(n, &bytes, image);
+        }
         self.start_node(n, image)
+    }
+
+    /// Restarts node `n` as the broker does with a checkpoint: the log as of the checkpoint,
+    /// checked against the durable image (its last batch there as it says), then the image's
+    /// batches after it. Committed, durable batches are never truncated, so a mismatch is a
+    /// failure.
+    fn start_from_checkpoint(
+        &mut self,
+        n: usize,
+        bytes: &[u8],
+        image: Vec<Batch>,
+    ) -> Result<(), String> {
+        let (mut log, (base, records, epoch)) =
+            ReplicaLog::from_checkpoint(bytes, self.config.producers)
+                .map_err(|e| format!("n{n}'s own checkpoint: {e}"))?;
+        let held = image.iter().find(|b| b.base == base);
+        if held.is_none_or(|b| (b.records, b.epoch) != (records, epoch)) {
+            return Err(format!(
+                "n{n}'s checkpoint names a batch at {base} the durable image does not hold"
+            ));
+        }
+        let end = log.end();
+        for batch in image.into_iter().filter(|b| b.base >= end) {
+            log.append(batch).map_err(|e| format!("recovery of n{n} from its checkpoint: {e}"))?;
+        }
+        self.start_with_log(n, log);
+        self.checkpoint_restarts += 1;
+        Ok(())
     }
 
     /// One random fault (or none), while faults are on.
@@ -741,6 +830,10 @@ fn sim_config(replicas: usize) -> ReplicaConfig {
         propose_retry_ms: 80,
         fetch_bytes_max: 256,
         follower_unwritten_bytes_max: 1024,
+        producers: ProducerLimits {
+            expiry_ms: SIM_PRODUCER_EXPIRY_MS,
+            ..ProducerLimits::default()
+        },
         ..ReplicaConfig::for_replicas(replicas)
     }
 }

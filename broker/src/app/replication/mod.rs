@@ -66,6 +66,9 @@ pub struct ReplicationSettings {
     /// fetches and the subscribers' tail); older batches are archived and read back from
     /// storage when a fetch needs them (`--replica-resident-bytes`).
     pub resident_bytes: u64,
+    /// How long and how many idempotent producers each replicated shard remembers
+    /// (`--producer-expiry`, `--max-producers-per-shard`).
+    pub producers: felix_replication::ProducerLimits,
 }
 
 /// One core's replication driver.
@@ -78,6 +81,7 @@ pub struct Host {
     tls: quinn_proto::ClientConfig,
     server_name: String,
     min_insync: usize,
+    producers: felix_replication::ProducerLimits,
     resident_bytes: u64,
     agent: AgentClient,
     link: Rc<ClusterLink>,
@@ -127,6 +131,7 @@ impl Host {
             server_name: settings.server_name.clone(),
             min_insync: settings.min_insync,
             resident_bytes: settings.resident_bytes,
+            producers: settings.producers,
             agent,
             link,
             shards: RefCell::default(),
@@ -175,7 +180,7 @@ impl Host {
         records: &[Record],
         timestamp_ms: u64,
         ack: felix_proto::AckMode,
-        producer: Option<ProducerTag>,
+        producer: Option<(ProducerTag, bool)>,
     ) -> Result<impl std::future::Future<Output = Result<Offset, WireError>> + 'static, WireError>
     {
         let Some(replica) = self.replica(stream, shard) else {
@@ -355,6 +360,7 @@ impl Host {
             }
             let replicas = group.replicas.len();
             let mut config = ReplicaConfig::for_replicas(replicas);
+            config.producers = self.producers;
             if self.min_insync > 0 {
                 config.min_insync = self.min_insync.min(replicas);
             }
@@ -431,6 +437,7 @@ impl Host {
         let mut statuses = Vec::with_capacity(shards.len());
         let mut totals = felix_replication::ReplicaStats::default();
         let (mut leading, mut lag_records, mut lag_bytes, mut resident) = (0, 0, 0, 0);
+        let (mut producers_known, mut producers_expired, mut index_bytes) = (0, 0, 0);
         for r in shards {
             let replica = r.replica();
             let log = replica.log();
@@ -442,6 +449,9 @@ impl Host {
             totals.batches_archived += s.batches_archived;
             totals.fetches_from_log += s.fetches_from_log;
             resident += log.batches().len() as u64;
+            producers_known += log.producers_known() as u64;
+            producers_expired += log.producers_forgotten().0;
+            index_bytes += log.index_bytes();
             let (leader, epoch) = match replica.role() {
                 felix_replication::RoleView::Leader { epoch } => (true, epoch.0),
                 felix_replication::RoleView::Follower { epoch, .. } => (false, epoch.0),
@@ -491,6 +501,9 @@ impl Host {
         stats::set(&c.replication_batches_archived, totals.batches_archived);
         stats::set(&c.replication_fetches_from_log, totals.fetches_from_log);
         stats::set(&c.replication_resident_batches, resident);
+        stats::set(&c.replication_producers, producers_known);
+        stats::set(&c.replication_producers_expired, producers_expired);
+        stats::set(&c.replication_index_bytes, index_bytes);
         stats::set(&c.replicas_leading, leading);
         stats::set(&c.replicas_following, shards.len() as u64 - leading);
         stats::set(&c.replication_lag_records, lag_records);

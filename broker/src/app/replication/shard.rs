@@ -63,6 +63,8 @@ pub struct ShardReplica {
     pub failed: Cell<bool>,
     /// Payload bytes of the newest committed batches kept in memory.
     resident_bytes: u64,
+    /// A checkpoint write is in flight (`save_checkpoint`).
+    checkpointing: Rc<Cell<bool>>,
 }
 
 impl ShardReplica {
@@ -77,7 +79,7 @@ impl ShardReplica {
         config: ReplicaConfig,
         resident_bytes: u64,
     ) -> Result<(Rc<ShardReplica>, LocalReceiver<DiskOp>), String> {
-        let recovered = recover(&log, shard, resident_bytes).await?;
+        let recovered = recover(&log, shard, resident_bytes, config.producers).await?;
         let (disk_tx, disk_rx) = local_channel::new_bounded(super::DISK_OPS_MAX);
         let replica = Replica::new(me, config, recovered);
         let shard_replica = Rc::new(ShardReplica {
@@ -97,6 +99,7 @@ impl ShardReplica {
             fed: Cell::new(Offset(0)),
             failed: Cell::new(false),
             resident_bytes,
+            checkpointing: Rc::default(),
         });
         Ok((shard_replica, disk_rx))
     }
@@ -136,14 +139,15 @@ impl ShardReplica {
     }
 
     /// Appends a client's batch; resolves to its base offset once the ack mode is met
-    /// (`Durable`: committed on a quorum).
+    /// (`Durable`: committed on a quorum). `producer`: the tag, and whether the producer says
+    /// nothing earlier of it is unresolved (`AppendRequest::oldest_pending`).
     pub fn append(
         &self,
         host: &Rc<Host>,
         records: &[Record],
         timestamp_ms: u64,
         mode: AckMode,
-        producer: Option<ProducerTag>,
+        producer: Option<(ProducerTag, bool)>,
     ) -> oneshot::Receiver<AppendResult> {
         let (tx, rx) = oneshot::channel();
         if self.failed.get() {
@@ -152,13 +156,16 @@ impl ShardReplica {
         }
         let id = self.next_request.get();
         self.next_request.set(id + 1);
-        let producer =
-            producer.map(|t| ProducerSeq { producer: ProducerId(t.producer.0), seq: Seq(t.seq) });
+        let oldest_pending = producer.is_some_and(|(_, oldest)| oldest);
+        let producer = producer
+            .map(|(t, _)| ProducerSeq { producer: ProducerId(t.producer.0), seq: Seq(t.seq) });
         self.waiters.borrow_mut().insert(id, (tx, producer));
         let request = AppendRequest {
             request: RequestId(id),
             producer,
             records: records.len() as u32,
+            oldest_pending,
+            time_ms: timestamp_ms,
             payload: payload::encode(timestamp_ms, records),
             mode,
         };
@@ -216,7 +223,30 @@ impl ShardReplica {
         let mut replica = self.replica.borrow_mut();
         replica.release_payloads(keep_from);
         // Batches whose payloads left memory leave it too, but for a small index.
-        replica.archive(keep_from);
+        if replica.archive(keep_from) > 0 {
+            let checkpoint = replica.log().checkpoint();
+            drop(replica);
+            self.save_checkpoint(checkpoint);
+        }
+    }
+
+    /// Writes the checkpoint of the log's archived prefix beside the log
+    /// (`replica-<shard>.ckpt`), so a restart reads only the batches after it. One write at a
+    /// time: an archive while one is in flight is saved by the next (any checkpoint of the
+    /// archive is valid: archived batches are committed and never truncated).
+    fn save_checkpoint(&self, checkpoint: Option<Vec<u8>>) {
+        let Some(bytes) = checkpoint else { return };
+        if self.checkpointing.replace(true) {
+            return;
+        }
+        let (log, busy, shard) = (self.log.clone(), self.checkpointing.clone(), self.shard);
+        glommio::spawn_local(async move {
+            if let Err(e) = log.write_sidecar(&checkpoint_name(shard), bytes).await {
+                tracing::warn!(shard = shard.0, error = %e, "writing a replica checkpoint");
+            }
+            busy.set(false);
+        })
+        .detach();
     }
 
     /// Answers a fetch of archived batches ([`Output::FetchFromLog`]) from storage.
@@ -495,6 +525,7 @@ async fn recover(
     log: &StreamLog,
     shard: ShardId,
     resident_bytes: u64,
+    producers: felix_replication::ProducerLimits,
 ) -> Result<ReplicaLog, String> {
     let mut at = log.start_offset(shard).map_err(|e| e.to_string())?;
     if at.0 != 0 {
@@ -502,6 +533,11 @@ async fn recover(
             "{shard} starts at {} (retention): not supported on replicated streams",
             at.0
         ));
+    }
+    let mut recovered = ReplicaLog::with_producer_limits(producers);
+    if let Some(from_checkpoint) = from_checkpoint(log, shard, producers).await {
+        at = from_checkpoint.end();
+        recovered = from_checkpoint;
     }
     let mut out: Vec<(Batch, u64)> = Vec::new();
     let (mut resident, mut released) = (0u64, 0usize);
@@ -522,11 +558,62 @@ async fn recover(
             released += 1;
         }
     }
-    let mut recovered = ReplicaLog::default();
+    let (archived, after) = (recovered.archived_end().0, out.len());
     for (batch, bytes) in out {
         recovered.append_sized(batch, bytes).map_err(|e| format!("recovered log: {e}"))?;
     }
+    tracing::info!(
+        shard = shard.0,
+        checkpoint_end = archived,
+        batches_after = after,
+        "replica log recovered"
+    );
     Ok(recovered)
+}
+
+/// The sidecar file holding the checkpoint of `shard`'s replica log.
+fn checkpoint_name(shard: ShardId) -> String {
+    format!("replica-{}.ckpt", shard.0)
+}
+
+/// The replica log as of `shard`'s checkpoint, if there is one that is whole, made with these
+/// producer limits, and whose last batch storage holds as it says (else the log is read from
+/// its start, and the next archive writes a new checkpoint).
+async fn from_checkpoint(
+    log: &StreamLog,
+    shard: ShardId,
+    producers: felix_replication::ProducerLimits,
+) -> Option<ReplicaLog> {
+    let bytes = match log.read_sidecar(&checkpoint_name(shard)).await {
+        Ok(Some(bytes)) => bytes,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::warn!(shard = shard.0, error = %e, "reading the replica checkpoint; reading the whole log");
+            return None;
+        }
+    };
+    let (recovered, (base, records, epoch)) = match ReplicaLog::from_checkpoint(&bytes, producers) {
+        Ok(x) => x,
+        Err(e) => {
+            tracing::warn!(shard = shard.0, error = %e, "replica checkpoint not used; reading the whole log");
+            return None;
+        }
+    };
+    let stored = log.read(shard, base, 1).await.ok().and_then(|r| r.into_iter().next());
+    let matches = stored.as_ref().is_some_and(|b| {
+        b.base_offset == base
+            && b.records.len() as u32 == records
+            && b.epoch.unwrap_or(0) == epoch.0
+    });
+    if !matches {
+        tracing::warn!(
+            shard = shard.0,
+            checkpoint_end = recovered.archived_end().0,
+            "the replica checkpoint's last batch is not in the log as it says; reading the whole log"
+        );
+        return None;
+    }
+    Some(recovered)
 }
 
 fn to_batch(b: felix_storage::StoredBatch) -> Batch {
@@ -537,6 +624,7 @@ fn to_batch(b: felix_storage::StoredBatch) -> Batch {
         producer: b
             .producer
             .map(|t| ProducerSeq { producer: ProducerId(t.producer.0), seq: Seq(t.seq) }),
+        time_ms: b.first_timestamp_ms,
         payload: payload::encode(b.first_timestamp_ms, &b.records),
     }
 }

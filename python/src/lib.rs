@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
@@ -25,6 +26,61 @@ use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyTuple};
 /// The tokio runtime every client runs on (pyo3-async-runtimes' own: one per process).
 fn runtime() -> &'static tokio::runtime::Runtime {
     pyo3_async_runtimes::tokio::get_runtime()
+}
+
+/// Async operations whose Rust future has not finished (see [`at_exit`]).
+static IN_FLIGHT: AtomicUsize = AtomicUsize::new(0);
+/// Whether any async operation ran in this process.
+static USED_ASYNC: AtomicBool = AtomicBool::new(false);
+
+/// Counts an async operation in [`IN_FLIGHT`] until its future finishes or is dropped.
+struct InFlight;
+
+impl InFlight {
+    fn new() -> Self {
+        USED_ASYNC.store(true, Ordering::Relaxed);
+        IN_FLIGHT.fetch_add(1, Ordering::SeqCst);
+        InFlight
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        IN_FLIGHT.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// `fut` as an asyncio awaitable (pyo3-async-runtimes), counted in [`IN_FLIGHT`].
+fn spawn<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = PyResult<T>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+{
+    let guard = InFlight::new();
+    pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        let _guard = guard;
+        fut.await
+    })
+}
+
+/// Registered with `atexit` by `felix/__init__.py`. A finished Rust future hands its result
+/// to the event loop from a tokio thread (`call_soon_threadsafe`, which releases the GIL to
+/// write the loop's wake-up socket and takes it again): if the interpreter starts finalizing
+/// in that moment, CPython ends the thread with `pthread_exit`, which aborts the process
+/// (seen at the end of short benchmark processes). So at exit, with the GIL released: wait
+/// (at most 200 ms) for the futures still running, then 20 ms for those handing over.
+#[pyfunction]
+fn _at_exit(py: Python<'_>) {
+    if !USED_ASYNC.load(Ordering::Relaxed) {
+        return;
+    }
+    py.allow_threads(|| {
+        let deadline = std::time::Instant::now() + Duration::from_millis(200);
+        while IN_FLIGHT.load(Ordering::SeqCst) > 0 && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    });
 }
 
 /// Runs `fut` on the runtime and waits for it with the GIL released.
@@ -512,7 +568,7 @@ impl NativeClient {
             connect_timeout_ms,
             connections,
         )?;
-        pyo3_async_runtimes::tokio::future_into_py(py, connect(c))
+        spawn(py, connect(c))
     }
 
     /// Connects, blocking; see `felix.blocking.Client.connect`.
@@ -565,7 +621,7 @@ impl NativeClient {
         let record =
             Record { key: optional_bytes(key, "key")?, value: bytes_of(value, "value")?.into() };
         let fut = self.publish_fut(stream, record, parse_ack(ack)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, fut)
+        spawn(py, fut)
     }
 
     #[pyo3(signature = (stream, value, key=None, ack="durable"))]
@@ -592,7 +648,7 @@ impl NativeClient {
         ack: &str,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fut = self.publish_many_fut(stream, records_of(records, key)?, parse_ack(ack)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, fut)
+        spawn(py, fut)
     }
 
     #[pyo3(signature = (stream, records, key=None, ack="durable"))]
@@ -610,7 +666,7 @@ impl NativeClient {
 
     /// Waits until every record published so far is acked (or written, with ack="none").
     fn flush<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        pyo3_async_runtimes::tokio::future_into_py(py, self.flush_fut())
+        spawn(py, self.flush_fut())
     }
 
     fn flush_blocking(&self, py: Python<'_>) -> PyResult<()> {
@@ -627,7 +683,7 @@ impl NativeClient {
         shards: Option<Vec<u32>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fut = self.subscribe_fut(subscribe_options(stream, start, group, shards)?);
-        pyo3_async_runtimes::tokio::future_into_py(py, fut)
+        spawn(py, fut)
     }
 
     #[pyo3(signature = (stream, start, group=None, shards=None))]
@@ -655,7 +711,7 @@ impl NativeClient {
     ) -> PyResult<Bound<'py, PyAny>> {
         let retention = Retention { bytes_max: retention_bytes, age_max_ms: retention_ms };
         let fut = create_fut(self.client.clone(), name, shards, replicas, retention);
-        pyo3_async_runtimes::tokio::future_into_py(py, fut)
+        spawn(py, fut)
     }
 
     #[pyo3(signature = (name, shards=1, replicas=None, retention_bytes=None, retention_ms=None))]
@@ -674,7 +730,7 @@ impl NativeClient {
 
     fn describe_stream<'py>(&self, py: Python<'py>, name: String) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        spawn(py, async move {
             Ok(StreamInfo::from(client.describe_stream(&name).await.map_err(to_py)?))
         })
     }
@@ -689,9 +745,7 @@ impl NativeClient {
     #[pyo3(signature = (prefix=String::new()))]
     fn list_streams<'py>(&self, py: Python<'py>, prefix: String) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
-            client.list_streams(&prefix).await.map_err(to_py)
-        })
+        spawn(py, async move { client.list_streams(&prefix).await.map_err(to_py) })
     }
 
     #[pyo3(signature = (prefix=String::new()))]
@@ -702,7 +756,7 @@ impl NativeClient {
 
     /// Flushes every publisher, then closes the connections.
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        pyo3_async_runtimes::tokio::future_into_py(py, self.close_fut())
+        spawn(py, self.close_fut())
     }
 
     fn close_blocking(&self, py: Python<'_>) -> PyResult<()> {
@@ -777,7 +831,7 @@ impl NativeSubscription {
     fn next_batch<'py>(&self, py: Python<'py>, max: usize) -> PyResult<Bound<'py, PyAny>> {
         let state = self.state.clone();
         let stream = self.stream.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        spawn(py, async move {
             let records = next_batch(&state, max.max(1)).await.map_err(to_py)?;
             Ok(Batch { stream, records })
         })
@@ -830,7 +884,7 @@ impl NativeSubscription {
         offset: Option<u64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let fut = commit_fut(self.state.clone(), shard, offset)?;
-        pyo3_async_runtimes::tokio::future_into_py(py, fut)
+        spawn(py, fut)
     }
 
     #[pyo3(signature = (shard=None, offset=None))]
@@ -865,7 +919,7 @@ impl NativeSubscription {
 
     fn close<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let state = self.state.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        spawn(py, async move {
             state.lock().await.sub = None;
             Ok(())
         })
@@ -894,6 +948,7 @@ fn commit_fut(
 /// The native module.
 #[pymodule]
 fn _felix(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(_at_exit, m)?)?;
     m.add_class::<NativeClient>()?;
     m.add_class::<NativeSubscription>()?;
     m.add_class::<PyRecord>()?;

@@ -20,6 +20,7 @@ GIL is released while an operation waits. See docs/python.md.
 
 from __future__ import annotations
 
+import atexit
 from datetime import datetime
 from typing import AsyncIterator, Iterable, Optional, Sequence, Union
 
@@ -108,6 +109,10 @@ __all__ = [
     "UnknownSubscription",
     "Unsupported",
 ]
+
+# At exit, let the tokio threads finish handing results to asyncio (see `_at_exit` in
+# python/src/lib.rs): a handover cut by the interpreter's finalization aborts the process.
+atexit.register(_felix._at_exit)
 
 #: A record's key or value: ``bytes`` (``bytearray`` and ``str``, as UTF-8, are taken too).
 Data = Union[bytes, bytearray, str]

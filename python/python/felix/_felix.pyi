@@ -6,6 +6,9 @@ from typing import Any, Awaitable, Iterable, Optional, Sequence, Union
 
 _Data = Union[bytes, bytearray, str]
 
+def _at_exit() -> None:
+    """Registered with atexit: lets tokio threads finish handing results to asyncio."""
+
 class Record:
     """One record of a subscription."""
     @property

@@ -16,7 +16,8 @@
 #   RUNS=5 DURATION=10 bench/python.sh
 #
 # Env: RUNS (3), WARMUP (1 s), DURATION (5 s), SIZES ("4096 100"), BROKER_CPU (0), GEN_CPU (1),
-# SHARDS (4), FILL_S (seconds of backlog fill, 10), OUT (results directory).
+# SHARDS (4), FILL_S (seconds of backlog fill, 10; FILL_S_SMALL for records under 1 KiB, 30:
+# the backlog must outlast both readers' warm-up and window), OUT (results directory).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -28,6 +29,7 @@ BROKER_CPU=${BROKER_CPU:-0}
 GEN_CPU=${GEN_CPU:-1}
 SHARDS=${SHARDS:-4}
 FILL_S=${FILL_S:-10}
+FILL_S_SMALL=${FILL_S_SMALL:-30}
 DATE=$(date -u +%Y-%m-%d)
 OUT=${OUT:-$ROOT/bench/results/$DATE-python}
 T=$ROOT/target/release
@@ -162,7 +164,8 @@ for run in $(seq 1 "$RUNS"); do
     if [ $((run % 2)) = 1 ]; then rust_pub; py_pub; else py_pub; rust_pub; fi
     # The backlog both read from the earliest record (page cache warm for both).
     loadgen "$r-fill.json" --workload publish --stream "bench/py/backlog$size" --shards "$SHARDS" \
-      --payload-bytes "$size" --ack written --warmup-s 0 --duration-s "$FILL_S"
+      --payload-bytes "$size" --ack written --warmup-s 0 \
+      --duration-s "$([ "$size" -lt 1024 ] && echo "$FILL_S_SMALL" || echo "$FILL_S")"
     rust_sub() {
       loadgen "$r-rust-subscribe.json" --workload subscribe --stream "bench/py/backlog$size" \
         --publishers 0 --subscribers 1 --subscribe-from earliest --payload-bytes "$size" \

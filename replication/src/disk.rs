@@ -93,6 +93,39 @@ impl DiskTracker {
         self.durable_end
     }
 
+    /// Every write emitted so far ends at or below this.
+    pub(crate) fn emitted_end(&self) -> Offset {
+        self.emitted_end
+    }
+
+    /// Panics (debug builds) if its ends are out of order or its pending operations do not
+    /// account for its unwritten bytes.
+    pub(crate) fn debug_assert_invariants(&self) {
+        debug_assert!(self.durable_end <= self.written_end, "durable past written: {self:?}");
+        debug_assert!(self.written_end <= self.emitted_end, "written past emitted: {self:?}");
+        debug_assert!(
+            self.pending.iter().all(|(id, _)| id.0 < self.next_id),
+            "a pending operation's id was never handed out: {self:?}"
+        );
+        debug_assert!(
+            self.pending.iter().filter(|(_, op)| matches!(op, Pending::Sync { .. })).count()
+                == usize::from(self.sync_in_flight),
+            "sync_in_flight disagrees with the pending syncs: {self:?}"
+        );
+        debug_assert!(
+            self.unwritten_bytes
+                == self
+                    .pending
+                    .iter()
+                    .map(|(_, op)| match op {
+                        Pending::Write { bytes, .. } => *bytes,
+                        _ => 0,
+                    })
+                    .sum::<u64>(),
+            "unwritten bytes disagree with the pending writes: {self:?}"
+        );
+    }
+
     /// Bytes emitted in writes that have not completed.
     pub(crate) fn unwritten_bytes(&self) -> u64 {
         self.unwritten_bytes

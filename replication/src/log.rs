@@ -406,6 +406,40 @@ impl ReplicaLog {
             || self.batches.binary_search_by_key(&offset, |b| b.base).is_ok()
     }
 
+    /// Panics (debug builds) if its bookkeeping disagrees with its batches: one byte count per
+    /// batch, dense offsets from the archive's end, epochs never decreasing, released payloads
+    /// a prefix, the producer tables indexed.
+    pub fn debug_assert_invariants(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        assert_eq!(self.bytes_through.len(), self.batches.len(), "a byte count per batch");
+        assert!(self.released <= self.batches.len(), "released past the batches");
+        let mut end = self.archive.end;
+        let mut epoch = self.archive.epochs.last().map_or(Epoch::NONE, |&(e, _)| e);
+        for b in &self.batches {
+            assert_eq!(
+                b.base,
+                end,
+                "offsets dense after the archive ({} batches)",
+                self.batches.len()
+            );
+            assert!(
+                b.records > 0 && b.epoch >= epoch,
+                "an empty batch or a lower epoch at {}",
+                b.base
+            );
+            (end, epoch) = (b.end(), b.epoch);
+        }
+        assert!(self.bytes_through.windows(2).all(|w| w[0] <= w[1]), "byte counts decrease");
+        assert!(self.archive.epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1));
+        assert!(self.archive.last.is_none_or(|(base, records, _)| Offset(
+            base.0 + u64::from(records)
+        ) == self.archive.end));
+        self.producers.debug_assert_invariants();
+        self.archive.producers.debug_assert_invariants();
+    }
+
     /// What the idempotence table says about `tag`. `oldest_pending`: the producer says it
     /// has no earlier batch unresolved (every batch it sent before this one was acked or
     /// failed).

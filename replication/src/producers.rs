@@ -145,6 +145,20 @@ impl ProducerTable {
         debug_assert_eq!(self.by_age.len(), self.producers.len(), "by_age indexes every producer");
     }
 
+    /// Panics if the age index disagrees with the producers (checked in debug builds by
+    /// `ReplicaLog::debug_assert_invariants`).
+    pub(crate) fn debug_assert_invariants(&self) {
+        assert_eq!(self.by_age.len(), self.producers.len(), "by_age indexes every producer");
+        assert!(self.producers.len() <= self.limits.max, "more producers than the limit");
+        for (&stamp, id) in &self.by_age {
+            let e = self.producers.get(id).expect("by_age names a remembered producer");
+            assert_eq!(e.stamp, stamp, "{id:?}'s stamp");
+            assert!(stamp <= self.stamps, "a stamp from the future");
+            assert!(!e.recent.is_empty() && e.recent.len() <= PRODUCER_SEQ_WINDOW);
+            assert!(e.last_ms <= self.clock_ms, "a producer's last batch after the clock");
+        }
+    }
+
     /// Bytes the table holds, about (for the gauge).
     pub(crate) fn bytes(&self) -> u64 {
         let per_producer = std::mem::size_of::<(ProducerId, Entry)>()

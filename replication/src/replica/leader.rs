@@ -80,7 +80,7 @@ pub(super) struct Waiter {
 }
 
 impl Waiter {
-    fn end(&self) -> Offset {
+    pub(super) fn end(&self) -> Offset {
         Offset(self.base.0 + u64::from(self.records))
     }
 }

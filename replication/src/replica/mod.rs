@@ -162,6 +162,55 @@ impl Replica {
         self.outbox.pop_front()
     }
 
+    /// Panics (debug builds) if the replica's state breaks what every input must keep: the
+    /// disk's ends in order (durable <= written <= emitted = the log end), the commit point a
+    /// batch boundary of the log and no further than its end, the archive durable, a leader's
+    /// epoch at least its log's last and its waiters inside its log and bounded; and the
+    /// log's own bookkeeping. Called after every input and by the simulator after every event.
+    pub fn debug_assert_invariants(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        self.disk.debug_assert_invariants();
+        self.log.debug_assert_invariants();
+        let end = self.log.end();
+        assert_eq!(
+            self.disk.emitted_end(),
+            end,
+            "{}: the disk was told of another log end",
+            self.id
+        );
+        assert!(
+            self.committed <= end,
+            "{}: committed {} past the log end {end}",
+            self.id,
+            self.committed
+        );
+        assert!(self.log.is_boundary(self.committed), "{}: committed inside a batch", self.id);
+        assert!(
+            self.log.archived_end() <= self.disk.durable_end(),
+            "{}: archived past the durable end",
+            self.id
+        );
+        if let Role::Leader(l) = &self.role {
+            assert!(
+                l.epoch >= self.log.last_epoch(),
+                "{}: a leader behind its log's epoch",
+                self.id
+            );
+            assert!(
+                l.waiters.len() <= crate::config::ACK_WAITERS_MAX,
+                "{}: waiters unbounded",
+                self.id
+            );
+            assert!(
+                l.waiters.iter().all(|w| w.end() <= end),
+                "{}: a waiter past the log end",
+                self.id
+            );
+        }
+    }
+
     /// A new record of the group from the controller. Older versions than the one known are
     /// ignored, so notifications may arrive late, twice or out of order.
     pub fn handle_controller(&mut self, now: Time, group: GroupState) {
@@ -174,6 +223,7 @@ impl Replica {
         }
         self.group = Some(group);
         self.follow_group(now);
+        self.debug_assert_invariants();
     }
 
     /// This broker's controller lease is `lease`, confirmed until `valid_until`. A leader acks
@@ -186,6 +236,7 @@ impl Replica {
             self.follow_group(now);
         }
         self.process_waiters(now);
+        self.debug_assert_invariants();
     }
 
     /// A message from replica `from`.
@@ -204,6 +255,7 @@ impl Replica {
                 self.on_fetch_reply(now, from, epoch, offset, batches, committed)
             }
         }
+        self.debug_assert_invariants();
     }
 
     /// A client's append. The answer comes out of [`poll`](Self::poll).
@@ -211,6 +263,7 @@ impl Replica {
         if let Err(error) = self.try_append(now, &append) {
             self.outbox.push_back(Output::Reject { request: append.request, error });
         }
+        self.debug_assert_invariants();
     }
 
     /// Every disk operation up to `id` completed.
@@ -225,6 +278,7 @@ impl Replica {
             Role::Idle => {}
         }
         self.sync_if_needed();
+        self.debug_assert_invariants();
     }
 
     /// Time passed: retries, long-poll expiries, lag checks.
@@ -234,6 +288,7 @@ impl Replica {
             Role::Follower(_) => self.follower_tick(now),
             Role::Idle => {}
         }
+        self.debug_assert_invariants();
     }
 
     /// This replica's node id.
@@ -269,6 +324,7 @@ impl Replica {
         }
         let archived = self.log.archive(below);
         self.stats.batches_archived += archived as u64;
+        self.debug_assert_invariants();
         archived
     }
 

@@ -192,7 +192,7 @@ impl Authenticator {
 
     /// Verifies `token` now and returns its grant.
     pub fn verify(&self, token: &[u8]) -> Result<Grant, WireError> {
-        self.verify_at(token, super::core::now_ms() / 1000)
+        self.verify_at(token, super::tasks::now_ms() / 1000)
     }
 
     /// Verifies `token`'s signature, then its times at `now_s` (Unix seconds, see
@@ -240,7 +240,7 @@ impl Authenticator {
 /// valid token.
 pub async fn close_at_expiry(conn: Connection, exp_s: u64) {
     loop {
-        let left_ms = expires_in_ms(exp_s, super::core::now_ms());
+        let left_ms = expires_in_ms(exp_s, super::tasks::now_ms());
         if left_ms == 0 {
             conn.close(ErrorCode::TokenExpired as u32, b"the token has expired");
             return;

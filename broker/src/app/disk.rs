@@ -104,7 +104,7 @@ impl DiskFloor {
 
     /// Refreshes `floor` every `DISK_CHECK_INTERVAL_MS` on the current core until it is
     /// dropped or the core stops. Does nothing when the floor is off.
-    pub fn spawn_watch(floor: &Rc<DiskFloor>, tasks: &super::core::CoreTasks) {
+    pub fn spawn_watch(floor: &Rc<DiskFloor>, tasks: &super::tasks::CoreTasks) {
         if floor.min_free_bytes == 0 {
             return;
         }

@@ -30,6 +30,7 @@ pub mod session;
 pub mod stats;
 pub mod subscribe;
 pub mod tail;
+pub mod tasks;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -24,8 +24,8 @@ use felix_proto::{AckMode, CoreId, ErrorCode, Offset, Record, ShardId};
 use felix_storage::{StorageError, StreamLog};
 use glommio::sync::Semaphore;
 
-use super::core::now_ms;
 use super::error::{storage_error, WireError};
+use super::tasks::now_ms;
 
 /// The stream log of each core that holds its positions.
 pub const OFFSETS_LOG: &str = "felix-internal/offsets/v1";

@@ -23,12 +23,13 @@ use glommio::sync::Semaphore;
 
 use super::auth::{Action, Grant};
 use super::cluster::Refused;
-use super::core::{now_ms, CoreApp};
+use super::core::CoreApp;
 use super::error::WireError;
 use super::mesh::{AppendBatch, CoreRequest, CoreResponse};
 use super::meta::{self, StreamMeta};
 use super::stats;
 use super::subscribe;
+use super::tasks::now_ms;
 use crate::net::{Connection, RecvStream, SendStream};
 
 /// Answers queued per stream before the reader stops reading.

@@ -708,7 +708,10 @@ fn payloads(r: &mut Reader, limits: &Limits) -> Result<Vec<Payload>, DecodeError
 }
 
 /// Reads a record count, checked against the limit and against what the body can hold, so the
-/// vector allocated for it is bounded by the input's size.
+/// vector allocated for it is bounded by the input's size: at most `size_of::<T>() / min_bytes`
+/// bytes per input byte, which is 88 / 5 = 17.6 for an EventBatch's `Record`s (a valid batch of
+/// empty records needs that much), 56 / 4 = 14 for a Publish's `Payload`s
+/// (`tests/arbitrary_bytes.rs` checks the bound).
 fn record_count(r: &mut Reader, limits: &Limits, min_bytes: usize) -> Result<usize, DecodeError> {
     let count = r.u32("record count")?;
     if count > limits.max_batch_records {

@@ -403,12 +403,17 @@ async fn connect_seed(
     }
     let deadline = tokio::time::Instant::now() + template.connect_timeout;
     let stagger = Duration::from_millis(SEED_STAGGER_MS);
+    // Each round gives its attempts twice as long as the last: a broker that answers, but
+    // slower than one attempt allows (a loaded host), is still reached before the deadline
+    // instead of being given up on, and started again, every round.
+    let mut limit = attempt;
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() || seeds.is_empty() {
             return Err(last);
         }
-        let attempts = seeds.iter().map(|s| open(s, attempt.min(left))).collect();
+        let attempts = seeds.iter().map(|s| open(s, limit.min(left))).collect();
+        limit = (limit * 2).min(template.connect_timeout);
         let refusals = std::sync::atomic::AtomicUsize::new(0);
         let decisive = |r: &Result<_, ClientError>| {
             let refused = matches!(r, Err(ClientError::PortUnreachable { .. }));

@@ -208,6 +208,25 @@ async fn connecting_to_a_silent_port_times_out() {
 }
 
 #[tokio::test]
+async fn a_seed_slower_than_one_attempt_is_still_reached() {
+    // Two seeds: one silent, one that answers Hello after 800 ms, longer than the 500 ms a
+    // first attempt gets. Each round of attempts gets twice as long as the last, so the second
+    // (1 s) reaches it; with the same 500 ms every round it never would, within the 5 s.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let options =
+        BrokerOptions { hello_delay: Some(Duration::from_millis(800)), ..Default::default() };
+    let broker = TestBroker::start(options).await;
+    let mut config = broker.client_config();
+    config.addr = format!("{},{}", silent.local_addr().unwrap(), config.addr);
+    config.connect_attempt_timeout_ms = 500;
+    config.connect_timeout_ms = 5_000;
+    let started = std::time::Instant::now();
+    let client = Client::connect(config).await.expect("the slow seed is reached");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    client.close();
+}
+
+#[tokio::test]
 async fn a_closed_client_does_not_reconnect() {
     let broker = TestBroker::start(BrokerOptions::default()).await;
     let client = Client::connect(broker.client_config()).await.unwrap();

@@ -53,6 +53,8 @@ pub struct BrokerOptions {
     /// How long it waits before acking each publish (a slow disk), reading nothing more on
     /// that stream meanwhile.
     pub ack_delay: Option<Duration>,
+    /// How long it waits before answering a Hello (a loaded host).
+    pub hello_delay: Option<Duration>,
 }
 
 /// What a single-node broker advertises: everything but `CLUSTER`.
@@ -70,6 +72,7 @@ impl Default for BrokerOptions {
             cluster: None,
             stream_receive_window: None,
             ack_delay: None,
+            hello_delay: None,
         }
     }
 }
@@ -426,11 +429,12 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
     let Some(core) = core else {
         return match frame {
             Frame::Hello(h) => {
-                let mut o = ctx.state.lock();
-                o.hellos += 1;
-                o.tokens.push(h.token.clone());
-                o.hello_from.push(ctx.conn.remote_address());
-                drop(o);
+                {
+                    let mut o = ctx.state.lock();
+                    o.hellos += 1;
+                    o.tokens.push(h.token.clone());
+                    o.hello_from.push(ctx.conn.remote_address());
+                }
                 if h.version != PROTOCOL_VERSION {
                     return vec![error(RequestId(0), ErrorCode::UnsupportedVersion, "version")];
                 }
@@ -440,6 +444,9 @@ async fn handle_frame(ctx: &Arc<ConnCtx>, frame: Frame) -> Vec<Frame> {
                     }
                 }
                 *ctx.client_caps.lock().unwrap() = h.capabilities;
+                if let Some(d) = ctx.options.hello_delay {
+                    tokio::time::sleep(d).await;
+                }
                 let seq = &ctx.options.core_sequence;
                 let n = ctx.state.next_core.fetch_add(1, Ordering::Relaxed);
                 let core = seq[n % seq.len()];

@@ -460,3 +460,24 @@ async fn a_client_reaches_every_core_with_one_handshake_each() {
         client.close();
     }
 }
+
+/// A client that makes a publisher per task and drops it: each dropped publisher's lanes are
+/// finished, the broker ends its side, and the connection's stream credit comes back (the
+/// broker allows 256 streams a connection; 400 publishers one after another would stall at
+/// about 128 a connection if they leaked, as they did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishers_made_and_dropped_one_after_another_do_not_use_up_streams() {
+    let dir = tempfile::tempdir().unwrap();
+    let broker = TestBroker::start(dir.path(), 1, &[]);
+    let client = felix_client::Client::connect(broker.client_config()).await.unwrap();
+    client.create_stream("acme/app/many", 1, Default::default()).await.unwrap();
+    for i in 0..400 {
+        let publisher = client.publisher("acme/app/many").await.unwrap();
+        let record = felix_client::Record::unkeyed(format!("r{i}"));
+        let acked =
+            tokio::time::timeout(std::time::Duration::from_secs(10), publisher.publish(record))
+                .await;
+        assert!(matches!(acked, Ok(Ok(Some(_)))), "publisher {i}: {acked:?}");
+    }
+    client.close();
+}

@@ -539,6 +539,27 @@ impl Pending {
     }
 }
 
+/// The lane's last handle gone (its worker stopped: a publisher dropped or closed): finish its
+/// send side, so the broker ends its side too, the reader task sees the stream end and drops
+/// its handle of the send side, and the stream's credit returns to the connection. Without
+/// it each dropped publisher left its streams open for the connection's life, and a client
+/// that made publishers one after another stalled once the broker's stream limit was reached.
+impl Drop for Lane {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.send.try_lock() {
+            let _ = s.finish();
+            return;
+        }
+        // A write (a Pong) in progress: finish once it is done.
+        let send = self.send.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                let _ = send.lock().await.finish();
+            });
+        }
+    }
+}
+
 /// What the reader task of a lane needs.
 struct Reader {
     pending: Arc<Pending>,

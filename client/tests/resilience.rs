@@ -452,3 +452,22 @@ async fn each_part_of_a_subscription_split_by_core_resumes_on_its_own() {
     drop(o);
     drop(broker);
 }
+
+#[tokio::test]
+async fn publishers_made_and_dropped_one_after_another_do_not_use_up_streams() {
+    // Each publisher opens QUIC streams (its lanes); a dropped one must give them back, or a
+    // client that makes a publisher per task runs out of the broker's stream credit.
+    let broker = TestBroker::start(BrokerOptions::default()).await;
+    broker.create_stream("a/b/c", 2);
+    let client = Client::connect(broker.client_config()).await.unwrap();
+    for i in 0..300 {
+        let publisher = client.publisher("a/b/c").await.unwrap();
+        let acked = tokio::time::timeout(
+            Duration::from_secs(10),
+            publisher.publish(felix_client::Record::unkeyed(format!("r{i}"))),
+        )
+        .await;
+        assert!(matches!(acked, Ok(Ok(Some(_)))), "publisher {i}: {acked:?}");
+    }
+    client.close();
+}

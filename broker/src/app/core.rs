@@ -511,9 +511,13 @@ impl CoreApp {
             .map(|r| (r.value.len() + r.key.as_ref().map_or(0, Bytes::len)) as u64)
             .sum();
         let app = self.clone();
+        // What the append waits for, decided here once for both paths: every append waits at
+        // least for its write (`None` answers nothing, but the tail only ever holds written
+        // data, and a replica's `None` waits for the leader's write like `Written`).
+        let mode = if ack == AckMode::None { AckMode::Written } else { ack };
         if let Some(host) = self.replication.get().filter(|h| h.is_replicated(stream)) {
             let tag = producer.map(|t| (t, oldest_pending));
-            let replicated = host.submit(stream, shard, &records, timestamp_ms, ack, tag)?;
+            let replicated = host.submit(stream, shard, &records, timestamp_ms, mode, tag)?;
             return Ok(Box::pin(async move {
                 let base = replicated.await?;
                 stats::add(&app.stats.counters.storage_append_bytes, bytes);
@@ -522,8 +526,6 @@ impl CoreApp {
                 Ok(AppendOutcome { base_offset: base, record_count, duplicate: false })
             }));
         }
-        // Every append waits at least for its write, so the tail only ever holds written data.
-        let mode = if ack == AckMode::None { AckMode::Written } else { ack };
         let meta = BatchMeta { producer, ..BatchMeta::default() };
         let appending =
             log.submit(shard, &records, timestamp_ms, mode, meta).map_err(|e| storage_error(&e))?;

@@ -172,7 +172,7 @@ impl Host {
 
     /// Queues a client's batch on a replicated shard this broker leads (batches submitted one
     /// after another are replicated in that order); the future resolves to its base offset
-    /// once `ack` is met. `None` acks wait for the leader's write, as unreplicated appends do.
+    /// once `ack` (`Written` or `Durable`) is met.
     pub fn submit(
         self: &Rc<Self>,
         stream: &str,
@@ -189,6 +189,7 @@ impl Host {
                 format!("{shard} of {stream}: its replica is starting on this broker"),
             ));
         };
+        // `ack` is `Written` or `Durable` (`CoreApp::submit_local` made `None` a `Written`).
         let mode = match ack {
             felix_proto::AckMode::Durable => AckMode::Durable,
             _ => AckMode::Written,

@@ -31,8 +31,6 @@ pub struct Producer {
 
 struct InFlight {
     seq: Seq,
-    /// When it was first sent.
-    first_sent: Time,
     records: u32,
     payload: Bytes,
     resend_at: Time,
@@ -65,8 +63,7 @@ impl Producer {
             let seq = Seq(self.next_seq);
             let payload = Bytes::from(format!("p{}-s{}", self.id.0, seq.0));
             let records = rng.gen_range(1..=PRODUCER_RECORDS_MAX);
-            self.in_flight =
-                Some(InFlight { seq, records, payload, resend_at: now, first_sent: now });
+            self.in_flight = Some(InFlight { seq, records, payload, resend_at: now });
         }
         let flight = self.in_flight.as_mut()?;
         if now < flight.resend_at {
@@ -125,11 +122,6 @@ impl Producer {
     /// Whether a retry is due (the last send went unanswered).
     pub fn retry_due(&self, now: Time) -> bool {
         self.in_flight.as_ref().is_some_and(|f| now >= f.resend_at)
-    }
-
-    /// How long ago the batch in flight was first sent, ms.
-    pub fn in_flight_age_ms(&self, now: Time) -> u64 {
-        self.in_flight.as_ref().map_or(0, |f| now.0.saturating_sub(f.first_sent.0))
     }
 
     /// The sequence in flight, if any.

@@ -86,6 +86,8 @@ pub(super) struct World {
     crashes: u32,
     /// Restarts from a checkpoint.
     checkpoint_restarts: u64,
+    /// When each idempotent batch was first sent.
+    first_sent: HashMap<ProducerSeq, Time>,
     /// Counters of replicas that crashed.
     retired: ReplicaStats,
     /// A node lost for good (crashed, never restarted), if any.
@@ -122,6 +124,7 @@ impl World {
             events: 0,
             crashes: 0,
             checkpoint_restarts: 0,
+            first_sent: HashMap::new(),
             retired: ReplicaStats::default(),
             lost: None,
             now: Time(0),
@@ -316,6 +319,14 @@ impl World {
             (Addr::Producer(_), Packet::Append(mut append)) => {
                 // The leader's clock stamps the batch (the producer table's expiry clock).
                 append.time_ms = now.0;
+                // A copy arriving later than the expiry after the batch was first sent (retried
+                // late, or delayed or repeated by the network) may find its producer forgotten
+                // and be stored again: the documented limit, which the checker then allows.
+                if let Some(&first) = append.producer.and_then(|t| self.first_sent.get(&t)) {
+                    if now.0.saturating_sub(first.0) > self.config.producers.expiry_ms {
+                        self.checker.retried_after_expiry(append.producer.expect("looked up"));
+                    }
+                }
                 let (request, tag, from) = (append.request, append.producer, replica.log().end());
                 replica.handle_append(now, append);
                 // Invariant 8: whether this delivery made the node's log take the batch (the
@@ -603,9 +614,7 @@ impl World {
         if let Some((target, append)) = producer.tick(self.now, request, &mut self.rng) {
             let seq = producer.in_flight_seq().expect("it just sent its batch in flight");
             if let Some(tag) = append.producer {
-                if producer.in_flight_age_ms(self.now) > self.config.producers.expiry_ms {
-                    self.checker.retried_after_expiry(tag);
-                }
+                self.first_sent.entry(tag).or_insert(self.now);
             }
             self.next_request += 1;
             self.requests.insert(request, (p, seq));

@@ -88,11 +88,24 @@ pub struct InjectedBugs {
     /// Readers may read the stored log up to the commit point even where a truncation has not
     /// reached storage yet ([`crate::Replica::visible_end`] ignores the written end).
     pub visible_past_written: bool,
+    /// The driver feeds the subscribers' tail (and lets readers read) up to the commit point
+    /// without waiting for storage to hold it (the readers' gap of 10f4ad2, in the driver).
+    pub tail_past_written: bool,
+    /// The driver lets a truncation below what subscribers were given through instead of
+    /// stopping the replica (the guard of 45ad13f removed).
+    pub truncate_below_fed: bool,
+    /// The driver hands every proposal over, however many of the shard's are on their way
+    /// (741370b: they piled up while etcd was away).
+    pub propose_unbounded: bool,
+    /// The driver starts replicas for groups of streams not placed yet and keeps one whose
+    /// group's replicas changed (fa9b380).
+    pub open_unplaced: bool,
 }
 
 impl InjectedBugs {
     /// Parses a comma-separated list of flag names (`commit_without_quorum`, `skip_truncation`,
-    /// `skip_dedup`, `ignore_lease`, `visible_past_written`); the empty string is no bug.
+    /// `skip_dedup`, `ignore_lease`, `visible_past_written`, `tail_past_written`,
+    /// `truncate_below_fed`, `propose_unbounded`, `open_unplaced`); the empty string is no bug.
     pub fn parse(names: &str) -> Result<InjectedBugs, String> {
         let mut bugs = InjectedBugs::default();
         for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -102,6 +115,10 @@ impl InjectedBugs {
                 "skip_dedup" => bugs.skip_dedup = true,
                 "ignore_lease" => bugs.ignore_lease = true,
                 "visible_past_written" => bugs.visible_past_written = true,
+                "tail_past_written" => bugs.tail_past_written = true,
+                "truncate_below_fed" => bugs.truncate_below_fed = true,
+                "propose_unbounded" => bugs.propose_unbounded = true,
+                "open_unplaced" => bugs.open_unplaced = true,
                 other => return Err(format!("unknown injected bug {other:?}")),
             }
         }

@@ -19,7 +19,15 @@
 //!    committed history: a truncation not yet applied to storage is never read as committed;
 //! 8. a refusal says what is known (checked in `world`, where appends are delivered): one other
 //!    than `OutcomeUnknown` stored nothing (the refusing node's log took no batch of that
-//!    append), so a producer that is not idempotent may resend it safely.
+//!    append), so a producer that is not idempotent may resend it safely;
+//! 10. what a driver hands its subscribers' tail is the committed history, each batch once and
+//!     in order (nothing handed is ever truncated or changed), and readers never see past the
+//!     durable, committed end (7, with the driver's visible end);
+//! 11. bounded queues (checked in `world`): appends waiting for an answer, proposals on their
+//!     way to etcd (one per shard), disk operations queued, actions per input.
+//!
+//! Payloads a replica released from memory (empty) match any payload; the durable image fills
+//! them in.
 
 use std::collections::{HashMap, HashSet};
 
@@ -46,6 +54,8 @@ pub struct Checker {
     logs: Vec<Verified>,
     images: Vec<Verified>,
     readable: Vec<Verified>,
+    /// Per node: the end of what its driver handed the tail (a new process starts again).
+    fed: Vec<Offset>,
 }
 
 impl Checker {
@@ -60,6 +70,7 @@ impl Checker {
             logs: vec![Verified::default(); nodes],
             images: vec![Verified::default(); nodes],
             readable: vec![Verified::default(); nodes],
+            fed: vec![Offset(0); nodes],
         }
     }
 
@@ -79,12 +90,14 @@ impl Checker {
         self.acked.len()
     }
 
-    /// Invariants 1-3 for `node`'s log up to its committed offset `committed`.
+    /// Invariants 1-3 for `node`'s log up to its committed offset `committed`; `durable` is its
+    /// durable image, which holds the batches its log archived.
     pub fn check_committed(
         &mut self,
         node: NodeId,
         log: &ReplicaLog,
         committed: Offset,
+        durable: &[Batch],
     ) -> Result<(), String> {
         if committed > log.end() || !log.is_boundary(committed) {
             return Err(format!(
@@ -92,25 +105,26 @@ impl Checker {
                 log.end()
             ));
         }
-        // Batches archived were seen here before (the simulator archives after this check)
-        // and no truncation reaches them.
+        // Batches archived are committed and durable: those not checked yet (the driver
+        // archives before this check) are checked in the durable image.
         let archived = log.archived_batches() as usize;
         let batches = log.batches();
         let k = archived + batches.partition_point(|b| b.end() <= committed);
         let seen = &mut self.logs[node.0 as usize];
         if seen.generation != log.generation() {
-            *seen = Verified { generation: log.generation(), batches: archived };
+            *seen = Verified { generation: log.generation(), batches: 0 };
         }
-        if seen.batches < archived {
-            return Err(format!("{node}: {archived} batches archived, {} checked", seen.batches));
+        let from = seen.batches;
+        if from < archived && durable.len() < archived {
+            return Err(format!(
+                "{node}: {archived} batches archived, its durable image holds {}",
+                durable.len()
+            ));
         }
-        for (i, batch) in batches.iter().enumerate().skip(seen.batches - archived) {
-            let i = i + archived;
-            if i >= k {
-                break;
-            }
-            match self.truth.get(i) {
-                Some(t) if t == batch => {}
+        for i in from..k {
+            let batch = if i < archived { &durable[i] } else { &batches[i - archived] };
+            match self.truth.get_mut(i) {
+                Some(t) if same(t, batch) => fill(t, batch),
                 Some(t) => {
                     return Err(format!(
                         "{node}: committed batch {i} is {batch:?}, the committed history has {t:?}"
@@ -119,7 +133,38 @@ impl Checker {
                 None => extend(&mut self.truth, &mut self.truth_tags, &self.late, batch, node)?,
             }
         }
-        seen.batches = seen.batches.max(k);
+        self.logs[node.0 as usize].batches = from.max(k);
+        Ok(())
+    }
+
+    /// `node`'s driver was started again (a new process): its tail starts empty.
+    pub fn node_restarted(&mut self, node: NodeId) {
+        self.fed[node.0 as usize] = Offset(0);
+    }
+
+    /// Invariant 10 for the batches `node`'s driver just handed its subscribers' tail (call
+    /// after [`check_committed`](Self::check_committed) for `node`): each is the committed
+    /// history's batch at its offset, in order, none twice.
+    pub fn check_tail(&mut self, node: NodeId, batches: &[Batch]) -> Result<(), String> {
+        let fed = &mut self.fed[node.0 as usize];
+        for b in batches {
+            if b.base < *fed {
+                return Err(format!(
+                    "{node}: the tail is handed the batch at {} after what ends at {fed}",
+                    b.base
+                ));
+            }
+            let i = self.truth.partition_point(|t| t.base < b.base);
+            match self.truth.get(i) {
+                Some(t) if same(t, b) => {}
+                want => {
+                    return Err(format!(
+                        "{node}: the tail is handed {b:?}, the committed history has {want:?}"
+                    ))
+                }
+            }
+            *fed = b.end();
+        }
         Ok(())
     }
 
@@ -140,7 +185,7 @@ impl Checker {
         let k = stored.partition_point(|b| b.end() <= visible);
         for (i, got) in stored.iter().enumerate().take(k).skip(seen.batches) {
             match self.truth.get(i) {
-                Some(want) if want == got => {}
+                Some(want) if same(want, got) => {}
                 want => {
                     return Err(format!(
                         "{node}: a reader of its stored log below {visible} reads batch {i} as \
@@ -206,11 +251,25 @@ impl Checker {
             ));
         }
         let mut pairs = image.iter().zip(&self.truth).enumerate().skip(seen.batches);
-        if let Some((i, (got, want))) = pairs.find(|(_, (got, want))| got != want) {
+        if let Some((i, (got, want))) = pairs.find(|(_, (got, want))| !same(got, want)) {
             return Err(format!("{node} durable batch {i} is {got:?}, committed {want:?}"));
         }
         seen.batches = seen.batches.max(self.truth.len());
         Ok(())
+    }
+}
+
+/// Whether `a` and `b` are the same batch; a released payload (empty) matches any.
+fn same(a: &Batch, b: &Batch) -> bool {
+    (a.epoch, a.base, a.records, a.producer, a.time_ms)
+        == (b.epoch, b.base, b.records, b.producer, b.time_ms)
+        && (a.payload == b.payload || a.payload.is_empty() || b.payload.is_empty())
+}
+
+/// Fills a released payload of the committed history from `b` (the same batch).
+fn fill(truth: &mut Batch, b: &Batch) {
+    if truth.payload.is_empty() && !b.payload.is_empty() {
+        truth.payload = b.payload.clone();
     }
 }
 

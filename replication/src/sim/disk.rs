@@ -78,6 +78,11 @@ impl SimDisk {
         Ok(self.durable.clone())
     }
 
+    /// Operations emitted and not completed.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.len()
+    }
+
     /// The stored image: what a reader of the log sees (completed operations, synced or not).
     pub fn stored(&self) -> &[Batch] {
         &self.stored

@@ -10,8 +10,15 @@ use crate::types::{LeaseId, NodeId, Time};
 
 /// The etcd model.
 pub struct Etcd {
-    /// The group record.
+    /// The group record (its replica number i is node i).
     pub group: GroupState,
+    /// Until the stream is placed ([`Etcd::placed_at`]): a deposed controller's record of the
+    /// group, whose replica number i is node `deposed.1[i]` (another order), with elections of
+    /// its own. The placement replaces it with `group` (docs/replication.md, "The controller on
+    /// etcd").
+    pub deposed: Option<(GroupState, Vec<NodeId>)>,
+    /// When the stream's placement is written.
+    pub placed_at: Time,
     /// Live leases: holder and expiry.
     leases: BTreeMap<LeaseId, (NodeId, Time)>,
     next_lease: u64,
@@ -23,6 +30,8 @@ impl Etcd {
     pub fn new(replicas: Vec<NodeId>, lease_ttl_ms: u64) -> Etcd {
         Etcd {
             group: GroupState::new(replicas),
+            deposed: None,
+            placed_at: Time(0),
             leases: BTreeMap::new(),
             next_lease: 1,
             lease_ttl_ms,
@@ -43,10 +52,60 @@ impl Etcd {
         granted
     }
 
-    /// Drops expired leases; elects a leader when the current one's lease is gone. Returns
-    /// whether the group record changed.
+    /// Before `placed_at`, a deposed controller's record naming the nodes in `order` is what
+    /// the nodes see.
+    pub fn with_deposed_record(&mut self, order: Vec<NodeId>, placed_at: Time) {
+        self.deposed =
+            Some((GroupState::new((0..order.len() as u32).map(NodeId).collect()), order));
+        self.placed_at = placed_at;
+    }
+
+    /// Whether the stream is placed at `now`.
+    pub fn placed(&self, now: Time) -> bool {
+        now >= self.placed_at
+    }
+
+    /// The record the nodes see: its state, whether the stream is placed, and the node of each
+    /// replica number.
+    pub fn record(&self, now: Time) -> (GroupState, bool, Vec<NodeId>) {
+        match &self.deposed {
+            Some((state, order)) if !self.placed(now) => (state.clone(), false, order.clone()),
+            _ => (self.group.clone(), self.placed(now), self.group.replicas.clone()),
+        }
+    }
+
+    /// Drops expired leases; elects a leader when the current one's lease is gone; writes the
+    /// placement when it is due. Returns whether the record the nodes see changed.
     pub fn tick(&mut self, now: Time, rng: &mut ChaCha8Rng) -> bool {
         self.leases.retain(|_, (_, expiry)| *expiry > now);
+        let mut changed = false;
+        if self.deposed.is_some() && self.placed(now) {
+            self.deposed = None;
+            changed = true;
+        }
+        if let Some((state, order)) = &mut self.deposed {
+            let leader_live = state.leader_lease.is_some_and(|l| self.leases.contains_key(&l));
+            if !leader_live {
+                let live_nodes: BTreeSet<NodeId> = self.leases.values().map(|(n, _)| *n).collect();
+                let live: BTreeSet<NodeId> = (0..order.len() as u32)
+                    .map(NodeId)
+                    .filter(|i| live_nodes.contains(&order[i.0 as usize]))
+                    .collect();
+                let candidates = state.candidates(&live);
+                if let Some(candidate) = super::pick(rng, &candidates) {
+                    let node = order[candidate.0 as usize];
+                    let lease =
+                        self.leases.iter().rev().find(|(_, (n, _))| *n == node).map(|(l, _)| *l);
+                    if let Some(lease) = lease {
+                        changed |= state.elect(candidate, lease, &live).is_ok();
+                    }
+                }
+            }
+        }
+        changed | self.elect(rng)
+    }
+
+    fn elect(&mut self, rng: &mut ChaCha8Rng) -> bool {
         let leader_live = self.group.leader_lease.is_some_and(|l| self.leases.contains_key(&l));
         if leader_live {
             return false;
@@ -58,9 +117,14 @@ impl Etcd {
         self.group.elect(candidate, lease, &live).is_ok()
     }
 
-    /// A leader's in-sync-set proposal. Returns whether the record changed.
-    pub fn propose(&mut self, proposal: &IsrProposal) -> bool {
-        self.group.apply_isr(proposal).is_ok()
+    /// A leader's in-sync-set proposal, applied to the record the nodes see at `now`. Returns
+    /// whether the record changed.
+    pub fn propose(&mut self, now: Time, proposal: &IsrProposal) -> bool {
+        let placed = self.placed(now);
+        match &mut self.deposed {
+            Some((state, _)) if !placed => state.apply_isr(proposal).is_ok(),
+            _ => self.group.apply_isr(proposal).is_ok(),
+        }
     }
 
     /// Whether `lease` is live now.

@@ -275,6 +275,10 @@ fn bug_env(bugs: InjectedBugs) -> String {
         (bugs.skip_dedup, "skip_dedup"),
         (bugs.ignore_lease, "ignore_lease"),
         (bugs.visible_past_written, "visible_past_written"),
+        (bugs.tail_past_written, "tail_past_written"),
+        (bugs.truncate_below_fed, "truncate_below_fed"),
+        (bugs.propose_unbounded, "propose_unbounded"),
+        (bugs.open_unplaced, "open_unplaced"),
     ];
     let names: Vec<&str> = flags.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
     if names.is_empty() {

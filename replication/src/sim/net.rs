@@ -35,14 +35,17 @@ pub enum Packet {
     Replica(Message),
     /// Node to etcd: renew `lease` (or grant one); `sent_at` comes back in the answer.
     KeepAlive { lease: Option<LeaseId>, sent_at: Time },
-    /// Node to etcd: an in-sync-set compare-and-swap.
-    Propose(IsrProposal),
+    /// Node to etcd: an in-sync-set compare-and-swap; `token` comes back in `Proposed`.
+    Propose { proposal: IsrProposal, token: u64 },
+    /// etcd to node: the proposal `token` was applied or refused (the agent's call returned).
+    Proposed { token: u64 },
     /// Node to etcd: read the group record (after a restart).
     ReadGroup,
     /// etcd to node: the node holds `lease`, renewed by the keep-alive sent at `sent_at`.
     Lease { lease: LeaseId, sent_at: Time },
-    /// etcd to node: the group record (watch).
-    Group(GroupState),
+    /// etcd to node: the group record (watch), whether the stream is placed, and the node of
+    /// each replica number.
+    Group { state: GroupState, placed: bool, replicas: Vec<NodeId> },
     /// Producer to node.
     Append(AppendRequest),
     /// Node to producer: an `Ack` or a `Reject`.
@@ -59,6 +62,8 @@ pub enum Event {
     DiskDone { node: usize, incarnation: u32 },
     /// A node's timer.
     NodeTick { node: usize, incarnation: u32 },
+    /// A node's proposal `token` has had no answer for the agent's request timeout.
+    ProposalTimeout { node: usize, incarnation: u32, token: u64 },
     /// etcd's timer.
     EtcdTick,
     /// A producer's timer.

@@ -14,7 +14,8 @@ use super::net::{Addr, Event, Faults, Packet, Scheduled};
 use super::producer::Producer;
 use super::{SeedReport, SimOptions};
 use crate::config::ReplicaConfig;
-use crate::controller::GroupState;
+use crate::controller::IsrProposal;
+use crate::driver::{Action, Driver, GroupView, Limits, ShardKey, StopReason, Submitted};
 use crate::error::AppendError;
 use crate::log::ReplicaLog;
 use crate::message::{Message, Output};
@@ -45,19 +46,35 @@ pub const SIM_PRODUCER_EXPIRY_MS: u64 = 400;
 pub const PRODUCER_CHECKED_P: f64 = 0.75;
 /// Events per seed at most (a livelock guard).
 pub const EVENTS_MAX: u64 = 2_000_000;
+/// The cluster agent gives up an etcd call unanswered for this long, ms.
+pub const AGENT_REQUEST_TIMEOUT_MS: u64 = 150;
+/// Disk operations queued per replica at most (the broker's `DISK_OPS_MAX`, scaled down).
+pub const DISK_OPS_MAX: usize = 4_096;
+/// The stream every node replicates one shard of.
+const STREAM: &str = "s";
 
-/// One simulated broker's replica of the shard.
+/// One simulated broker: its replication driver (running the shard's replica once adopted)
+/// and its disk.
 struct SimNode {
     id: NodeId,
-    replica: Option<Replica>,
+    /// The process: `None` while the node is down.
+    driver: Option<Driver<NodeId>>,
+    /// The driver's ids of the appends it was handed, and the producers' request each is.
+    requests: HashMap<RequestId, RequestId>,
+    /// Proposals handed to etcd and not answered (tokens).
+    proposals: HashSet<u64>,
+    /// Disk operations of a stopped replica still to complete before the shard may reopen.
+    draining: usize,
+    /// Restart from the checkpoint when the replica opens (chosen at the restart).
+    from_checkpoint: Option<Vec<u8>>,
     incarnation: u32,
     disk: SimDisk,
     lease: Option<LeaseId>,
     lease_sent_at: Time,
     next_keepalive: Time,
     paused_until: Time,
-    /// The checkpoint of its log's archive as of its last crash (the broker writes one after
-    /// each archive): a restart starts from it half the time.
+    /// The checkpoint of its log's archive the driver last asked to write: a restart starts
+    /// from it half the time.
     checkpoint: Option<Vec<u8>>,
 }
 
@@ -68,6 +85,9 @@ pub(super) struct World {
     now: Time,
     opts: SimOptions,
     config: ReplicaConfig,
+    limits: Limits,
+    key: ShardKey,
+    next_token: u64,
     queue: BinaryHeap<Reverse<Scheduled>>,
     next_seq: u64,
     nodes: Vec<SimNode>,
@@ -107,9 +127,15 @@ impl World {
         // Archive 1 to 16 batches at a time, chosen by the seed (not the PRNG, so its stream is
         // what it was before replicas archived).
         config.archive_min_batches = (seed % 16) as usize + 1;
+        // Keep 0 to 300 bytes of committed payloads in memory, chosen by the seed: fetches and
+        // the tail then meet released payloads and archived batches.
+        let limits = Limits { resident_bytes: (seed / 16 % 4) * 100, ..Limits::default() };
         let mut world = World {
             seed,
             config,
+            limits,
+            key: ShardKey::new(STREAM, 0),
+            next_token: 0,
             faults: Faults::default(),
             queue: BinaryHeap::new(),
             next_seq: 0,
@@ -132,10 +158,22 @@ impl World {
             opts,
         };
         world.faults = Faults::random(&mut world.rng);
+        // Half the seeds start before the stream is placed, with a deposed controller's record
+        // naming the nodes in another order (replicas must not start from it).
+        if world.rng.gen_bool(0.5) {
+            let placed_at = Time(world.rng.gen_range(20..300));
+            let mut order = ids.clone();
+            order.rotate_left(1);
+            world.etcd.with_deposed_record(order, placed_at);
+        }
         for &id in &ids {
             world.nodes.push(SimNode {
                 id,
-                replica: None,
+                driver: None,
+                requests: HashMap::new(),
+                proposals: HashSet::new(),
+                draining: 0,
+                from_checkpoint: None,
                 checkpoint: None,
                 incarnation: 0,
                 disk: SimDisk::default(),
@@ -144,7 +182,7 @@ impl World {
                 next_keepalive: Time(0),
                 paused_until: Time(0),
             });
-            world.start_node(id.0 as usize, Vec::new()).expect("an empty log is valid");
+            world.start_node(id.0 as usize);
         }
         for p in 0..producers {
             let total = world.rng.gen_range(5..=world.opts.batches_per_producer_max);
@@ -190,7 +228,7 @@ impl World {
     }
 
     fn report(&self) -> SeedReport {
-        let live = self.nodes.iter().filter_map(|n| n.replica.as_ref().map(Replica::stats));
+        let live = (0..self.nodes.len()).filter_map(|n| self.replica(n).map(Replica::stats));
         let stats = live.fold(self.retired, super::add_stats);
         SeedReport {
             stats,
@@ -204,13 +242,17 @@ impl World {
             crashes: self.crashes,
             checkpoint_restarts: self.checkpoint_restarts,
             unavailable: false,
-            producers_expired: self
-                .nodes
-                .iter()
-                .filter_map(|n| n.replica.as_ref().map(|r| r.log().producers_forgotten().0))
+            producers_expired: (0..self.nodes.len())
+                .filter_map(|n| self.replica(n).map(|r| r.log().producers_forgotten().0))
                 .max()
                 .unwrap_or(0),
         }
+    }
+
+    /// Node `n`'s replica of the shard, if its process is up and runs one.
+    fn replica(&self, n: usize) -> Option<&Replica> {
+        let driver = self.nodes[n].driver.as_ref()?;
+        driver.shard(STREAM, 0).map(|s| s.replica())
     }
 
     /// Whether every in-sync replica is the lost node: then the shard may not serve again, by
@@ -225,7 +267,8 @@ impl World {
         let roles: Vec<String> = self
             .nodes
             .iter()
-            .map(|n| match &n.replica {
+            .enumerate()
+            .map(|(i, n)| match self.replica(i) {
                 Some(r) => format!(
                     "{}:{:?} end {} committed {}",
                     n.id,
@@ -249,6 +292,12 @@ impl World {
             }
             Event::DiskDone { node, incarnation } => self.disk_done(node, incarnation),
             Event::NodeTick { node, incarnation } => self.node_tick(node, incarnation),
+            Event::ProposalTimeout { node, incarnation, token } => {
+                if self.nodes[node].incarnation == incarnation {
+                    self.proposal_done(node, token);
+                }
+                Ok(())
+            }
             Event::EtcdTick => {
                 if self.etcd.tick(self.now, &mut self.rng) {
                     self.broadcast_group();
@@ -286,7 +335,7 @@ impl World {
             }
             Addr::Node(id) => {
                 let n = id.0 as usize;
-                if self.nodes[n].replica.is_none() || self.nodes[n].incarnation != incarnation {
+                if self.nodes[n].driver.is_none() || self.nodes[n].incarnation != incarnation {
                     return Ok(()); // sent to a process that has died since
                 }
                 if self.nodes[n].paused_until > self.now {
@@ -301,21 +350,26 @@ impl World {
 
     fn node_receive(&mut self, n: usize, from: Addr, packet: Packet) -> Result<(), String> {
         let now = self.now;
+        let key = self.key.clone();
         let node = &mut self.nodes[n];
-        let replica = node.replica.as_mut().expect("checked by the caller");
+        let driver = node.driver.as_mut().expect("checked by the caller");
         match (from, packet) {
             (Addr::Node(peer), Packet::Replica(message)) => {
-                replica.handle_message(now, peer, message)
+                driver.handle_message(now, STREAM, 0, peer, message)
             }
-            (_, Packet::Group(group)) => replica.handle_controller(now, group),
+            (_, Packet::Group { state, placed, replicas }) => {
+                let view = GroupView { key: &key, placed, replicas: &replicas, state: Some(state) };
+                driver.handle_group(now, view);
+            }
             (_, Packet::Lease { lease, sent_at }) => {
                 if sent_at < node.lease_sent_at {
                     return Ok(());
                 }
                 node.lease = Some(lease);
                 node.lease_sent_at = sent_at;
-                replica.handle_lease(now, lease, sent_at.plus_ms(LEASE_TTL_MS));
+                driver.handle_lease(now, Some((lease, sent_at.plus_ms(LEASE_TTL_MS))));
             }
+            (_, Packet::Proposed { token }) => self.proposal_done(n, token),
             (Addr::Producer(_), Packet::Append(mut append)) => {
                 // The leader's clock stamps the batch (the producer table's expiry clock).
                 append.time_ms = now.0;
@@ -327,12 +381,24 @@ impl World {
                         self.checker.retried_after_expiry(append.producer.expect("looked up"));
                     }
                 }
-                let (request, tag, from) = (append.request, append.producer, replica.log().end());
-                replica.handle_append(now, append);
+                let (request, tag) = (append.request, append.producer);
+                let from = driver.shard(STREAM, 0).map(|s| s.replica().log().end());
+                let id = self.nodes[n].id;
+                let driver = self.nodes[n].driver.as_mut().expect("checked by the caller");
+                let Submitted::Pending(mine) = driver.handle_append(now, STREAM, 0, append) else {
+                    // No replica here (not adopted yet, or stopped): nothing stored.
+                    let error = AppendError::NotLeader { leader: None };
+                    self.answer(id, request, Output::Reject { request, error });
+                    return Ok(());
+                };
+                self.nodes[n].requests.insert(mine, request);
                 // Invariant 8: whether this delivery made the node's log take the batch (the
                 // network may deliver one request twice: the second is answered on its own).
                 let took = tag.is_some()
-                    && replica.log().batches().iter().any(|b| b.base >= from && b.producer == tag);
+                    && self.replica(n).is_some_and(|r| {
+                        let from = from.unwrap_or(Offset(0));
+                        r.log().batches().iter().any(|b| b.base >= from && b.producer == tag)
+                    });
                 if took {
                     self.taken.insert((n, request));
                 }
@@ -344,6 +410,17 @@ impl World {
             _ => return Ok(()),
         }
         self.drain(n)
+    }
+
+    /// The proposal `token` of node `n` was answered or timed out: the driver may hand over
+    /// the next.
+    fn proposal_done(&mut self, n: usize, token: u64) {
+        if self.nodes[n].proposals.remove(&token) {
+            let key = self.key.clone();
+            if let Some(driver) = self.nodes[n].driver.as_mut() {
+                driver.proposal_done(&key);
+            }
+        }
     }
 
     /// Invariant 8: a refusal other than `OutcomeUnknown` stored nothing: the refusing node's
@@ -371,55 +448,145 @@ impl World {
         Ok(())
     }
 
-    /// Carries out everything node `n` asked for, then checks it.
+    /// Carries out everything node `n`'s driver asked for, then checks it.
     fn drain(&mut self, n: usize) -> Result<(), String> {
         let id = self.nodes[n].id;
-        let mut outputs = Vec::new();
-        if let Some(replica) = self.nodes[n].replica.as_mut() {
-            while let Some(output) = replica.poll() {
-                outputs.push(output);
-            }
-        }
         let mut acks = Vec::new();
-        for output in outputs {
-            match output {
-                Output::Send { to, message } => {
+        let mut fed = Vec::new();
+        let mut actions = 0usize;
+        loop {
+            let Some(action) = self.nodes[n].driver.as_mut().and_then(Driver::poll) else { break };
+            actions += 1;
+            match action {
+                Action::Open { key, me, nodes } => self.open(n, key, me, nodes)?,
+                Action::Stop { key, reason } => match reason {
+                    StopReason::Failed(why) => return Err(format!("{id} failed: {why}")),
+                    StopReason::Refused => {}
+                    StopReason::Reopen => {
+                        self.nodes[n].draining = self.nodes[n].disk.in_flight();
+                        if self.nodes[n].draining == 0 {
+                            self.nodes[n].driver.as_mut().expect("it acted").stopped(&key);
+                        }
+                    }
+                },
+                Action::Send { to, message, .. } => {
                     self.send(Addr::Node(id), Addr::Node(to), Packet::Replica(message))
                 }
-                Output::FetchFromLog { to, epoch, from, upto, committed, bytes_max } => {
-                    let batches =
-                        read_image(self.nodes[n].disk.durable(), from, upto, bytes_max)
-                            .map_err(|e| format!("{id}: a fetch of its archived prefix: {e}"))?;
-                    let message = Message::FetchReply { epoch, from, batches, committed };
+                Action::SendReadingPayloads { to, message, .. } => {
+                    if let Some(message) = fill_payloads(self.nodes[n].disk.stored(), message) {
+                        self.send(Addr::Node(id), Addr::Node(to), Packet::Replica(message))
+                    }
+                }
+                Action::SendFromLog { to, epoch, start, upto, committed, bytes_max, .. } => {
+                    let batches = read_image(self.nodes[n].disk.durable(), start, upto, bytes_max)
+                        .map_err(|e| format!("{id}: a fetch of its archived prefix: {e}"))?;
+                    let message = Message::FetchReply { epoch, from: start, batches, committed };
                     self.send(Addr::Node(id), Addr::Node(to), Packet::Replica(message))
                 }
-                Output::Failed(error) => return Err(format!("{id} failed: {error}")),
-                Output::Disk(op) => {
+                Action::Disk { op, .. } => {
+                    if self.nodes[n].disk.in_flight() >= DISK_OPS_MAX {
+                        return Err(format!(
+                            "{id}: more than {DISK_OPS_MAX} disk operations queued"
+                        ));
+                    }
                     let at = self.nodes[n].disk.submit(self.now, op, &mut self.rng);
                     let incarnation = self.nodes[n].incarnation;
                     self.schedule(at, Event::DiskDone { node: n, incarnation });
                 }
-                Output::Propose(proposal) => {
-                    self.send(Addr::Node(id), Addr::Etcd, Packet::Propose(proposal))
+                Action::Propose { expected_version, epoch, isr, .. } => {
+                    let Some(leader) = self.replica(n).map(Replica::id) else { continue };
+                    self.propose(
+                        n,
+                        IsrProposal {
+                            expected_version,
+                            leader,
+                            epoch,
+                            isr: isr.into_iter().collect(),
+                        },
+                    )?;
                 }
-                Output::Ack { request, epoch, base, records } => {
+                Action::Ack { request, epoch, base, records, .. } => {
+                    let Some(request) = self.nodes[n].requests.remove(&request) else { continue };
                     self.taken.remove(&(n, request));
                     acks.push((request, epoch, base, records));
                     self.answer(id, request, Output::Ack { request, epoch, base, records });
                 }
-                Output::Reject { request, error } => {
+                Action::Reject { request, error, .. } => {
+                    let Some(request) = self.nodes[n].requests.remove(&request) else { continue };
                     self.check_refusal(n, request, &error)?;
                     self.answer(id, request, Output::Reject { request, error })
+                }
+                Action::Tail { batches, .. } => fed.extend(batches),
+                Action::Checkpoint { bytes, .. } => self.nodes[n].checkpoint = Some(bytes),
+                Action::RoleChanged { role, .. } => {
+                    if self.opts.trace {
+                        eprintln!("t={} {id} is {role:?}", self.now.0);
+                    }
                 }
             }
         }
         self.check_node(n)?;
         self.check_acks(n, acks)?;
-        // After the checks, which have seen every committed batch: archive what they allow.
-        if let Some(replica) = self.nodes[n].replica.as_mut() {
-            let committed = replica.committed();
-            replica.archive(committed);
+        self.checker.check_tail(id, &fed)?;
+        self.check_bounds(n, actions)
+    }
+
+    /// The bounds every queue of node `n` keeps: appends waiting for an answer, proposals on
+    /// their way to etcd (one per shard), the actions one input made.
+    fn check_bounds(&self, n: usize, actions: usize) -> Result<(), String> {
+        let node = &self.nodes[n];
+        let pending =
+            node.driver.as_ref().and_then(|d| d.shard(STREAM, 0)).map_or(0, |s| s.pending());
+        if pending > crate::driver::PENDING_MAX || node.requests.len() > crate::driver::PENDING_MAX
+        {
+            return Err(format!("{}: {pending} appends wait for an answer", node.id));
         }
+        if node.proposals.len() > 1 {
+            return Err(format!(
+                "{}: {} in-sync-set proposals of one shard on their way to etcd",
+                node.id,
+                node.proposals.len()
+            ));
+        }
+        if actions > 4 * crate::config::ACK_WAITERS_MAX {
+            return Err(format!("{}: one input made {actions} actions", node.id));
+        }
+        Ok(())
+    }
+
+    /// Hands node `n`'s proposal to etcd; its answer (or the agent's timeout) frees the
+    /// shard's slot.
+    fn propose(&mut self, n: usize, proposal: IsrProposal) -> Result<(), String> {
+        self.next_token += 1;
+        let token = self.next_token;
+        self.nodes[n].proposals.insert(token);
+        let (id, incarnation) = (self.nodes[n].id, self.nodes[n].incarnation);
+        self.send(Addr::Node(id), Addr::Etcd, Packet::Propose { proposal, token });
+        let at = self.now.plus_ms(AGENT_REQUEST_TIMEOUT_MS);
+        self.schedule(at, Event::ProposalTimeout { node: n, incarnation, token });
+        Ok(())
+    }
+
+    /// Opens node `n`'s replica of `key` as the broker does: its log recovered from the durable
+    /// image, or from its checkpoint and the image's batches after it.
+    fn open(
+        &mut self,
+        n: usize,
+        key: ShardKey,
+        me: NodeId,
+        nodes: Vec<NodeId>,
+    ) -> Result<(), String> {
+        let image = self.nodes[n].disk.durable().to_vec();
+        let log = match self.nodes[n].from_checkpoint.take() {
+            Some(bytes) => {
+                self.checkpoint_restarts += 1;
+                log_from_checkpoint(n, &bytes, image, self.config.producers)?
+            }
+            None => ReplicaLog::from_batches_with(image, self.config.producers)
+                .map_err(|e| format!("recovery of n{n}: {e}"))?,
+        };
+        let now = self.now;
+        self.nodes[n].driver.as_mut().expect("it asked").opened(now, key, me, nodes, log);
         Ok(())
     }
 
@@ -440,7 +607,7 @@ impl World {
         let id = self.nodes[n].id;
         for (request, epoch, base, records) in acks {
             let Some(&(p, seq)) = self.requests.get(&request) else { continue };
-            let replica = self.nodes[n].replica.as_ref().expect("it just acked");
+            let replica = self.replica(n).expect("it just acked");
             if replica.role() != (RoleView::Leader { epoch }) {
                 return Err(format!("{id} acked in {epoch} while {:?}", replica.role()));
             }
@@ -458,11 +625,14 @@ impl World {
     fn check_node(&mut self, n: usize) -> Result<(), String> {
         let before = self.checker.committed_batches();
         let node = &self.nodes[n];
-        if let Some(replica) = &node.replica {
+        let shard = node.driver.as_ref().and_then(|d| d.shard(STREAM, 0));
+        if let Some(shard) = shard {
+            let replica = shard.replica();
             self.check_producers_agree(n)?;
-            self.checker.check_committed(node.id, replica.log(), replica.committed())?;
+            let durable = node.disk.durable();
+            self.checker.check_committed(node.id, replica.log(), replica.committed(), durable)?;
             let (stored, generation) = (node.disk.stored(), node.disk.stored_generation());
-            self.checker.check_readable(node.id, stored, generation, replica.visible_end())?;
+            self.checker.check_readable(node.id, stored, generation, shard.visible_end())?;
         }
         if self.checker.committed_batches() != before {
             return self.check_isr_images();
@@ -476,9 +646,9 @@ impl World {
     /// Invariant 9: replicas holding the same log (the same end and last epoch: log matching)
     /// know the same producers, whatever expired or was evicted, recovered or truncated.
     fn check_producers_agree(&self, n: usize) -> Result<(), String> {
-        let Some(mine) = self.nodes[n].replica.as_ref().map(Replica::log) else { return Ok(()) };
-        for other in &self.nodes {
-            let Some(theirs) = other.replica.as_ref().map(Replica::log) else { continue };
+        let Some(mine) = self.replica(n).map(Replica::log) else { return Ok(()) };
+        for (i, other) in self.nodes.iter().enumerate() {
+            let Some(theirs) = self.replica(i).map(Replica::log) else { continue };
             if other.id == self.nodes[n].id
                 || theirs.end() != mine.end()
                 || theirs.last_epoch() != mine.last_epoch()
@@ -522,24 +692,34 @@ impl World {
     }
 
     fn disk_done(&mut self, n: usize, incarnation: u32) -> Result<(), String> {
+        let (now, key) = (self.now, self.key.clone());
         let node = &mut self.nodes[n];
-        if node.replica.is_none() || node.incarnation != incarnation {
+        if node.driver.is_none() || node.incarnation != incarnation {
             return Ok(());
         }
-        if node.paused_until > self.now {
+        if node.paused_until > now {
             let at = node.paused_until;
             self.schedule(at, Event::DiskDone { node: n, incarnation });
             return Ok(());
         }
         let Some(id) = node.disk.complete_next()? else { return Ok(()) };
-        node.replica.as_mut().expect("checked above").handle_disk_done(self.now, id);
+        let driver = node.driver.as_mut().expect("checked above");
+        if node.draining > 0 {
+            // An operation of a stopped replica: the next one opens once all are done.
+            node.draining -= 1;
+            if node.draining == 0 {
+                driver.stopped(&key);
+            }
+            return Ok(());
+        }
+        driver.handle_disk_done(now, &key, id);
         self.drain(n)
     }
 
     fn node_tick(&mut self, n: usize, incarnation: u32) -> Result<(), String> {
         let now = self.now;
         let node = &mut self.nodes[n];
-        if node.replica.is_none() || node.incarnation != incarnation {
+        if node.driver.is_none() || node.incarnation != incarnation {
             return Ok(());
         }
         self.schedule(now.plus_ms(NODE_TICK_MS), Event::NodeTick { node: n, incarnation });
@@ -547,7 +727,7 @@ impl World {
         if node.paused_until > now {
             return Ok(());
         }
-        node.replica.as_mut().expect("checked above").handle_tick(now);
+        node.driver.as_mut().expect("checked above").handle_tick(now);
         if now >= node.next_keepalive {
             node.next_keepalive = now.plus_ms(KEEPALIVE_EVERY_MS);
             let (id, lease) = (node.id, node.lease);
@@ -569,16 +749,15 @@ impl World {
                 let lease = self.etcd.keep_alive(self.now, node, lease);
                 self.reply(from, incarnation, Packet::Lease { lease, sent_at });
             }
-            Packet::Propose(proposal) => {
-                if self.etcd.propose(&proposal) {
+            Packet::Propose { proposal, token } => {
+                if self.etcd.propose(self.now, &proposal) {
                     self.broadcast_group();
                 } else {
-                    self.reply(from, incarnation, Packet::Group(self.etcd.group.clone()));
+                    self.reply(from, incarnation, self.group_packet());
                 }
+                self.reply(from, incarnation, Packet::Proposed { token });
             }
-            Packet::ReadGroup => {
-                self.reply(from, incarnation, Packet::Group(self.etcd.group.clone()))
-            }
+            Packet::ReadGroup => self.reply(from, incarnation, self.group_packet()),
             _ => {}
         }
     }
@@ -592,11 +771,17 @@ impl World {
         }
     }
 
+    /// The group record the nodes see now (a deposed controller's before the placement).
+    fn group_packet(&self) -> Packet {
+        let (state, placed, replicas) = self.etcd.record(self.now);
+        Packet::Group { state, placed, replicas }
+    }
+
     fn broadcast_group(&mut self) {
-        let group: GroupState = self.etcd.group.clone();
+        let packet = self.group_packet();
         for n in 0..self.nodes.len() {
             let to = Addr::Node(self.nodes[n].id);
-            self.send(Addr::Etcd, to, Packet::Group(group.clone()));
+            self.send(Addr::Etcd, to, packet.clone());
         }
     }
 
@@ -641,34 +826,34 @@ impl World {
         }
     }
 
-    /// Restarts node `n` from `image` (its durable log): a new process with no lease.
-    fn start_node(&mut self, n: usize, image: Vec<Batch>) -> Result<(), String> {
-        let log = ReplicaLog::from_batches_with(image, self.config.producers)
-            .map_err(|e| format!("recovery of n{n}: {e}"))?;
-        self.start_with_log(n, log);
-        Ok(())
-    }
-
-    /// Starts node `n`'s replica on `log`: a new process with no lease.
-    fn start_with_log(&mut self, n: usize, log: ReplicaLog) {
+    /// Starts node `n`'s process: a driver with no replica and no lease, which reads the group
+    /// record; its replica opens (recovering the durable image) when the record adopts it.
+    fn start_node(&mut self, n: usize) {
         let node = &mut self.nodes[n];
-        let mut replica = Replica::new(node.id, self.config.clone(), log);
-        replica.inject_bugs(self.opts.bugs);
-        node.replica = Some(replica);
+        let mut driver = Driver::new(node.id, self.config.clone(), self.limits.clone());
+        driver.inject_bugs(self.opts.bugs);
+        node.driver = Some(driver);
+        node.requests.clear();
+        node.proposals.clear();
+        node.draining = 0;
         node.lease = None;
         node.lease_sent_at = Time(0);
         node.next_keepalive = self.now;
         let (id, incarnation) = (node.id, node.incarnation);
+        self.checker.node_restarted(id);
         self.send(Addr::Node(id), Addr::Etcd, Packet::ReadGroup);
         self.schedule(self.now, Event::NodeTick { node: n, incarnation });
     }
 
     fn crash(&mut self, n: usize) -> Result<(), String> {
         self.taken.retain(|(node, _)| *node != n);
+        if let Some(stats) = self.replica(n).map(Replica::stats) {
+            self.retired = super::add_stats(self.retired, stats);
+        }
         let node = &mut self.nodes[n];
-        let Some(replica) = node.replica.take() else { return Ok(()) };
-        node.checkpoint = replica.log().checkpoint();
-        self.retired = super::add_stats(self.retired, replica.stats());
+        if node.driver.take().is_none() {
+            return Ok(());
+        }
         node.incarnation += 1;
         node.paused_until = Time(0);
         node.disk.crash(&mut self.rng)?;
@@ -680,41 +865,12 @@ impl World {
     }
 
     fn restart(&mut self, n: usize) -> Result<(), String> {
-        if self.nodes[n].replica.is_some() {
+        if self.nodes[n].driver.is_some() {
             return Ok(());
         }
-        let image = self.nodes[n].disk.durable().to_vec();
-        if let Some(bytes) = self.nodes[n].checkpoint.take().filter(|_| self.rng.gen_bool(0.5)) {
-            return self.start_from_checkpoint(n, &bytes, image);
-        }
-        self.start_node(n, image)
-    }
-
-    /// Restarts node `n` as the broker does with a checkpoint: the log as of the checkpoint,
-    /// checked against the durable image (its last batch there as it says), then the image's
-    /// batches after it. Committed, durable batches are never truncated, so a mismatch is a
-    /// failure.
-    fn start_from_checkpoint(
-        &mut self,
-        n: usize,
-        bytes: &[u8],
-        image: Vec<Batch>,
-    ) -> Result<(), String> {
-        let (mut log, (base, records, epoch)) =
-            ReplicaLog::from_checkpoint(bytes, self.config.producers)
-                .map_err(|e| format!("n{n}'s own checkpoint: {e}"))?;
-        let held = image.iter().find(|b| b.base == base);
-        if held.is_none_or(|b| (b.records, b.epoch) != (records, epoch)) {
-            return Err(format!(
-                "n{n}'s checkpoint names a batch at {base} the durable image does not hold"
-            ));
-        }
-        let end = log.end();
-        for batch in image.into_iter().filter(|b| b.base >= end) {
-            log.append(batch).map_err(|e| format!("recovery of n{n} from its checkpoint: {e}"))?;
-        }
-        self.start_with_log(n, log);
-        self.checkpoint_restarts += 1;
+        let checkpoint = self.nodes[n].checkpoint.clone().filter(|_| self.rng.gen_bool(0.5));
+        self.nodes[n].from_checkpoint = checkpoint;
+        self.start_node(n);
         Ok(())
     }
 
@@ -804,7 +960,62 @@ impl World {
     }
 }
 
-/// Replica timings scaled to the simulation's short lease.
+/// Node `n`'s log as the broker recovers it from a checkpoint: the log as of the checkpoint,
+/// checked against the durable image (its last batch there as it says), then the image's
+/// batches after it. Committed, durable batches are never truncated, so a mismatch is a
+/// failure.
+fn log_from_checkpoint(
+    n: usize,
+    bytes: &[u8],
+    image: Vec<Batch>,
+    producers: ProducerLimits,
+) -> Result<ReplicaLog, String> {
+    let (mut log, (base, records, epoch)) = ReplicaLog::from_checkpoint(bytes, producers)
+        .map_err(|e| format!("n{n}'s own checkpoint: {e}"))?;
+    let held = image.iter().find(|b| b.base == base);
+    if held.is_none_or(|b| (b.records, b.epoch) != (records, epoch)) {
+        return Err(format!(
+            "n{n}'s checkpoint names a batch at {base} the durable image does not hold"
+        ));
+    }
+    let end = log.end();
+    for batch in image.into_iter().filter(|b| b.base >= end) {
+        log.append(batch).map_err(|e| format!("recovery of n{n} from its checkpoint: {e}"))?;
+    }
+    Ok(log)
+}
+
+/// A fetch reply with its released payloads read from the stored image, as the broker reads
+/// them from storage: each must be the same batch there (offsets, epoch, producer tag); the
+/// reply is cut at the first that is not. `None` if not even the first is.
+fn fill_payloads(stored: &[Batch], message: Message) -> Option<Message> {
+    let Message::FetchReply { epoch, from, batches, committed } = message else {
+        return Some(message);
+    };
+    let mut out = Vec::with_capacity(batches.len());
+    for mut b in batches {
+        if b.payload.is_empty() {
+            let i = stored.partition_point(|s| s.base < b.base);
+            match stored.get(i) {
+                Some(s)
+                    if s.base == b.base
+                        && s.records == b.records
+                        && s.epoch == b.epoch
+                        && s.producer == b.producer =>
+                {
+                    b.payload = s.payload.clone();
+                }
+                _ => break,
+            }
+        }
+        out.push(b);
+    }
+    if out.is_empty() {
+        return None;
+    }
+    Some(Message::FetchReply { epoch, from, batches: out, committed })
+}
+
 /// The durable batches from `from` on that end at or below `upto`, at least one and at most
 /// `bytes_max` bytes otherwise: what a broker reads from storage for
 /// [`Output::FetchFromLog`]. Archived batches are durable, so `from` must start one.

@@ -1,22 +1,22 @@
-//! The replication driver: runs `felix_replication`'s state machine for every shard of a
-//! replicated stream that lives on this core, and wires it to QUIC, etcd and `felix-storage`
+//! The replication driver's glommio shell: runs `felix_replication`'s [`Driver`] (the
+//! decisions, sans-IO) for the replicated shards that live on this core, and carries out what
+//! it asks: peer links over QUIC, disk operations and reads through `felix-storage`, answers
+//! to the waiting appends, the subscribers' tail, proposals to the cluster agent
 //! (docs/replication.md, "The broker driver").
 //!
 //! Shard `s` lives on core `s % cores` of each of its brokers, so core i talks only to core i
 //! of its peers: each core keeps one outbound link per peer broker ([`peer`]) and receives its
 //! peers' frames on the connections they opened ([`Host::handle_frame`]). Every
-//! [`TICK_MS`] the host copies what the cluster agent knows into the state machines: the group
-//! record of each shard (leader, epoch, in-sync set; `handle_controller`) and this broker's
-//! lease (`handle_lease`), then ticks them. Nothing here blocks on etcd: proposals go to the
-//! agent's thread and their outcome comes back in the view.
+//! [`TICK_MS`] the host hands the driver what the cluster agent knows (the group record of
+//! each shard, this broker's lease; [`Driver::handle_view`]). Nothing here blocks on etcd:
+//! proposals go to the agent's thread and their outcome comes back in the view.
 
 pub mod payload;
 pub mod peer;
-pub mod propose;
 pub mod shard;
 
 use std::cell::RefCell;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::rc::{Rc, Weak};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,14 +24,15 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use felix_cluster::{AgentClient, ClusterView};
 use felix_proto::{CoreId, ErrorCode, Frame, Offset, ProducerTag, Record, ShardId};
+use felix_replication::driver::Limits;
 use felix_replication::{
-    wire, AckMode, AppendError, IsrProposal, LeaseId, Message, NodeId, ReplicaConfig, Time,
+    wire, AckMode, Action, AppendError, AppendRequest, Driver, GroupView, LeaseId, Message, NodeId,
+    ProducerId, ProducerSeq, ReplicaConfig, RequestId, Seq, ShardKey, StopReason, Submitted, Time,
 };
 
 pub use self::peer::verify_peers;
 use self::peer::PeerLink;
-use self::propose::OnePerShard;
-use self::shard::ShardReplica;
+use self::shard::ShardShell;
 use super::cluster::ClusterLink;
 use super::core::CoreApp;
 use super::error::WireError;
@@ -71,7 +72,10 @@ pub struct ReplicationSettings {
     pub producers: felix_replication::ProducerLimits,
 }
 
-/// One core's replication driver.
+/// The I/O side of each running replica, by stream and shard.
+type Shells = HashMap<Rc<str>, HashMap<u32, Rc<ShardShell>>>;
+
+/// One core's replication driver: the sans-IO [`Driver`] and what carries out its actions.
 pub struct Host {
     me: felix_cluster::NodeId,
     core: CoreId,
@@ -80,21 +84,15 @@ pub struct Host {
     ctx: crate::net::CoreContext,
     tls: quinn_proto::ClientConfig,
     server_name: String,
-    min_insync: usize,
-    producers: felix_replication::ProducerLimits,
     resident_bytes: u64,
+    producers: felix_replication::ProducerLimits,
     agent: AgentClient,
     link: Rc<ClusterLink>,
-    /// The running replicas, by stream and shard (looked up by `&str`, with no allocation).
-    shards: RefCell<HashMap<String, HashMap<u32, Rc<ShardReplica>>>>,
-    opening: RefCell<HashSet<(String, u32)>>,
-    /// Replicas that could not start, and when they may be tried again.
-    retry_at: RefCell<HashMap<(String, u32), Time>>,
-    /// Replicas stopped because their group's replicas changed under a log that holds
-    /// batches: not opened again until the broker restarts (see [`Adoption::Refuse`]).
-    refused: RefCell<HashSet<(String, u32)>>,
-    /// The in-sync-set proposals on their way to the agent, one per shard at most.
-    proposing: Rc<OnePerShard>,
+    driver: RefCell<Driver<felix_cluster::NodeId>>,
+    /// The I/O side of each running replica, by stream and shard (looked up by `&str`).
+    shells: RefCell<Shells>,
+    /// The core's streams (to open a replica's log and feed its tail); set by [`Host::run`].
+    app: RefCell<Weak<CoreApp>>,
     peers: RefCell<HashMap<felix_cluster::NodeId, Rc<PeerLink>>>,
     /// The second of the last status report (metrics, and a debug line per replica).
     last_report: std::cell::Cell<u64>,
@@ -121,6 +119,12 @@ impl Host {
         }
         let mut tls = crate::net::tls::quic_client_config(&settings.peer_ca, Some(&identity))?;
         tls.transport_config(Arc::new(peer::transport()));
+        let config = ReplicaConfig { producers: settings.producers, ..ReplicaConfig::default() };
+        let limits = Limits {
+            resident_bytes: settings.resident_bytes,
+            retry_open_ms: REPLICA_RETRY_MS,
+            min_insync: settings.min_insync,
+        };
         Ok(Rc::new(Host {
             me: agent.node().clone(),
             core: ctx.core(),
@@ -129,16 +133,13 @@ impl Host {
             ctx,
             tls,
             server_name: settings.server_name.clone(),
-            min_insync: settings.min_insync,
             resident_bytes: settings.resident_bytes,
             producers: settings.producers,
+            driver: RefCell::new(Driver::new(agent.node().clone(), config, limits)),
             agent,
             link,
-            shards: RefCell::default(),
-            opening: RefCell::default(),
-            retry_at: RefCell::default(),
-            refused: RefCell::default(),
-            proposing: Rc::default(),
+            shells: RefCell::default(),
+            app: RefCell::default(),
             peers: RefCell::default(),
             last_report: std::cell::Cell::new(0),
             stats,
@@ -159,10 +160,8 @@ impl Host {
         Time(at.saturating_duration_since(self.base).as_millis() as u64)
     }
 
-    /// The replica of `shard` of `stream` on this core, if the stream is replicated and the
-    /// replica is running.
-    pub fn replica(&self, stream: &str, shard: ShardId) -> Option<Rc<ShardReplica>> {
-        self.shards.borrow().get(stream).and_then(|s| s.get(&shard.0)).cloned()
+    fn shell(&self, stream: &str, shard: u32) -> Option<Rc<ShardShell>> {
+        self.shells.borrow().get(stream).and_then(|s| s.get(&shard)).cloned()
     }
 
     /// Whether `stream` is replicated (defined with more than one replica).
@@ -183,23 +182,45 @@ impl Host {
         producer: Option<(ProducerTag, bool)>,
     ) -> Result<impl std::future::Future<Output = Result<Offset, WireError>> + 'static, WireError>
     {
-        let Some(replica) = self.replica(stream, shard) else {
-            return Err(WireError::new(
+        let unavailable = || {
+            WireError::new(
                 ErrorCode::ShardUnavailable,
                 format!("{shard} of {stream}: its replica is starting on this broker"),
-            ));
+            )
         };
+        let Some(shell) = self.shell(stream, shard.0) else { return Err(unavailable()) };
         // `ack` is `Written` or `Durable` (`CoreApp::submit_local` made `None` a `Written`).
         let mode = match ack {
             felix_proto::AckMode::Durable => AckMode::Durable,
             _ => AckMode::Written,
         };
-        let rx = replica.append(self, records, timestamp_ms, mode, producer);
+        let oldest_pending = producer.is_some_and(|(_, oldest)| oldest);
+        let producer = producer
+            .map(|(t, _)| ProducerSeq { producer: ProducerId(t.producer.0), seq: Seq(t.seq) });
+        let request = AppendRequest {
+            request: RequestId(0), // the driver's own
+            producer,
+            records: records.len() as u32,
+            oldest_pending,
+            time_ms: timestamp_ms,
+            payload: payload::encode(timestamp_ms, records),
+            mode,
+        };
+        let now = self.now();
+        let submitted = self.driver.borrow_mut().handle_append(now, stream, shard.0, request);
+        let Submitted::Pending(id) = submitted else {
+            return Err(WireError::new(
+                ErrorCode::ShardUnavailable,
+                format!("{shard} of {stream}: its replica stopped on this broker"),
+            ));
+        };
+        let rx = shell.wait(id, producer);
+        self.run_actions();
         let (host, stream) = (self.clone(), stream.to_owned());
         Ok(async move {
             match rx.await {
                 Ok(Ok(base)) => Ok(base),
-                Ok(Err(e)) => Err(host.append_error(&stream, shard, &replica, e)),
+                Ok(Err(e)) => Err(host.append_error(&stream, shard, e)),
                 // The replica was dropped with the batch in its log.
                 Err(_) => Err(WireError::new(
                     ErrorCode::OutcomeUnknown,
@@ -209,13 +230,7 @@ impl Host {
         })
     }
 
-    fn append_error(
-        &self,
-        stream: &str,
-        shard: ShardId,
-        replica: &ShardReplica,
-        e: AppendError,
-    ) -> WireError {
+    fn append_error(&self, stream: &str, shard: ShardId, e: AppendError) -> WireError {
         let code = match e {
             AppendError::Busy => ErrorCode::Overloaded,
             AppendError::InvalidBatch(_) | AppendError::SequenceMismatch { .. } => {
@@ -231,7 +246,9 @@ impl Host {
         let leader = match e {
             AppendError::NotLeader { leader: Some(l) }
             | AppendError::OutcomeUnknown { leader: Some(l) } => {
-                replica.nodes.get(l.0 as usize).map(|n| format!(" (leader: {n})"))
+                let driver = self.driver.borrow();
+                let nodes = driver.shard(stream, shard.0).map(|s| s.nodes().to_vec());
+                nodes.and_then(|n| n.get(l.0 as usize).map(|n| format!(" (leader: {n})")))
             }
             _ => None,
         };
@@ -244,7 +261,8 @@ impl Host {
         if !self.is_replicated(stream) {
             return None;
         }
-        Some(self.replica(stream, shard).map_or(Offset(0), |r| r.visible_end()))
+        let driver = self.driver.borrow();
+        Some(driver.shard(stream, shard.0).map_or(Offset(0), |r| r.visible_end()))
     }
 
     /// A frame from a peer's replica, for a shard of this core.
@@ -254,9 +272,106 @@ impl Host {
             let bytes: usize = batches.iter().map(|b| b.payload.len()).sum();
             stats::add(&self.stats.counters.replication_bytes_received, bytes as u64);
         }
-        let Some(replica) = self.replica(&stream, shard) else { return };
         let now = self.now();
-        replica.with(self, |r| r.handle_message(now, from, message));
+        self.driver.borrow_mut().handle_message(now, &stream, shard.0, from, message);
+        self.run_actions();
+    }
+
+    /// A disk operation of `key` completed.
+    fn disk_done(self: &Rc<Self>, key: &ShardKey, id: felix_replication::DiskOpId) {
+        let now = self.now();
+        self.driver.borrow_mut().handle_disk_done(now, key, id);
+        self.run_actions();
+    }
+
+    /// The replica of `key` stops: a storage operation failed, or its disk queue is full.
+    fn fail(self: &Rc<Self>, key: &ShardKey, why: String) {
+        self.driver.borrow_mut().fail(key, why);
+        self.run_actions();
+    }
+
+    /// Carries out everything the driver asks for.
+    fn run_actions(self: &Rc<Self>) {
+        loop {
+            let action = self.driver.borrow_mut().poll();
+            let Some(action) = action else { return };
+            self.act(action);
+        }
+    }
+
+    fn act(self: &Rc<Self>, action: Action<felix_cluster::NodeId>) {
+        match action {
+            Action::Send { key, to, from, message } => {
+                self.send(&to, &key.stream, ShardId(key.shard), from, &message)
+            }
+            Action::SendReadingPayloads { key, to, from, message } => {
+                let Some(shell) = self.shell(&key.stream, key.shard) else { return };
+                let (host, log) = (self.clone(), shell.log().clone());
+                glommio::spawn_local(async move {
+                    let shard = ShardId(key.shard);
+                    if let Some(message) = shard::fill_from_storage(&log, shard, message).await {
+                        host.send(&to, &key.stream, shard, from, &message);
+                    }
+                })
+                .detach();
+            }
+            Action::SendFromLog { key, to, from, epoch, start, upto, committed, bytes_max } => {
+                let Some(shell) = self.shell(&key.stream, key.shard) else { return };
+                let (host, log) = (self.clone(), shell.log().clone());
+                let read = shard::ArchivedRead { epoch, from: start, upto, committed, bytes_max };
+                glommio::spawn_local(async move {
+                    let shard = ShardId(key.shard);
+                    if let Some(message) = shard::read_archived(&log, shard, read).await {
+                        host.send(&to, &key.stream, shard, from, &message);
+                    }
+                })
+                .detach();
+            }
+            Action::Disk { key, op } => {
+                if let felix_replication::DiskOp::Truncate { to, .. } = &op {
+                    tracing::info!(stream = %key.stream, shard = key.shard, to = to.0, "replica truncates its log");
+                }
+                let queued = self.shell(&key.stream, key.shard).is_some_and(|s| s.queue_disk(op));
+                if !queued {
+                    self.driver.borrow_mut().fail(&key, "the disk queue is full".to_owned());
+                }
+            }
+            Action::Ack { key, request, base, .. } => {
+                if let Some(shell) = self.shell(&key.stream, key.shard) {
+                    shell.answer(request, Ok(base));
+                }
+            }
+            Action::Reject { key, request, error } => {
+                if let Some(shell) = self.shell(&key.stream, key.shard) {
+                    shell.answer(request, Err(error));
+                }
+            }
+            Action::Propose { key, expected_version, epoch, isr } => {
+                self.propose(key, expected_version, epoch, isr)
+            }
+            Action::Tail { key, batches } => {
+                if let Some(shell) = self.shell(&key.stream, key.shard) {
+                    shell.feed_tail(&batches);
+                }
+            }
+            Action::Checkpoint { key, bytes } => {
+                if let Some(shell) = self.shell(&key.stream, key.shard) {
+                    shell.save_checkpoint(bytes);
+                }
+            }
+            Action::RoleChanged { key, role, log_end, committed } => {
+                tracing::info!(
+                    stream = %key.stream,
+                    shard = key.shard,
+                    ?role,
+                    log_end = log_end.0,
+                    committed = committed.0,
+                    "replica role changed"
+                );
+            }
+            Action::Open { key, me, nodes } => self.open(key, me, nodes),
+            Action::Stop { key, reason } => self.stop(key, reason),
+        }
     }
 
     /// Sends `message` from replica `me` of `shard` to the broker `node`.
@@ -268,6 +383,9 @@ impl Host {
         me: NodeId,
         message: &Message,
     ) {
+        if matches!(message, Message::EpochAnswer { .. } | Message::EpochQuery { .. }) {
+            tracing::debug!(%stream, shard = shard.0, %node, ?message, "replica sends");
+        }
         let link = self.peers.borrow().get(node).cloned();
         let link = link.unwrap_or_else(|| {
             let l = PeerLink::open(self, node.clone());
@@ -301,114 +419,50 @@ impl Host {
         self.link.view().members.get(node).map(|m| m.advertise.clone())
     }
 
-    /// Hands an in-sync-set proposal to the agent; its outcome comes back with the view. While
-    /// the shard's previous proposal is still on its way (the agent's queue full, etcd away)
-    /// this one is dropped and counted: the state machine resends it ([`OnePerShard`]).
-    pub fn propose(&self, replica: &ShardReplica, p: IsrProposal) {
-        let isr: Vec<felix_cluster::NodeId> =
-            p.isr.iter().filter_map(|n| replica.nodes.get(n.0 as usize).cloned()).collect();
-        let (agent, stream, shard) = (self.agent.clone(), replica.stream.clone(), replica.shard.0);
-        let version = i64::try_from(p.expected_version).unwrap_or(i64::MAX);
-        let sent = self.proposing.spawn(&replica.stream, shard, async move {
-            if let Err(e) = agent.propose_isr(&stream, shard, version, p.epoch.0, isr).await {
-                tracing::debug!(%stream, shard, error = %e, "in-sync set proposal refused");
-            }
-        });
-        if !sent {
-            stats::add(&self.stats.counters.replication_isr_proposals_dropped, 1);
-            tracing::debug!(stream = %replica.stream, shard, "in-sync set proposal dropped: the previous one is on its way");
-        }
-    }
-
-    /// Feeds the cluster view to the replicas and ticks them every [`TICK_MS`], until the core
-    /// stops.
-    pub async fn run(self: Rc<Self>, app: Weak<CoreApp>) {
-        loop {
-            glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
-            let Some(app) = app.upgrade() else { return };
-            let view = self.link.view();
-            self.adopt(&app, &view);
-            self.tick(&view);
-        }
-    }
-
-    /// Starts a replica for every group of a placed stream with a replica on this core, and
-    /// replaces one whose group's replicas changed ([`adoption`]).
-    fn adopt(self: &Rc<Self>, app: &Rc<CoreApp>, view: &ClusterView) {
-        for ((stream, shard), group) in &view.groups {
-            if *shard as usize % self.cores != usize::from(self.core.0) {
-                continue;
-            }
-            let key = (stream.clone(), *shard);
-            let running = self.replica(stream, ShardId(*shard));
-            let placed = view.placements.contains_key(stream);
-            let opened = running.as_ref().map(|r| (r.nodes.as_slice(), r.replica().log().end()));
-            let me = match adoption(placed, group, &self.me, opened) {
-                Adoption::Keep | Adoption::Skip => continue,
-                Adoption::Open(me) => me,
-                decision @ (Adoption::Reopen | Adoption::Refuse) => {
-                    if let Some(old) = running {
-                        self.retire(key, old, &group.replicas, decision == Adoption::Reopen);
-                    }
-                    continue;
-                }
-            };
-            if self.refused.borrow().contains(&key)
-                || self.retry_at.borrow().get(&key).is_some_and(|at| self.now() < *at)
-                || !self.opening.borrow_mut().insert(key.clone())
-            {
-                continue;
-            }
-            let replicas = group.replicas.len();
-            let mut config = ReplicaConfig::for_replicas(replicas);
-            config.producers = self.producers;
-            if self.min_insync > 0 {
-                config.min_insync = self.min_insync.min(replicas);
-            }
-            let (host, app, nodes) = (self.clone(), app.clone(), group.replicas.clone());
-            glommio::spawn_local(async move {
-                let opened = host.open_replica(&app, &key, nodes, me, config).await;
-                host.opening.borrow_mut().remove(&key);
-                if let Err(e) = opened {
-                    tracing::warn!(stream = %key.0, shard = key.1, "cannot start the replica: {e}");
-                    let at = host.now().plus_ms(REPLICA_RETRY_MS);
-                    host.retry_at.borrow_mut().insert(key, at);
-                }
-            })
-            .detach();
-        }
-    }
-
-    /// Stops `old`, whose group's replicas are now `replicas`; with `reopen` (its log is
-    /// empty) the next round opens the shard's replica again with them, once the old one's
-    /// disk task has ended. Otherwise it stays stopped until the broker restarts.
-    fn retire(
+    /// Hands an in-sync-set proposal to the agent (the driver hands over one per shard at a
+    /// time); its outcome comes back with the view.
+    fn propose(
         self: &Rc<Self>,
-        key: (String, u32),
-        old: Rc<ShardReplica>,
-        replicas: &[felix_cluster::NodeId],
-        reopen: bool,
+        key: ShardKey,
+        expected_version: u64,
+        epoch: felix_replication::Epoch,
+        isr: Vec<felix_cluster::NodeId>,
     ) {
-        old.stop();
-        if let Some(s) = self.shards.borrow_mut().get_mut(&key.0) {
-            s.remove(&key.1);
-        }
-        let (stream, shard, was) = (&key.0, key.1, &old.nodes);
-        if !reopen {
-            tracing::error!(%stream, shard, ?was, now = ?replicas,
-                "replica stopped: its group's replicas changed and its log holds batches of the \
-                 old group, whose epochs a new group may repeat with another leader; not \
-                 reopened until the broker restarts");
-            self.refused.borrow_mut().insert(key);
-            return;
-        }
-        tracing::warn!(%stream, shard, ?was, now = ?replicas,
-            "the group's replicas changed: the replica (its log empty) is opened again");
-        self.opening.borrow_mut().insert(key.clone());
+        let (host, agent) = (self.clone(), self.agent.clone());
+        let version = i64::try_from(expected_version).unwrap_or(i64::MAX);
+        glommio::spawn_local(async move {
+            let proposed = agent.propose_isr(&key.stream, key.shard, version, epoch.0, isr).await;
+            if let Err(e) = proposed {
+                tracing::debug!(stream = %key.stream, shard = key.shard, error = %e, "in-sync set proposal refused");
+            }
+            host.driver.borrow_mut().proposal_done(&key);
+        })
+        .detach();
+    }
+
+    /// Starts the replica of `key`: recovers its log from storage, then hands it to the driver.
+    fn open(self: &Rc<Self>, key: ShardKey, me: NodeId, nodes: Vec<felix_cluster::NodeId>) {
+        let Some(app) = self.app.borrow().upgrade() else { return };
         let host = self.clone();
         glommio::spawn_local(async move {
-            old.stopped().await;
-            host.opening.borrow_mut().remove(&key);
+            match host.open_replica(&app, &key).await {
+                Ok((shell, log)) => {
+                    host.shells
+                        .borrow_mut()
+                        .entry(key.stream.clone())
+                        .or_default()
+                        .insert(key.shard, shell);
+                    let now = host.now();
+                    tracing::info!(stream = %key.stream, shard = key.shard, replica = me.0, "replica started");
+                    host.driver.borrow_mut().opened(now, key, me, nodes, log);
+                }
+                Err(e) => {
+                    tracing::warn!(stream = %key.stream, shard = key.shard, "cannot start the replica: {e}");
+                    let now = host.now();
+                    host.driver.borrow_mut().open_failed(now, key);
+                }
+            }
+            host.run_actions();
         })
         .detach();
     }
@@ -416,30 +470,108 @@ impl Host {
     async fn open_replica(
         self: &Rc<Self>,
         app: &Rc<CoreApp>,
-        key: &(String, u32),
-        nodes: Vec<felix_cluster::NodeId>,
-        me: NodeId,
-        config: ReplicaConfig,
-    ) -> Result<(), String> {
-        let entry = app.stream(&key.0, false).await.map_err(|e| e.message)?;
+        key: &ShardKey,
+    ) -> Result<(Rc<ShardShell>, felix_replication::ReplicaLog), String> {
+        let entry = app.stream(&key.stream, false).await.map_err(|e| e.message)?;
         let log = entry.log.clone().ok_or("no log on this core")?;
-        let shard = ShardId(key.1);
-        let (replica, disk_rx) =
-            ShardReplica::open(entry, log, shard, nodes, me, config, self.resident_bytes).await?;
-        replica.spawn_disk(self.clone(), disk_rx);
-        self.shards.borrow_mut().entry(key.0.clone()).or_default().insert(key.1, replica);
-        tracing::info!(stream = %key.0, shard = key.1, replica = me.0, "replica started");
-        Ok(())
+        let shard = ShardId(key.shard);
+        let recovered = shard::recover(&log, shard, self.resident_bytes, self.producers).await?;
+        let shell = ShardShell::open(self, key.clone(), entry, log);
+        Ok((shell, recovered))
+    }
+
+    /// The replica of `key` stopped: its waiting appends were answered; its disk task ends
+    /// once the operations already queued are done.
+    fn stop(self: &Rc<Self>, key: ShardKey, reason: StopReason) {
+        let shell = {
+            let mut shells = self.shells.borrow_mut();
+            shells.get_mut(&key.stream).and_then(|s| s.remove(&key.shard))
+        };
+        let (stream, shard) = (&key.stream, key.shard);
+        match &reason {
+            StopReason::Failed(why) => {
+                tracing::error!(%stream, shard, "replica stopped: {why}");
+            }
+            StopReason::Refused => {
+                tracing::error!(%stream, shard,
+                    "replica stopped: its group's replicas changed and its log holds batches of \
+                     the old group, whose epochs a new group may repeat with another leader; not \
+                     reopened until the broker restarts");
+            }
+            StopReason::Reopen => {
+                tracing::warn!(%stream, shard,
+                    "the group's replicas changed: the replica (its log empty) is opened again");
+            }
+        }
+        let Some(shell) = shell else {
+            if reason == StopReason::Reopen {
+                self.driver.borrow_mut().stopped(&key);
+            }
+            return;
+        };
+        shell.stop();
+        if reason == StopReason::Reopen {
+            let host = self.clone();
+            glommio::spawn_local(async move {
+                shell.stopped().await;
+                host.driver.borrow_mut().stopped(&key);
+            })
+            .detach();
+        }
+    }
+
+    /// Feeds the cluster view to the driver every [`TICK_MS`], until the core stops.
+    pub async fn run(self: Rc<Self>, app: Weak<CoreApp>) {
+        *self.app.borrow_mut() = app.clone();
+        loop {
+            glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
+            if app.strong_count() == 0 {
+                return;
+            }
+            let view = self.link.view();
+            self.tick(&view);
+        }
+    }
+
+    /// One round: the driver gets the lease, every group record of this core, and a tick.
+    fn tick(self: &Rc<Self>, view: &ClusterView) {
+        let now = self.now();
+        let lease = view.member_leases.get(&self.me).copied();
+        let valid_until = view.lease_valid_until.map(|at| {
+            let t = self.time_of(at);
+            Time(t.0.saturating_sub(LEASE_DRIFT_MARGIN_MS))
+        });
+        if now.0 / 1000 != self.last_report.replace(now.0 / 1000) {
+            self.report(now, valid_until);
+        }
+        let lease = lease.zip(valid_until).map(|(l, until)| (LeaseId(l as u64), until));
+        let mine: Vec<(ShardKey, &felix_cluster::ShardGroup)> = view
+            .groups
+            .iter()
+            .filter(|((_, shard), _)| *shard as usize % self.cores == usize::from(self.core.0))
+            .map(|((stream, shard), group)| (ShardKey::new(stream, *shard), group))
+            .collect();
+        let groups = mine.iter().map(|(key, group)| GroupView {
+            key,
+            placed: view.placements.contains_key(&*key.stream),
+            replicas: &group.replicas,
+            state: group.state().ok(),
+        });
+        self.driver.borrow_mut().handle_view(now, lease, groups);
+        self.run_actions();
     }
 
     /// Publishes the replicas' state for the metrics page (once a second), with a debug line
     /// per replica.
-    fn report(&self, shards: &[Rc<ShardReplica>], now: Time, valid_until: Option<Time>) {
-        let mut statuses = Vec::with_capacity(shards.len());
+    fn report(&self, now: Time, valid_until: Option<Time>) {
+        let driver = self.driver.borrow();
+        let mut statuses = Vec::new();
         let mut totals = felix_replication::ReplicaStats::default();
         let (mut leading, mut lag_records, mut lag_bytes, mut resident) = (0, 0, 0, 0);
         let (mut producers_known, mut producers_expired, mut index_bytes) = (0, 0, 0);
-        for r in shards {
+        let mut running = 0u64;
+        for r in driver.shards() {
+            running += 1;
             let replica = r.replica();
             let log = replica.log();
             let s = replica.stats();
@@ -463,8 +595,10 @@ impl Host {
                 .followers()
                 .into_iter()
                 .map(|f| {
-                    let node =
-                        r.nodes.get(f.node.0 as usize).map_or_else(String::new, |n| n.to_string());
+                    let node = r
+                        .nodes()
+                        .get(f.node.0 as usize)
+                        .map_or_else(String::new, |n| n.to_string());
                     let records = log.end().0.saturating_sub(f.durable_end.0);
                     (node, records, log.bytes_after(f.durable_end), f.in_sync)
                 })
@@ -473,9 +607,10 @@ impl Host {
                 lag_records = lag_records.max(f.1);
                 lag_bytes = lag_bytes.max(f.2);
             }
+            let key = r.key();
             tracing::debug!(
-                stream = %r.stream,
-                shard = r.shard.0,
+                stream = %key.stream,
+                shard = key.shard,
                 role = ?replica.role(),
                 log_end = log.end().0,
                 durable_end = replica.durable_end().0,
@@ -485,8 +620,8 @@ impl Host {
                 "replica"
             );
             statuses.push(ReplicaStatus {
-                stream: r.stream.clone(),
-                shard: r.shard.0,
+                stream: key.stream.to_string(),
+                shard: key.shard,
                 leader,
                 epoch,
                 log_end: log.end().0,
@@ -498,6 +633,7 @@ impl Host {
         stats::set(&c.replication_truncated_batches, totals.batches_truncated);
         stats::set(&c.replication_leaderships, totals.leaderships);
         stats::set(&c.replication_isr_proposals, totals.isr_proposals);
+        stats::set(&c.replication_isr_proposals_dropped, driver.stats().proposals_dropped);
         stats::set(&c.replication_lease_refusals, totals.lease_refusals);
         stats::set(&c.replication_batches_archived, totals.batches_archived);
         stats::set(&c.replication_fetches_from_log, totals.fetches_from_log);
@@ -506,121 +642,13 @@ impl Host {
         stats::set(&c.replication_producers_expired, producers_expired);
         stats::set(&c.replication_index_bytes, index_bytes);
         stats::set(&c.replicas_leading, leading);
-        stats::set(&c.replicas_following, shards.len() as u64 - leading);
+        stats::set(&c.replicas_following, running - leading);
         stats::set(&c.replication_lag_records, lag_records);
         stats::set(&c.replication_lag_bytes, lag_bytes);
         stats::set(&c.replication_peers_unreachable, self.peers_unreachable());
+        drop(driver);
         if let Ok(mut slot) = self.stats.replicas.lock() {
             *slot = statuses;
         }
-    }
-
-    /// One round: each replica gets its newest group record, the lease, and a tick.
-    fn tick(self: &Rc<Self>, view: &ClusterView) {
-        let now = self.now();
-        let lease = view.member_leases.get(&self.me).copied();
-        let valid_until = view.lease_valid_until.map(|at| {
-            let t = self.time_of(at);
-            Time(t.0.saturating_sub(LEASE_DRIFT_MARGIN_MS))
-        });
-        let shards: Vec<Rc<ShardReplica>> =
-            self.shards.borrow().values().flat_map(|s| s.values().cloned()).collect();
-        if now.0 / 1000 != self.last_report.replace(now.0 / 1000) {
-            self.report(&shards, now, valid_until);
-        }
-        let lease_gone = valid_until.is_none_or(|until| now >= until);
-        for r in shards {
-            if lease_gone {
-                r.refuse_waiting();
-            }
-            let state = view.group(&r.stream, r.shard.0).and_then(|g| g.state().ok());
-            r.with(self, |replica| {
-                if let (Some(lease), Some(until)) = (lease, valid_until) {
-                    replica.handle_lease(now, LeaseId(lease as u64), until);
-                }
-                if let Some(state) = state {
-                    replica.handle_controller(now, state);
-                }
-                replica.handle_tick(now);
-            });
-        }
-    }
-}
-
-/// What [`Host::adopt`] does with one group record of the view.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Adoption {
-    /// Nothing: this broker is not a replica, or the stream is not placed yet (its groups
-    /// may be a deposed controller's partial set, which the next controller overwrites with
-    /// other replicas: docs/replication.md, "The controller on etcd").
-    Skip,
-    /// The running replica has this group's replicas: it goes on.
-    Keep,
-    /// Start the replica, with this replica number.
-    Open(NodeId),
-    /// The running replica was opened with other replicas (its numbers name other brokers)
-    /// and its log is empty: stop it and open it again with these.
-    Reopen,
-    /// As `Reopen`, but its log holds batches: stop it and do not reopen it. Those batches'
-    /// epochs come from another record of the group; a new record starts again at epoch 1,
-    /// maybe with another leader, and log matching (one leader per epoch) would not hold.
-    Refuse,
-}
-
-/// The decision for `group` on broker `me`: `placed` says whether the stream is placed;
-/// `running`, the replicas the replica this core runs for the shard was opened with and where
-/// its log ends, if it runs one.
-fn adoption(
-    placed: bool,
-    group: &felix_cluster::ShardGroup,
-    me: &felix_cluster::NodeId,
-    running: Option<(&[felix_cluster::NodeId], Offset)>,
-) -> Adoption {
-    match (running, placed, group.number(me)) {
-        (None, true, Some(n)) => Adoption::Open(n),
-        (None, _, _) => Adoption::Skip,
-        (Some((nodes, _)), _, _) if nodes == group.replicas.as_slice() => Adoption::Keep,
-        (Some((_, Offset(0))), _, _) => Adoption::Reopen,
-        (Some(_), _, _) => Adoption::Refuse,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use felix_cluster::{NodeId as Node, ShardGroup};
-
-    fn nodes(names: &[&str]) -> Vec<Node> {
-        names.iter().map(|n| Node::new(n).unwrap()).collect()
-    }
-
-    /// A deposed controller's record [b1, b2, b3], then the next controller's [b2, b3, b4]
-    /// with the placement (docs/replication.md, "The controller on etcd").
-    #[test]
-    fn replicas_start_only_for_placed_streams_and_follow_a_changed_group() {
-        let b2 = Node::new("b2").unwrap();
-        let deposed = ShardGroup::initial(nodes(&["b1", "b2", "b3"]), Some(7));
-        let placed = ShardGroup::initial(nodes(&["b2", "b3", "b4"]), Some(8));
-        assert_eq!(adoption(false, &deposed, &b2, None), Adoption::Skip, "unplaced: not started");
-        assert_eq!(adoption(false, &placed, &b2, None), Adoption::Skip);
-        assert_eq!(
-            adoption(true, &placed, &b2, None),
-            Adoption::Open(felix_replication::NodeId(0))
-        );
-        let b5 = Node::new("b5").unwrap();
-        assert_eq!(adoption(true, &placed, &b5, None), Adoption::Skip, "not a replica");
-
-        let opened = nodes(&["b2", "b3", "b4"]);
-        let same = Some((opened.as_slice(), Offset(40)));
-        assert_eq!(adoption(true, &placed, &b2, same), Adoption::Keep);
-        // A replica opened from the deposed controller's record (as before this check).
-        let old = nodes(&["b1", "b2", "b3"]);
-        let empty = Some((old.as_slice(), Offset(0)));
-        assert_eq!(adoption(true, &placed, &b2, empty), Adoption::Reopen);
-        let written = Some((old.as_slice(), Offset(3)));
-        assert_eq!(adoption(true, &placed, &b2, written), Adoption::Refuse);
-        // Not a replica of the new group: stopped all the same (and not opened again).
-        assert_eq!(adoption(true, &placed, &b5, empty), Adoption::Reopen);
-        assert_eq!(adoption(true, &placed, &b5, None), Adoption::Skip);
     }
 }

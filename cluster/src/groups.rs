@@ -38,7 +38,7 @@ use crate::keys;
 use crate::NodeId;
 
 /// The group-local replica number `felix_replication` uses (see the module docs).
-pub type ReplicaNumber = felix_replication::NodeId;
+pub use felix_replication::ReplicaNumber;
 
 /// One shard's replica group as the controller records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -81,7 +81,7 @@ impl ShardGroup {
     /// The replica number of `node` in this group.
     pub fn number(&self, node: &NodeId) -> Option<ReplicaNumber> {
         let i = self.replicas.iter().position(|r| r == node)?;
-        Some(felix_replication::NodeId(i as u32))
+        Some(felix_replication::ReplicaNumber(i as u32))
     }
 
     /// The node of replica number `n`.
@@ -109,7 +109,9 @@ impl ShardGroup {
             leader: self.leader.as_ref().map(number).transpose()?,
             leader_lease: self.leader_lease.map(|l| LeaseId(l as u64)),
             isr: self.isr.iter().map(number).collect::<Result<_, _>>()?,
-            replicas: (0..self.replicas.len() as u32).map(felix_replication::NodeId).collect(),
+            replicas: (0..self.replicas.len() as u32)
+                .map(felix_replication::ReplicaNumber)
+                .collect(),
         })
     }
 
@@ -328,8 +330,8 @@ mod tests {
         let g = group();
         assert_eq!((g.epoch, g.leader.clone(), g.leader_lease), (1, Some(n("b1")), Some(11)));
         assert_eq!(g.isr, g.replicas);
-        assert_eq!(g.number(&n("b3")), Some(felix_replication::NodeId(2)));
-        assert_eq!(g.node(felix_replication::NodeId(1)), Some(&n("b2")));
+        assert_eq!(g.number(&n("b3")), Some(felix_replication::ReplicaNumber(2)));
+        assert_eq!(g.node(felix_replication::ReplicaNumber(1)), Some(&n("b2")));
         let blank = ShardGroup::initial(vec![n("b1"), n("b2")], None);
         assert_eq!((blank.epoch, blank.leader), (0, None));
         let mut leases = BTreeMap::new();

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 
 use crate::error::CasError;
-use crate::types::{Epoch, LeaseId, NodeId};
+use crate::types::{Epoch, LeaseId, ReplicaNumber};
 
 /// A shard's replica group as the controller (etcd) records it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -17,15 +17,15 @@ pub struct GroupState {
     /// The leader epoch.
     pub epoch: Epoch,
     /// The leader of `epoch`, if one was elected.
-    pub leader: Option<NodeId>,
+    pub leader: Option<ReplicaNumber>,
     /// The controller lease the leader held when elected. Leadership belongs to that lease: a
     /// restarted broker (a new lease) never resumes an epoch it led before, because it may have
     /// lost batches of that epoch that followers still hold.
     pub leader_lease: Option<LeaseId>,
     /// The in-sync replicas: every one durably holds every committed batch.
-    pub isr: BTreeSet<NodeId>,
+    pub isr: BTreeSet<ReplicaNumber>,
     /// Every replica of the shard (placement), the leader and the ISR among them.
-    pub replicas: Vec<NodeId>,
+    pub replicas: Vec<ReplicaNumber>,
 }
 
 /// A leader's request to change its in-sync set (shrink a laggard, add a caught-up follower).
@@ -34,16 +34,16 @@ pub struct IsrProposal {
     /// The group version the proposal was computed from.
     pub expected_version: u64,
     /// The proposer, which must lead `epoch`.
-    pub leader: NodeId,
+    pub leader: ReplicaNumber,
     /// The proposer's epoch.
     pub epoch: Epoch,
     /// The new in-sync set; it must contain the leader.
-    pub isr: BTreeSet<NodeId>,
+    pub isr: BTreeSet<ReplicaNumber>,
 }
 
 impl GroupState {
     /// A new group: no leader yet, every replica in sync (all logs are empty).
-    pub fn new(replicas: Vec<NodeId>) -> GroupState {
+    pub fn new(replicas: Vec<ReplicaNumber>) -> GroupState {
         GroupState {
             version: 1,
             epoch: Epoch::NONE,
@@ -82,9 +82,9 @@ impl GroupState {
     /// batch, so the new leader does too (docs/replication.md, "Safety").
     pub fn elect(
         &mut self,
-        candidate: NodeId,
+        candidate: ReplicaNumber,
         lease: LeaseId,
-        live: &BTreeSet<NodeId>,
+        live: &BTreeSet<ReplicaNumber>,
     ) -> Result<(), CasError> {
         if !self.isr.contains(&candidate) || !live.contains(&candidate) {
             return Err(CasError::NoCandidate);
@@ -98,7 +98,7 @@ impl GroupState {
     }
 
     /// The in-sync replicas that could be elected now, given the `live` ones.
-    pub fn candidates(&self, live: &BTreeSet<NodeId>) -> Vec<NodeId> {
+    pub fn candidates(&self, live: &BTreeSet<ReplicaNumber>) -> Vec<ReplicaNumber> {
         self.isr.intersection(live).copied().collect()
     }
 }
@@ -107,41 +107,52 @@ impl GroupState {
 mod tests {
     use super::*;
 
-    fn set(ids: &[u32]) -> BTreeSet<NodeId> {
-        ids.iter().map(|&i| NodeId(i)).collect()
+    fn set(ids: &[u32]) -> BTreeSet<ReplicaNumber> {
+        ids.iter().map(|&i| ReplicaNumber(i)).collect()
     }
 
     #[test]
     fn cas_needs_current_version_and_leadership() {
-        let mut group = GroupState::new(vec![NodeId(1), NodeId(2), NodeId(3)]);
-        group.elect(NodeId(1), LeaseId(1), &set(&[1, 2, 3])).unwrap();
+        let mut group = GroupState::new(vec![ReplicaNumber(1), ReplicaNumber(2), ReplicaNumber(3)]);
+        group.elect(ReplicaNumber(1), LeaseId(1), &set(&[1, 2, 3])).unwrap();
         assert_eq!((group.epoch, group.version), (Epoch(1), 2));
         let shrink = IsrProposal {
             expected_version: 2,
-            leader: NodeId(1),
+            leader: ReplicaNumber(1),
             epoch: Epoch(1),
             isr: set(&[1, 2]),
         };
         group.apply_isr(&shrink).unwrap();
         assert!(matches!(group.apply_isr(&shrink), Err(CasError::StaleVersion { .. })));
-        let by_follower =
-            IsrProposal { expected_version: 3, leader: NodeId(2), epoch: Epoch(1), isr: set(&[2]) };
+        let by_follower = IsrProposal {
+            expected_version: 3,
+            leader: ReplicaNumber(2),
+            epoch: Epoch(1),
+            isr: set(&[2]),
+        };
         assert!(matches!(group.apply_isr(&by_follower), Err(CasError::NotLeader { .. })));
-        let without_leader =
-            IsrProposal { expected_version: 3, leader: NodeId(1), epoch: Epoch(1), isr: set(&[2]) };
+        let without_leader = IsrProposal {
+            expected_version: 3,
+            leader: ReplicaNumber(1),
+            epoch: Epoch(1),
+            isr: set(&[2]),
+        };
         assert_eq!(group.apply_isr(&without_leader), Err(CasError::InvalidIsr));
     }
 
     #[test]
     fn election_only_from_live_isr() {
-        let mut group = GroupState::new(vec![NodeId(1), NodeId(2), NodeId(3)]);
-        group.elect(NodeId(1), LeaseId(1), &set(&[1, 2, 3])).unwrap();
+        let mut group = GroupState::new(vec![ReplicaNumber(1), ReplicaNumber(2), ReplicaNumber(3)]);
+        group.elect(ReplicaNumber(1), LeaseId(1), &set(&[1, 2, 3])).unwrap();
         group.isr = set(&[1, 2]);
-        assert_eq!(group.elect(NodeId(3), LeaseId(3), &set(&[2, 3])), Err(CasError::NoCandidate));
-        group.elect(NodeId(2), LeaseId(2), &set(&[2, 3])).unwrap();
+        assert_eq!(
+            group.elect(ReplicaNumber(3), LeaseId(3), &set(&[2, 3])),
+            Err(CasError::NoCandidate)
+        );
+        group.elect(ReplicaNumber(2), LeaseId(2), &set(&[2, 3])).unwrap();
         assert_eq!(
             (group.leader, group.epoch, group.isr.clone()),
-            (Some(NodeId(2)), Epoch(2), set(&[2]))
+            (Some(ReplicaNumber(2)), Epoch(2), set(&[2]))
         );
     }
 }

@@ -38,7 +38,7 @@ use crate::error::AppendError;
 use crate::log::ReplicaLog;
 use crate::message::{Message, Output};
 use crate::replica::{AppendRequest, Replica, RoleView};
-use crate::types::{Batch, Epoch, LeaseId, NodeId, Offset, RequestId, Time};
+use crate::types::{AppendId, Batch, Epoch, LeaseId, Offset, ReplicaNumber, Time};
 
 /// Appends one shard's driver holds unanswered at most (the state machine's own bound on the
 /// acks it waits for, plus room for the appends it answers at once).
@@ -116,7 +116,7 @@ pub enum Action<N> {
         /// The shard.
         key: ShardKey,
         /// Its replica number in the group.
-        me: NodeId,
+        me: ReplicaNumber,
         /// The broker of each replica number.
         nodes: Vec<N>,
     },
@@ -137,7 +137,7 @@ pub enum Action<N> {
         /// The destination broker.
         to: N,
         /// This broker's replica number.
-        from: NodeId,
+        from: ReplicaNumber,
         /// The message.
         message: Message,
     },
@@ -150,7 +150,7 @@ pub enum Action<N> {
         /// The destination broker.
         to: N,
         /// This broker's replica number.
-        from: NodeId,
+        from: ReplicaNumber,
         /// The fetch reply.
         message: Message,
     },
@@ -162,7 +162,7 @@ pub enum Action<N> {
         /// The destination broker.
         to: N,
         /// This broker's replica number.
-        from: NodeId,
+        from: ReplicaNumber,
         /// The leader epoch.
         epoch: Epoch,
         /// The first batch's base offset.
@@ -187,7 +187,7 @@ pub enum Action<N> {
         /// The shard.
         key: ShardKey,
         /// The append ([`Driver::handle_append`]'s id).
-        request: RequestId,
+        request: AppendId,
         /// The acknowledging leader's epoch.
         epoch: Epoch,
         /// Offset of its first record.
@@ -200,7 +200,7 @@ pub enum Action<N> {
         /// The shard.
         key: ShardKey,
         /// The append.
-        request: RequestId,
+        request: AppendId,
         /// Why.
         error: AppendError,
     },
@@ -249,10 +249,10 @@ pub enum Action<N> {
 pub struct ShardDriver<N> {
     key: ShardKey,
     nodes: Vec<N>,
-    me: NodeId,
+    me: ReplicaNumber,
     replica: Replica,
     /// Appends handed in and not answered yet.
-    pending: HashSet<RequestId>,
+    pending: HashSet<AppendId>,
     next_request: u64,
     /// The subscribers' tail has every committed batch below this.
     fed: Offset,
@@ -280,7 +280,7 @@ impl<N: Clone + PartialEq + Debug> ShardDriver<N> {
     }
 
     /// This broker's replica number.
-    pub fn me(&self) -> NodeId {
+    pub fn me(&self) -> ReplicaNumber {
         self.me
     }
 
@@ -334,7 +334,7 @@ impl<N: Clone + PartialEq + Debug> ShardDriver<N> {
         debug_assert!((self.me.0 as usize) < self.nodes.len());
     }
 
-    fn node(&self, n: NodeId) -> Option<N> {
+    fn node(&self, n: ReplicaNumber) -> Option<N> {
         self.nodes.get(n.0 as usize).cloned()
     }
 
@@ -476,7 +476,7 @@ impl<N: Clone + PartialEq + Debug> ShardDriver<N> {
     /// Answers every pending append with `OutcomeUnknown`: each may be in this log, and a new
     /// leader may keep it.
     fn refuse_pending(&mut self, out: &mut VecDeque<Action<N>>) {
-        let mut pending: Vec<RequestId> = self.pending.drain().collect();
+        let mut pending: Vec<AppendId> = self.pending.drain().collect();
         pending.sort();
         for request in pending {
             out.push_back(Action::Reject {
@@ -502,7 +502,7 @@ impl<N: Clone + PartialEq + Debug> ShardDriver<N> {
 pub enum Submitted {
     /// Handed to the replica: its answer comes as an [`Action::Ack`] or [`Action::Reject`]
     /// naming this id.
-    Pending(RequestId),
+    Pending(AppendId),
     /// No replica of that shard runs here (not adopted yet, stopped, or failed).
     NoReplica,
 }
@@ -517,7 +517,7 @@ pub enum Adoption {
     /// The running replica has this group's replicas: it goes on.
     Keep,
     /// Start the replica, with this replica number.
-    Open(NodeId),
+    Open(ReplicaNumber),
     /// The running replica was opened with other replicas (its numbers name other brokers)
     /// and its log is empty: stop it and open it again with these.
     Reopen,
@@ -536,7 +536,7 @@ pub fn adoption<N: PartialEq>(
     me: &N,
     running: Option<(&[N], Offset)>,
 ) -> Adoption {
-    let number = replicas.iter().position(|n| n == me).map(|i| NodeId(i as u32));
+    let number = replicas.iter().position(|n| n == me).map(|i| ReplicaNumber(i as u32));
     match (running, placed, number) {
         (None, true, Some(n)) => Adoption::Open(n),
         (None, _, _) => Adoption::Skip,
@@ -694,7 +694,14 @@ impl<N: Clone + PartialEq + Debug> Driver<N> {
     }
 
     /// The replica of `key` (announced by [`Action::Open`]) recovered `log`: it starts.
-    pub fn opened(&mut self, now: Time, key: ShardKey, me: NodeId, nodes: Vec<N>, log: ReplicaLog) {
+    pub fn opened(
+        &mut self,
+        now: Time,
+        key: ShardKey,
+        me: ReplicaNumber,
+        nodes: Vec<N>,
+        log: ReplicaLog,
+    ) {
         self.opening.remove(&key);
         let replicas = nodes.len();
         let mut config = ReplicaConfig { ..self.config.clone() };
@@ -797,7 +804,7 @@ impl<N: Clone + PartialEq + Debug> Driver<N> {
         now: Time,
         stream: &str,
         shard: u32,
-        from: NodeId,
+        from: ReplicaNumber,
         message: Message,
     ) {
         self.with(stream, shard, |s| s.replica.handle_message(now, from, message));
@@ -818,7 +825,7 @@ impl<N: Clone + PartialEq + Debug> Driver<N> {
         if s.failed {
             return Submitted::NoReplica;
         }
-        let request = RequestId(s.next_request);
+        let request = AppendId(s.next_request);
         s.next_request += 1;
         append.request = request;
         s.pending.insert(request);
@@ -894,7 +901,7 @@ mod tests {
         let placed = [b2, b3, b4];
         assert_eq!(adoption(false, &deposed, &b2, None), Adoption::Skip, "unplaced: not started");
         assert_eq!(adoption(false, &placed, &b2, None), Adoption::Skip);
-        assert_eq!(adoption(true, &placed, &b2, None), Adoption::Open(NodeId(0)));
+        assert_eq!(adoption(true, &placed, &b2, None), Adoption::Open(ReplicaNumber(0)));
         assert_eq!(adoption(true, &placed, &b5, None), Adoption::Skip, "not a replica");
         assert_eq!(adoption(true, &placed, &b2, Some((&placed[..], Offset(40)))), Adoption::Keep);
         assert_eq!(adoption(true, &placed, &b2, Some((&deposed[..], Offset(0)))), Adoption::Reopen);

@@ -1,6 +1,6 @@
 //! Typed errors: why an append was refused, and why a log or a proposal was rejected.
 
-use crate::types::{Epoch, NodeId, Offset};
+use crate::types::{Epoch, Offset, ReplicaNumber};
 
 /// Why a client append was refused. Every variant is retryable by an idempotent producer
 /// unless noted: a retry never stores a batch twice.
@@ -10,7 +10,7 @@ pub enum AppendError {
     #[error("not the leader (leader: {leader:?})")]
     NotLeader {
         /// The leader this replica knows of, if any.
-        leader: Option<NodeId>,
+        leader: Option<ReplicaNumber>,
     },
     /// This replica's controller lease is not confirmed: it may have been replaced. Nothing
     /// was appended.
@@ -23,7 +23,7 @@ pub enum AppendError {
     #[error("appended, but the leader stepped down before it committed: outcome unknown")]
     OutcomeUnknown {
         /// The leader this replica knows of now, if any.
-        leader: Option<NodeId>,
+        leader: Option<ReplicaNumber>,
     },
     /// Fewer in-sync replicas than `min_insync`: a durable append cannot be committed safely.
     #[error("in-sync replicas {insync} below min_insync {min_insync}")]
@@ -119,7 +119,7 @@ pub enum CasError {
     #[error("proposer {proposer} is not the leader of epoch {epoch}")]
     NotLeader {
         /// Who proposed.
-        proposer: NodeId,
+        proposer: ReplicaNumber,
         /// The current epoch.
         epoch: Epoch,
     },

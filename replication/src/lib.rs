@@ -20,7 +20,7 @@
 //! use bytes::Bytes;
 //! use felix_replication::*;
 //!
-//! let me = NodeId(0);
+//! let me = ReplicaNumber(0);
 //! let mut replica = Replica::new(me, ReplicaConfig::for_replicas(1), ReplicaLog::default());
 //! let now = Time(0);
 //! // From etcd: this process's lease, then the group record naming it leader under that lease.
@@ -30,7 +30,7 @@
 //! replica.handle_controller(now, group);
 //! // A client's durable append.
 //! let append = AppendRequest {
-//!     request: RequestId(1),
+//!     request: AppendId(1),
 //!     producer: None,
 //!     records: 3,
 //!     oldest_pending: false,
@@ -86,5 +86,6 @@ pub use message::{Message, Output};
 pub use producers::{ProducerLimits, PRODUCERS_PER_SHARD_MAX, PRODUCER_EXPIRY_MS};
 pub use replica::{AppendRequest, FollowerView, Replica, ReplicaStats, RoleView};
 pub use types::{
-    AckMode, Batch, Epoch, LeaseId, NodeId, Offset, ProducerId, ProducerSeq, RequestId, Seq, Time,
+    AckMode, AppendId, Batch, Epoch, LeaseId, Offset, ProducerId, ProducerSeq, ReplicaNumber, Seq,
+    Time,
 };

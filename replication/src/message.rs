@@ -8,7 +8,7 @@
 use crate::controller::IsrProposal;
 use crate::disk::DiskOp;
 use crate::error::{AppendError, LogError};
-use crate::types::{Batch, Epoch, NodeId, Offset, RequestId};
+use crate::types::{AppendId, Batch, Epoch, Offset, ReplicaNumber};
 
 /// A message between two replicas of one shard (the driver adds the shard and the transport).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -61,7 +61,7 @@ pub enum Output {
     /// Send `message` to replica `to`.
     Send {
         /// The destination.
-        to: NodeId,
+        to: ReplicaNumber,
         /// The message.
         message: Message,
     },
@@ -73,7 +73,7 @@ pub enum Output {
     /// follower asks again).
     FetchFromLog {
         /// The destination.
-        to: NodeId,
+        to: ReplicaNumber,
         /// The leader epoch.
         epoch: Epoch,
         /// The first batch's base offset.
@@ -90,7 +90,7 @@ pub enum Output {
     /// The append `request` is acknowledged at offsets `base..base + records`.
     Ack {
         /// The client's request.
-        request: RequestId,
+        request: AppendId,
         /// The epoch of the leader that acknowledged it.
         epoch: Epoch,
         /// Offset of its first record.
@@ -101,7 +101,7 @@ pub enum Output {
     /// The append `request` is refused (nothing was stored, or a retry may be answered later).
     Reject {
         /// The client's request.
-        request: RequestId,
+        request: AppendId,
         /// Why.
         error: AppendError,
     },

@@ -3,12 +3,13 @@
 use std::fmt;
 
 use bytes::Bytes;
-pub use felix_proto::Offset;
+/// The client's ack modes and producer ids are the protocol's: one name per concept.
+pub use felix_proto::{AckMode, Offset, ProducerId};
 
-/// A broker taking part in a shard's replica group (the cluster's node id, mapped to a number
-/// by the driver).
+/// A replica's number in its shard's group: its position in the group record's `replicas` (the
+/// driver maps it to the broker, the cluster's `ReplicaNumber`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct NodeId(pub u32);
+pub struct ReplicaNumber(pub u32);
 
 /// A leader epoch. Every leadership change (a controller compare-and-swap) increments it; one
 /// node at most leads a given epoch. `Epoch::NONE` (0) precedes the first election.
@@ -25,18 +26,15 @@ impl Epoch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct LeaseId(pub u64);
 
-/// An idempotent producer (assigned by the broker or chosen by the client).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct ProducerId(pub u64);
-
 /// A producer's per-shard batch sequence number: its first batch to a shard is 0, each next
 /// batch is one more; a retry reuses the number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Seq(pub u32);
 
-/// The driver's correlation id of a client append; answers carry it back.
+/// The driver's correlation id of a client append; answers carry it back (not the client's
+/// `felix_proto::AppendId`: the driver numbers the appends it hands each replica).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct RequestId(pub u64);
+pub struct AppendId(pub u64);
 
 /// A point in time, in milliseconds from an origin the driver chooses (the state machine never
 /// reads a clock; every handler takes `now`).
@@ -53,19 +51,6 @@ impl Time {
     pub fn since_ms(self, earlier: Time) -> u64 {
         self.0.saturating_sub(earlier.0)
     }
-}
-
-/// What an append's acknowledgement promises.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AckMode {
-    /// fdatasync'd on every member of the in-sync set (at least `min_insync` replicas, the
-    /// leader included): the batch is committed and survives the loss of any replica but one
-    /// of them.
-    Durable,
-    /// Written by the leader (not synced, not replicated): lost if the leader fails over first.
-    Written,
-    /// Acknowledged once the leader assigned offsets; nothing is promised.
-    None,
 }
 
 /// The idempotence tag of a batch: who sent it, and its per-shard sequence number.
@@ -123,7 +108,7 @@ impl Batch {
     }
 }
 
-impl fmt::Display for NodeId {
+impl fmt::Display for ReplicaNumber {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "n{}", self.0)
     }

@@ -8,10 +8,10 @@
 use felix_proto::{ProducerTag, ReplicaBatch, ReplicaBody, Replicate, ShardId};
 
 use crate::message::Message;
-use crate::types::{Batch, Epoch, NodeId, ProducerId, ProducerSeq, Seq};
+use crate::types::{Batch, Epoch, ProducerId, ProducerSeq, ReplicaNumber, Seq};
 
 /// The frame carrying `message` about shard `shard` of `stream`, sent by replica `from`.
-pub fn to_frame(stream: &str, shard: ShardId, from: NodeId, message: &Message) -> Replicate {
+pub fn to_frame(stream: &str, shard: ShardId, from: ReplicaNumber, message: &Message) -> Replicate {
     let (epoch, body) = match message {
         Message::EpochQuery { epoch, last_epoch } => {
             (*epoch, ReplicaBody::EpochQuery { last_epoch: last_epoch.0 })
@@ -40,7 +40,7 @@ pub fn to_frame(stream: &str, shard: ShardId, from: NodeId, message: &Message) -
 }
 
 /// A received frame as (stream, shard, sender, message).
-pub fn from_frame(frame: Replicate) -> (String, ShardId, NodeId, Message) {
+pub fn from_frame(frame: Replicate) -> (String, ShardId, ReplicaNumber, Message) {
     let epoch = Epoch(frame.epoch);
     let message = match frame.body {
         ReplicaBody::EpochQuery { last_epoch } => {
@@ -60,7 +60,7 @@ pub fn from_frame(frame: Replicate) -> (String, ShardId, NodeId, Message) {
             committed,
         },
     };
-    (frame.stream, frame.shard, NodeId(frame.from), message)
+    (frame.stream, frame.shard, ReplicaNumber(frame.from), message)
 }
 
 fn batch_to_wire(b: &Batch) -> ReplicaBatch {
@@ -156,7 +156,7 @@ mod tests {
             from in any::<u32>(),
             split in any::<prop::sample::Index>(),
         ) {
-            let frame = Frame::Replicate(to_frame("t/ns/s", ShardId(shard), NodeId(from), &m));
+            let frame = Frame::Replicate(to_frame("t/ns/s", ShardId(shard), ReplicaNumber(from), &m));
             let bytes = frame.to_bytes();
             let at = split.index(bytes.len());
             let mut decoder =
@@ -168,7 +168,7 @@ mod tests {
             let Frame::Replicate(r) = decoded else { panic!("not Replicate") };
             let (stream, s, f, back) = from_frame(r);
             prop_assert_eq!(stream, "t/ns/s");
-            prop_assert_eq!((s, f), (ShardId(shard), NodeId(from)));
+            prop_assert_eq!((s, f), (ShardId(shard), ReplicaNumber(from)));
             prop_assert_eq!(back, m);
         }
     }

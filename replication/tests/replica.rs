@@ -6,9 +6,9 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 use felix_replication::{
-    AckMode, AppendError, AppendRequest, Batch, DiskOp, DiskOpId, Epoch, GroupState, LeaseId,
-    Message, NodeId, Offset, Output, ProducerId, ProducerLimits, ProducerSeq, Replica,
-    ReplicaConfig, ReplicaLog, RequestId, RoleView, Seq, Time,
+    AckMode, AppendError, AppendId, AppendRequest, Batch, DiskOp, DiskOpId, Epoch, GroupState,
+    LeaseId, Message, Offset, Output, ProducerId, ProducerLimits, ProducerSeq, Replica,
+    ReplicaConfig, ReplicaLog, ReplicaNumber, RoleView, Seq, Time,
 };
 
 /// Lease validity the harness grants, ms.
@@ -28,7 +28,7 @@ struct Harness {
     drop_proposals: bool,
     /// Whether the controller applies proposals without telling anyone (its answers lost).
     silent_proposals: bool,
-    messages: VecDeque<(NodeId, NodeId, Message)>,
+    messages: VecDeque<(ReplicaNumber, ReplicaNumber, Message)>,
     answers: Vec<Output>,
     /// Each node's stored log: its disk writes and truncations, applied when emitted (what
     /// an `Output::FetchFromLog` reads).
@@ -43,7 +43,7 @@ impl Harness {
 
     /// `n` replicas, node 0 elected.
     fn with_config(n: u32, config: ReplicaConfig) -> Harness {
-        let ids: Vec<NodeId> = (0..n).map(NodeId).collect();
+        let ids: Vec<ReplicaNumber> = (0..n).map(ReplicaNumber).collect();
         let mut h = Harness {
             now: Time(1),
             nodes: ids
@@ -63,12 +63,13 @@ impl Harness {
         for i in 0..n as usize {
             h.nodes[i].handle_lease(h.now, LeaseId(i as u64 + 1), h.now.plus_ms(LEASE_MS));
         }
-        h.elect(NodeId(0));
+        h.elect(ReplicaNumber(0));
         h
     }
 
-    fn elect(&mut self, node: NodeId) {
-        let live = (0..self.nodes.len() as u32).map(NodeId).filter(|n| !self.cut[n.0 as usize]);
+    fn elect(&mut self, node: ReplicaNumber) {
+        let live =
+            (0..self.nodes.len() as u32).map(ReplicaNumber).filter(|n| !self.cut[n.0 as usize]);
         let live = live.collect();
         self.group.elect(node, LeaseId(u64::from(node.0) + 1), &live).expect("electable");
         self.publish_group();
@@ -113,7 +114,7 @@ impl Harness {
         oldest_pending: bool,
     ) {
         let append = AppendRequest {
-            request: RequestId(request),
+            request: AppendId(request),
             producer: tag.map(|(p, s)| ProducerSeq { producer: ProducerId(p), seq: Seq(s) }),
             records,
             oldest_pending,
@@ -177,7 +178,7 @@ impl Harness {
     fn route(&mut self, i: usize, output: Output) {
         match output {
             Output::Send { to, message } => {
-                self.messages.push_back((NodeId(i as u32), to, message))
+                self.messages.push_back((ReplicaNumber(i as u32), to, message))
             }
             Output::Disk(op) => {
                 match &op {
@@ -197,7 +198,7 @@ impl Harness {
                     batches.push(b.clone());
                 }
                 let message = Message::FetchReply { epoch, from, batches, committed };
-                self.messages.push_back((NodeId(i as u32), to, message))
+                self.messages.push_back((ReplicaNumber(i as u32), to, message))
             }
             Output::Propose(proposal) => {
                 if !self.cut[i]
@@ -214,7 +215,7 @@ impl Harness {
 
     fn acked(&self, request: u64) -> Option<(Offset, u32)> {
         self.answers.iter().find_map(|a| match a {
-            Output::Ack { request: r, base, records, .. } if *r == RequestId(request) => {
+            Output::Ack { request: r, base, records, .. } if *r == AppendId(request) => {
                 Some((*base, *records))
             }
             _ => None,
@@ -223,7 +224,7 @@ impl Harness {
 
     fn rejected(&self, request: u64) -> Option<AppendError> {
         self.answers.iter().find_map(|a| match a {
-            Output::Reject { request: r, error } if *r == RequestId(request) => Some(error.clone()),
+            Output::Reject { request: r, error } if *r == AppendId(request) => Some(error.clone()),
             _ => None,
         })
     }
@@ -285,7 +286,7 @@ fn a_retry_gets_the_original_offsets_even_after_failover() {
     assert_eq!(h.acked(2), Some((Offset(0), 2)));
     assert_eq!(h.nodes[0].log().end(), Offset(2), "stored once");
     h.cut[0] = true;
-    h.elect(NodeId(1));
+    h.elect(ReplicaNumber(1));
     assert_eq!(h.nodes[1].role(), RoleView::Leader { epoch: Epoch(2) });
     h.append(1, 3, Some((9, 0)), AckMode::Durable);
     assert_eq!(h.acked(3), Some((Offset(0), 2)), "the new leader knows the producer's batch");
@@ -375,7 +376,7 @@ fn old_leader_with_a_suffix_the_new_leader_overwrote() -> Harness {
     h.append(0, 2, None, AckMode::Durable);
     assert_eq!(h.nodes[0].log().end(), Offset(4), "an uncommitted suffix on the old leader");
     h.cut = vec![true, false, false];
-    h.elect(NodeId(1));
+    h.elect(ReplicaNumber(1));
     h.append(1, 3, None, AckMode::Durable);
     assert_eq!(h.acked(3), Some((Offset(2), 2)));
     h
@@ -417,12 +418,12 @@ fn a_lagging_follower_is_shrunk_out_then_rejoins() {
     h.append(0, 1, None, AckMode::Durable);
     assert_eq!(h.acked(1), None, "node 2 is in sync and has not synced");
     h.advance(ReplicaConfig::default().isr_lag_max_ms + 100);
-    assert!(!h.group.isr.contains(&NodeId(2)), "shrunk out by compare-and-swap");
+    assert!(!h.group.isr.contains(&ReplicaNumber(2)), "shrunk out by compare-and-swap");
     assert_eq!(h.acked(1), Some((Offset(0), 2)), "committed by the smaller in-sync set");
     h.cut[2] = false;
     h.nodes[2].handle_controller(h.now, h.group.clone());
     h.advance(600);
-    assert!(h.group.isr.contains(&NodeId(2)), "caught up and back in sync");
+    assert!(h.group.isr.contains(&ReplicaNumber(2)), "caught up and back in sync");
     assert_eq!(h.nodes[2].log().end(), Offset(2));
 }
 
@@ -440,10 +441,10 @@ fn a_silent_follower_leaves_the_isr_long_before_the_lag_limit() {
     h.append(0, 2, None, AckMode::Durable);
     assert_eq!(h.acked(2), None, "node 2 is in sync and has not synced");
     h.advance(silence_ms - 10);
-    assert!(h.group.isr.contains(&NodeId(2)), "not before the silence limit");
+    assert!(h.group.isr.contains(&ReplicaNumber(2)), "not before the silence limit");
     assert_eq!(h.acked(2), None);
     h.advance(30);
-    assert!(!h.group.isr.contains(&NodeId(2)), "shrunk out after the silence limit");
+    assert!(!h.group.isr.contains(&ReplicaNumber(2)), "shrunk out after the silence limit");
     assert_eq!(h.acked(2), Some((Offset(2), 2)), "committed by the two left");
     assert!(h.now.since_ms(struck) <= silence_ms + 20 && silence_ms + 20 < lag_max_ms);
 }
@@ -458,10 +459,10 @@ fn a_follower_with_a_slow_disk_is_not_silent_only_slow() {
     // Node 2 keeps fetching (it is alive) but its disk never completes: it is not silent, so
     // only the lag limit removes it.
     h.advance(10 * silence_ms);
-    assert!(h.group.isr.contains(&NodeId(2)), "a live follower is kept for the lag limit");
+    assert!(h.group.isr.contains(&ReplicaNumber(2)), "a live follower is kept for the lag limit");
     assert_eq!(h.acked(1), None);
     h.advance(lag_max_ms);
-    assert!(!h.group.isr.contains(&NodeId(2)), "then shrunk out as slow");
+    assert!(!h.group.isr.contains(&ReplicaNumber(2)), "then shrunk out as slow");
     assert_eq!(h.acked(1), Some((Offset(0), 2)));
 }
 
@@ -484,7 +485,7 @@ fn a_restarted_leader_does_not_resume_its_old_epoch() {
     h.append(0, 1, None, AckMode::Durable);
     // The process restarts: same node id, a new lease; the group still names the old lease.
     let log = ReplicaLog::from_batches(h.nodes[0].log().batches().to_vec()).unwrap();
-    h.nodes[0] = Replica::new(NodeId(0), ReplicaConfig::for_replicas(3), log);
+    h.nodes[0] = Replica::new(ReplicaNumber(0), ReplicaConfig::for_replicas(3), log);
     h.nodes[0].handle_lease(h.now, LeaseId(100), h.now.plus_ms(LEASE_MS));
     h.nodes[0].handle_controller(h.now, h.group.clone());
     assert_eq!(h.nodes[0].role(), RoleView::Idle);
@@ -501,7 +502,7 @@ fn fetch_replies_are_bounded() {
         h.append(0, r, None, AckMode::Written);
     }
     let fetch = Message::Fetch { epoch: Epoch(1), from: Offset(0), durable_end: Offset(0) };
-    h.nodes[0].handle_message(h.now, NodeId(1), fetch);
+    h.nodes[0].handle_message(h.now, ReplicaNumber(1), fetch);
     let mut sent = Vec::new();
     while let Some(output) = h.nodes[0].poll() {
         if let Output::Send { message: Message::FetchReply { batches, .. }, .. } = output {
@@ -534,7 +535,7 @@ fn a_follower_behind_the_archive_catches_up_from_storage() {
     h.nodes[2].handle_controller(h.now, h.group.clone());
     h.advance(1_000);
     assert_eq!(h.nodes[2].log().batches(), &h.stored[0][..], "the whole log, in order");
-    assert!(h.group.isr.contains(&NodeId(2)), "back in sync");
+    assert!(h.group.isr.contains(&ReplicaNumber(2)), "back in sync");
     let stats = h.nodes[0].stats();
     assert_eq!(stats.batches_archived, 28);
     // Five 56-byte batches fit a 300-byte reply: at least six replies for the 28 archived (a
@@ -562,9 +563,10 @@ fn a_single_replica_commits_on_its_own_sync() {
 fn a_follower_only_names_another_node_as_leader() {
     let mut h = Harness::new(3);
     h.append(1, 1, None, AckMode::Durable);
-    assert_eq!(h.rejected(1), Some(AppendError::NotLeader { leader: Some(NodeId(0)) }));
+    assert_eq!(h.rejected(1), Some(AppendError::NotLeader { leader: Some(ReplicaNumber(0)) }));
     // A restarted leader (new lease) does not send clients to itself.
-    h.nodes[0] = Replica::new(NodeId(0), ReplicaConfig::for_replicas(3), ReplicaLog::default());
+    h.nodes[0] =
+        Replica::new(ReplicaNumber(0), ReplicaConfig::for_replicas(3), ReplicaLog::default());
     h.nodes[0].handle_lease(h.now, LeaseId(100), h.now.plus_ms(LEASE_MS));
     h.nodes[0].handle_controller(h.now, h.group.clone());
     h.append(0, 2, None, AckMode::Durable);
@@ -587,8 +589,11 @@ fn a_proposal_stays_pending_across_a_leadership_of_the_same_epoch() {
     h.silent_proposals = true;
     h.nodes[1].handle_controller(h.now, h.group.clone());
     h.advance(600);
-    assert!(h.group.isr.contains(&NodeId(1)), "the controller applied the expansion");
-    assert!(!h.nodes[0].group().unwrap().isr.contains(&NodeId(1)), "the leader was not told");
+    assert!(h.group.isr.contains(&ReplicaNumber(1)), "the controller applied the expansion");
+    assert!(
+        !h.nodes[0].group().unwrap().isr.contains(&ReplicaNumber(1)),
+        "the leader was not told"
+    );
     // The leader's lease changes and comes back: it steps down, then leads epoch 1 again.
     let epoch = h.group.epoch;
     h.nodes[0].handle_lease(h.now, LeaseId(50), h.now.plus_ms(LEASE_MS));
@@ -610,10 +615,10 @@ fn a_lost_shrink_proposal_is_sent_again() {
     h.drop_proposals = true;
     h.append(0, 1, None, AckMode::Durable);
     h.advance(ReplicaConfig::default().isr_lag_max_ms + 100);
-    assert!(h.group.isr.contains(&NodeId(2)), "the proposal was lost");
+    assert!(h.group.isr.contains(&ReplicaNumber(2)), "the proposal was lost");
     h.drop_proposals = false;
     h.advance(ReplicaConfig::default().propose_retry_ms + 100);
-    assert!(!h.group.isr.contains(&NodeId(2)), "resent while the laggard is still behind");
+    assert!(!h.group.isr.contains(&ReplicaNumber(2)), "resent while the laggard is still behind");
     assert_eq!(h.acked(1), Some((Offset(0), 2)));
 }
 
@@ -630,13 +635,13 @@ fn a_waiting_append_refused_at_a_step_down_has_an_unknown_outcome() {
     h.append(0, 1, None, AckMode::Durable);
     assert_eq!(h.nodes[0].log().end(), Offset(2), "taken into the leader's log");
     assert_eq!(h.acked(1), None, "not committed: the followers have not synced");
-    h.elect(NodeId(1));
+    h.elect(ReplicaNumber(1));
     let refused = h.rejected(1);
-    assert_eq!(refused, Some(AppendError::OutcomeUnknown { leader: Some(NodeId(1)) }));
+    assert_eq!(refused, Some(AppendError::OutcomeUnknown { leader: Some(ReplicaNumber(1)) }));
     assert!(refused.is_some_and(|e| e.outcome_unknown()));
     assert_eq!(h.nodes[1].log().end(), Offset(2), "the new leader holds the batch");
     h.append(0, 2, None, AckMode::Durable);
     let before = h.rejected(2);
-    assert_eq!(before, Some(AppendError::NotLeader { leader: Some(NodeId(1)) }));
+    assert_eq!(before, Some(AppendError::NotLeader { leader: Some(ReplicaNumber(1)) }));
     assert!(before.is_some_and(|e| !e.outcome_unknown()), "refused before it was taken");
 }

@@ -30,7 +30,7 @@ pub const MESH_REQUESTS_IN_FLIGHT_MAX: u64 = 4096;
 const MESH_REPLIES_PER_REQUEST: usize = 1;
 
 /// A batch for the core that owns its shard: what a session hands to
-/// [`super::core::CoreApp::submit_local`], here or over the mesh.
+/// [`super::core_app::CoreApp::submit_local`], here or over the mesh.
 #[derive(Debug)]
 pub struct AppendBatch {
     /// Stream name.

@@ -18,13 +18,14 @@
 
 pub mod auth;
 pub mod cluster;
-pub mod core;
+pub mod core_app;
 pub mod disk;
 pub mod error;
 pub mod frames;
 pub mod mesh;
 pub mod meta;
 pub mod offsets;
+pub mod publish;
 pub mod replication;
 pub mod session;
 pub mod stats;
@@ -43,7 +44,7 @@ use felix_proto::{Limits, Retention};
 use felix_storage::{CoreStore, RetentionConfig, StorageConfig, BATCH_BYTES_LIMIT};
 use glommio::sync::Semaphore;
 
-use self::core::{CoreApp, Settings};
+use self::core_app::{CoreApp, Settings};
 use self::error::{CoreOpenError, StartError};
 use self::mesh::{Mesh, MeshMsg, MeshPlan, MESH_REQUESTS_IN_FLIGHT_MAX};
 use self::stats::AppStats;
@@ -261,7 +262,7 @@ fn check_startup(args: &ServeArgs) -> Result<crate::sys::lock::DataDirLock, Star
     check_port_free(args.listen)?;
     check_io_uring()?;
     meta::check_layout(&args.data_dir, args.cores).map_err(StartError::Layout)?;
-    let max = core::max_shards(args.cores);
+    let max = core_app::max_shards(args.cores);
     if args.default_shards > max {
         return Err(StartError::DefaultShards {
             shards: args.default_shards,
@@ -433,8 +434,15 @@ async fn open_core(
         (replication, app.settings.cluster.clone(), app.cluster.clone())
     {
         let stats = app.stats.clone();
-        let host = replication::Host::new(ctx.clone(), app.settings.cores, &r, agent, link, stats)
-            .map_err(|source| CoreOpenError::PeerTls { core, source })?;
+        let host = replication::ReplicationShell::new(
+            ctx.clone(),
+            app.settings.cores,
+            &r,
+            agent,
+            link,
+            stats,
+        )
+        .map_err(|source| CoreOpenError::PeerTls { core, source })?;
         let _ = app.replication.set(host.clone());
         app.tasks.spawn(host.clone().run(Rc::downgrade(&app)));
         if core.0 == 0 {

@@ -15,17 +15,17 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 use felix_proto::{
-    AckMode, Capabilities, ErrorCode, Frame, FrameDecoder, FrameError, FrameType, HelloOk, Publish,
-    PublishAck, Record, RequestId, ShardId, StreamInfo, StreamList, PROTOCOL_VERSION,
+    Capabilities, ErrorCode, Frame, FrameDecoder, FrameError, FrameType, HelloOk, RequestId,
+    ShardId, StreamInfo, StreamList, PROTOCOL_VERSION,
 };
 use glommio::channels::local_channel::{self, LocalSender};
 use glommio::sync::Semaphore;
 
 use super::auth::{Action, Grant};
 use super::cluster::Refused;
-use super::core::CoreApp;
+use super::core_app::CoreApp;
 use super::error::WireError;
-use super::mesh::{AppendBatch, CoreRequest, CoreResponse};
+use super::mesh::{CoreRequest, CoreResponse};
 use super::meta::{self, StreamMeta};
 use super::stats;
 use super::subscribe;
@@ -36,10 +36,6 @@ use crate::net::{Connection, RecvStream, SendStream};
 pub const RESPONSES_IN_FLIGHT_MAX: usize = 1024;
 /// The most bytes one read from a stream takes.
 pub const READ_CHUNK_BYTES: usize = 256 << 10;
-/// Memory one record costs beyond its bytes (its `Record` and queue entries), for budgets.
-pub const RECORD_OVERHEAD_BYTES: usize = 64;
-/// Memory one batch costs beyond its records, for budgets.
-pub const BATCH_OVERHEAD_BYTES: usize = 256;
 /// Capabilities this broker advertises.
 /// Capabilities a single-node broker advertises: everything but `CLUSTER`.
 pub const BROKER_CAPABILITIES: Capabilities =
@@ -47,7 +43,8 @@ pub const BROKER_CAPABILITIES: Capabilities =
 /// QUIC application error code used when the broker closes a connection at shutdown.
 pub const CLOSE_SHUTTING_DOWN: u32 = ErrorCode::ShuttingDown as u32;
 
-type Answer = Pin<Box<dyn Future<Output = Option<Frame>>>>;
+/// A request's answer, once it is ready (none for an unacked publish).
+pub(super) type Answer = Pin<Box<dyn Future<Output = Option<Frame>>>>;
 
 /// State of one connection.
 pub struct Session {
@@ -61,7 +58,8 @@ pub struct Session {
     /// The peer is another broker of the cluster, sending replication frames.
     peer: Cell<bool>,
     grant: std::cell::RefCell<Option<Grant>>,
-    budget: Rc<Semaphore>,
+    /// Publish bytes in flight on this connection.
+    pub(super) budget: Rc<Semaphore>,
     /// Set once the connection is gone.
     pub closed: Cell<bool>,
     /// Subscriptions running on this connection.
@@ -192,7 +190,7 @@ fn reject(session: &Session, e: &FrameError) -> Answer {
     ready(Some(answer))
 }
 
-fn ready(frame: Option<Frame>) -> Answer {
+pub(super) fn ready(frame: Option<Frame>) -> Answer {
     Box::pin(async move { frame })
 }
 
@@ -230,7 +228,7 @@ impl Session {
             return refusal;
         }
         match frame {
-            Frame::Publish(p) => self.publish(p).await,
+            Frame::Publish(p) => super::publish::publish(self, p).await,
             Frame::Subscribe(s) => self.handle_subscribe(s),
             Frame::CreateStream(c) => self.handle_create_stream(c).await,
             Frame::DescribeStream(d) => match self.app.stream(&d.stream, false).await {
@@ -427,7 +425,7 @@ impl Session {
                     .filter(|n| n.starts_with(&l.prefix))
                     .take(felix_proto::limits::MAX_LISTED_STREAMS)
                     .collect(),
-                Err(e) => return ready(error_frame(l.request_id, super::core::meta_error(&e))),
+                Err(e) => return ready(error_frame(l.request_id, super::core_app::meta_error(&e))),
             },
         };
         ready(Some(Frame::StreamList(StreamList { request_id: l.request_id, streams })))
@@ -496,149 +494,9 @@ impl Session {
         })
     }
 
-    async fn publish(self: &Rc<Self>, p: Publish) -> Answer {
-        let received = Instant::now();
-        let app = self.app.clone();
-        let c = &app.stats.counters;
-        let request_id = p.ack.map(|a| a.request_id);
-        let mode = p.ack.map_or(AckMode::None, |a| a.mode);
-        // An acked Publish is refused with PublishError, an unacked one with Error (id 0).
-        let fail = move |e: WireError| -> Answer {
-            ready(Some(e.into_answer(request_id.unwrap_or_default(), request_id.is_some())))
-        };
-        if app.stopping.get() {
-            stats::add(&c.publish_errors, 1);
-            return fail(WireError::new(ErrorCode::ShuttingDown, "the broker is shutting down"));
-        }
-        let entry = match app.stream(&p.stream, true).await {
-            Ok(e) => e,
-            Err(e) => {
-                stats::add(&c.publish_errors, 1);
-                return fail(e);
-            }
-        };
-        let shard = match (&p.key, p.producer, &app.cluster) {
-            (Some(k), _, _) => felix_proto::shard_for_key(k, entry.meta.shards),
-            // An idempotent producer's batches all go to one shard, so a retry finds its
-            // original (docs/protocol.md, "Idempotent publishing").
-            (None, Some(tag), _) => {
-                ShardId((tag.producer.0 % u64::from(entry.meta.shards.max(1))) as u32)
-            }
-            (None, None, None) => app.unkeyed_shard(&entry),
-            // In a cluster: a shard this broker owns (shard 0, refused below, if none).
-            (None, None, Some(link)) => app
-                .unkeyed_shard_among(&entry, &link.owned(&p.stream, entry.meta.shards))
-                .unwrap_or(ShardId(0)),
-        };
-        if let Some(Err(r)) = app.cluster.as_ref().map(|l| l.check(&p.stream, shard, true)) {
-            stats::add(&c.publish_errors, 1);
-            return match (request_id, r) {
-                (Some(id), r) => ready(self.refused(id, &p.stream, r, true)),
-                // Nothing to answer an unacked batch with: dropped, counted.
-                (None, Refused::NotOwner { .. }) => {
-                    stats::add(&c.cluster_not_owner, 1);
-                    ready(None)
-                }
-                (None, Refused::Wire(e)) => fail(e),
-            };
-        }
-        let bytes: usize = p.records.iter().map(felix_proto::Payload::len).sum::<usize>()
-            + p.key.as_ref().map_or(0, Bytes::len) * p.records.len();
-        stats::add(&c.publishes, 1);
-        stats::add(&c.publish_records, p.records.len() as u64);
-        stats::add(&c.publish_bytes, bytes as u64);
-        // Backpressure: wait for budget before queueing (this stops reading the stream). The
-        // budget counts what the batch holds in memory, per-record overhead included, so
-        // batches of empty records cannot slip past it.
-        let units = (bytes + p.records.len() * RECORD_OVERHEAD_BYTES + BATCH_OVERHEAD_BYTES) as u64;
-        let conn_units = units.min(app.settings.inflight_bytes_per_conn as u64);
-        let core_units = units.min(app.settings.inflight_bytes_per_core as u64);
-        let (Ok(conn_permit), Ok(core_permit)) = (
-            self.budget.acquire_static_permit(conn_units).await,
-            app.core_budget.acquire_static_permit(core_units).await,
-        ) else {
-            return fail(WireError::new(ErrorCode::ShuttingDown, "budget closed"));
-        };
-        stats::add(&c.inflight_bytes, units);
-        let (producer, oldest_pending) = (p.producer, p.oldest_pending);
-        let records: Vec<Record> =
-            p.records.into_iter().map(|value| Record { key: p.key.clone(), value }).collect();
-        let timestamp_ms = now_ms();
-        let owner = app.owner(shard);
-        let batch = AppendBatch {
-            stream: p.stream,
-            shard,
-            records,
-            timestamp_ms,
-            ack: mode,
-            producer,
-            oldest_pending,
-        };
-        let stored: Pin<Box<dyn Future<Output = Result<felix_storage::AppendOutcome, WireError>>>> =
-            if owner == app.core {
-                // Queued now, its offsets fixed, before the stream's next frame is read (the
-                // stream was opened on this core above).
-                match app.submit_local(batch) {
-                    Ok(appending) => appending,
-                    Err(e) => Box::pin(async move { Err(e) }),
-                }
-            } else {
-                stats::add(&c.forwarded_out, 1);
-                let req = CoreRequest::Append(batch);
-                match app.mesh.submit(app.core, owner, req).await {
-                    Ok(rx) => Box::pin(async move {
-                        match rx.recv().await {
-                            Some(CoreResponse::Appended(r)) => r,
-                            Some(_) => Err(WireError::new(ErrorCode::Internal, "unexpected reply")),
-                            // The owner core took the batch and went away without an
-                            // answer: it may have appended it.
-                            None => Err(WireError::new(
-                                ErrorCode::OutcomeUnknown,
-                                "the owner core did not answer: outcome unknown",
-                            )),
-                        }
-                    }),
-                    Err(e) => Box::pin(async move { Err(e) }),
-                }
-            };
-        // The completion runs in its own task: budgets are released, and the answer is ready,
-        // whether or not the responder is still there to send it (the connection may be gone).
-        let (answer_tx, answer_rx) = local_channel::new_bounded::<Option<Frame>>(1);
-        glommio::spawn_local(async move {
-            let result = stored.await;
-            drop((conn_permit, core_permit));
-            let c = &app.stats.counters;
-            let before = c.inflight_bytes.fetch_sub(units, std::sync::atomic::Ordering::Relaxed);
-            debug_assert!(before >= units, "the core's in-flight bytes never go negative");
-            let answer = match (request_id, result) {
-                (Some(id), Ok(out)) if mode != AckMode::None => {
-                    stats::add(&c.acks, 1);
-                    let us = received.elapsed().as_micros() as u64;
-                    let _ = app.ack_latency_us.borrow_mut().record(us.max(1));
-                    let records = u64::from(out.record_count);
-                    let _ = app.ack_record_latency_us.borrow_mut().record_n(us.max(1), records);
-                    Some(Frame::PublishAck(PublishAck {
-                        request_id: id,
-                        shard,
-                        base_offset: out.base_offset,
-                        count: out.record_count,
-                    }))
-                }
-                (_, Ok(_)) => None,
-                (_, Err(e)) => {
-                    stats::add(&c.publish_errors, 1);
-                    Some(e.into_answer(request_id.unwrap_or_default(), request_id.is_some()))
-                }
-            };
-            let _ = answer_tx.try_send(answer);
-        })
-        .detach();
-        Box::pin(async move { answer_rx.recv().await.flatten() })
-    }
-
     /// The answer to a request refused by the cluster: a `NotOwner` frame for a client that
     /// advertised CLUSTER, else `PublishError` (acked publishes) or `Error` with the code.
-    fn refused(
+    pub(super) fn refused(
         &self,
         request_id: RequestId,
         stream: &str,

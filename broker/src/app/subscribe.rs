@@ -20,7 +20,7 @@ use felix_proto::{
 };
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
-use super::core::CoreApp;
+use super::core_app::CoreApp;
 use super::error::WireError;
 use super::mesh::{CoreRequest, CoreResponse};
 use super::session::Session;

@@ -26,10 +26,13 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use felix_proto::{encode_event_batch, EventBatch, Offset, Record, ShardId};
 
-use super::session::{BATCH_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES};
+/// Memory one record costs beyond its bytes (its `Record` and queue entries), for budgets.
+pub const RECORD_OVERHEAD_BYTES: usize = 64;
+/// Memory one batch costs beyond its records, for budgets.
+pub const BATCH_OVERHEAD_BYTES: usize = 256;
 
 /// Bytes kept in memory per owned shard: payloads and keys, plus each record's and batch's
-/// overhead (`session::RECORD_OVERHEAD_BYTES`, `BATCH_OVERHEAD_BYTES`), so batches of empty
+/// overhead ([`RECORD_OVERHEAD_BYTES`], [`BATCH_OVERHEAD_BYTES`], also counted by the publish budgets), so batches of empty
 /// records count too.
 pub const TAIL_BYTES_PER_SHARD: usize = 4 << 20;
 /// Batches kept in memory per owned shard, whatever their size.

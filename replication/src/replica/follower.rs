@@ -2,11 +2,11 @@
 
 use super::{Replica, Role};
 use crate::message::{Message, Output};
-use crate::types::{Batch, Epoch, NodeId, Offset, Time};
+use crate::types::{Batch, Epoch, Offset, ReplicaNumber, Time};
 
 /// What a follower keeps while following one leader epoch.
 pub(super) struct FollowerState {
-    pub(super) leader: NodeId,
+    pub(super) leader: ReplicaNumber,
     pub(super) epoch: Epoch,
     phase: Phase,
     /// A query or fetch is outstanding since this time.
@@ -24,7 +24,7 @@ enum Phase {
 }
 
 impl Replica {
-    pub(super) fn become_follower(&mut self, now: Time, leader: NodeId, epoch: Epoch) {
+    pub(super) fn become_follower(&mut self, now: Time, leader: ReplicaNumber, epoch: Epoch) {
         let phase = if self.bugs.skip_truncation || self.log.end() == Offset(0) {
             Phase::Fetching
         } else {
@@ -59,7 +59,7 @@ impl Replica {
     pub(super) fn on_epoch_answer(
         &mut self,
         now: Time,
-        from: NodeId,
+        from: ReplicaNumber,
         epoch: Epoch,
         asked: Epoch,
         answer_epoch: Option<Epoch>,
@@ -104,7 +104,7 @@ impl Replica {
     pub(super) fn on_fetch_reply(
         &mut self,
         now: Time,
-        from: NodeId,
+        from: ReplicaNumber,
         epoch: Epoch,
         offset: Offset,
         batches: Vec<Batch>,

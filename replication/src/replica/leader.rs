@@ -8,14 +8,14 @@ use crate::controller::IsrProposal;
 use crate::error::AppendError;
 use crate::log::SeqCheck;
 use crate::message::{Message, Output};
-use crate::types::{AckMode, Batch, Epoch, NodeId, Offset, RequestId, Time};
+use crate::types::{AckMode, AppendId, Batch, Epoch, Offset, ReplicaNumber, Time};
 
 /// What a leader keeps for its epoch.
 pub(super) struct LeaderState {
     pub(super) epoch: Epoch,
     /// The log end when it became leader: every batch committed before this epoch lies below.
     epoch_start: Offset,
-    followers: BTreeMap<NodeId, Progress>,
+    followers: BTreeMap<ReplicaNumber, Progress>,
     pub(super) waiters: Vec<Waiter>,
 }
 
@@ -44,7 +44,7 @@ struct Progress {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FollowerView {
     /// The follower.
-    pub node: NodeId,
+    pub node: ReplicaNumber,
     /// Its log end, from its last fetch.
     pub log_end: Offset,
     /// Its fdatasync'd end, from its last fetch.
@@ -57,7 +57,7 @@ impl LeaderState {
     /// What this leader knows of each follower; `isr` is the controller's in-sync set.
     pub(super) fn follower_views(
         &self,
-        isr: &std::collections::BTreeSet<NodeId>,
+        isr: &std::collections::BTreeSet<ReplicaNumber>,
     ) -> Vec<FollowerView> {
         self.followers
             .iter()
@@ -73,7 +73,7 @@ impl LeaderState {
 
 /// An append waiting for its acknowledgement.
 pub(super) struct Waiter {
-    pub(super) request: RequestId,
+    pub(super) request: AppendId,
     base: Offset,
     records: u32,
     mode: AckMode,
@@ -179,7 +179,7 @@ impl Replica {
         (base, append.records)
     }
 
-    pub(super) fn on_epoch_query(&mut self, from: NodeId, epoch: Epoch, asked: Epoch) {
+    pub(super) fn on_epoch_query(&mut self, from: ReplicaNumber, epoch: Epoch, asked: Epoch) {
         let Role::Leader(state) = &mut self.role else { return };
         if epoch != state.epoch {
             return;
@@ -194,7 +194,7 @@ impl Replica {
     pub(super) fn on_fetch(
         &mut self,
         now: Time,
-        from: NodeId,
+        from: ReplicaNumber,
         epoch: Epoch,
         offset: Offset,
         durable: Offset,
@@ -241,7 +241,7 @@ impl Replica {
     }
 
     /// Sends `node` the batches after `from` (bounded by `fetch_bytes_max`) and the commit.
-    fn send_fetch_reply(&mut self, now: Time, node: NodeId, from: Offset) {
+    fn send_fetch_reply(&mut self, now: Time, node: ReplicaNumber, from: Offset) {
         let Role::Leader(state) = &mut self.role else { return };
         if let Some(progress) = state.followers.get_mut(&node) {
             progress.answered_at.get_or_insert(now);
@@ -264,7 +264,7 @@ impl Replica {
     /// The in-sync replicas a commit needs now: the confirmed set, plus the proposed one while a
     /// proposal is pending (a shrink takes effect only once confirmed, an expansion at once).
     /// A pending proposal counts whichever leadership of this replica sent it.
-    pub(super) fn quorum(&self) -> BTreeSet<NodeId> {
+    pub(super) fn quorum(&self) -> BTreeSet<ReplicaNumber> {
         let mut quorum = self.group.as_ref().map(|g| g.isr.clone()).unwrap_or_default();
         if let Some((p, _)) = &self.proposal {
             quorum.extend(p.isr.iter().copied());
@@ -278,7 +278,7 @@ impl Replica {
         let quorum = self.quorum();
         let Role::Leader(state) = &self.role else { return };
         let own = self.disk.durable_end();
-        let durable_of = |n: &NodeId| match state.followers.get(n) {
+        let durable_of = |n: &ReplicaNumber| match state.followers.get(n) {
             _ if *n == self.id => own,
             Some(p) => p.durable_end,
             None => Offset(0),
@@ -356,7 +356,7 @@ impl Replica {
             let silent = p.answered_at.is_some_and(|t| now.since_ms(t) > silence_ms);
             slow || (silent && p.durable_end < end)
         };
-        let laggards: Vec<NodeId> = state
+        let laggards: Vec<ReplicaNumber> = state
             .followers
             .iter()
             .filter(|(n, p)| group.isr.contains(n) && lagging(p))
@@ -370,7 +370,7 @@ impl Replica {
 
     /// Proposes adding `follower` once it durably holds everything committed and everything
     /// this epoch started with.
-    fn maybe_expand_isr(&mut self, now: Time, follower: NodeId) {
+    fn maybe_expand_isr(&mut self, now: Time, follower: ReplicaNumber) {
         let Some(group) = &self.group else { return };
         let Role::Leader(state) = &self.role else { return };
         let Some(progress) = state.followers.get(&follower) else { return };
@@ -383,7 +383,7 @@ impl Replica {
     }
 
     /// Sends an in-sync-set proposal unless one is pending.
-    fn propose(&mut self, now: Time, isr: BTreeSet<NodeId>) {
+    fn propose(&mut self, now: Time, isr: BTreeSet<ReplicaNumber>) {
         let Some(group) = &self.group else { return };
         let Role::Leader(state) = &self.role else { return };
         if self.proposal.is_some() {

@@ -14,7 +14,7 @@ use crate::disk::{DiskOpId, DiskTracker};
 use crate::error::AppendError;
 use crate::log::ReplicaLog;
 use crate::message::{Message, Output};
-use crate::types::{AckMode, Epoch, LeaseId, NodeId, Offset, ProducerSeq, RequestId, Time};
+use crate::types::{AckMode, AppendId, Epoch, LeaseId, Offset, ProducerSeq, ReplicaNumber, Time};
 
 use follower::FollowerState;
 pub use leader::FollowerView;
@@ -24,7 +24,7 @@ use leader::LeaderState;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppendRequest {
     /// Correlates the answer ([`Output::Ack`] or [`Output::Reject`]).
-    pub request: RequestId,
+    pub request: AppendId,
     /// The idempotence tag, if the producer is idempotent.
     pub producer: Option<ProducerSeq>,
     /// Record count (1..=`BATCH_RECORDS_MAX`).
@@ -50,7 +50,7 @@ pub enum RoleView {
     /// Following `leader` in `epoch`.
     Follower {
         /// The leader.
-        leader: NodeId,
+        leader: ReplicaNumber,
         /// Its epoch.
         epoch: Epoch,
     },
@@ -103,7 +103,7 @@ enum Role {
 /// and after each call drains [`poll`](Self::poll) until it returns `None`: messages to send,
 /// disk operations to execute in order, acks and rejections for clients, controller proposals.
 pub struct Replica {
-    id: NodeId,
+    id: ReplicaNumber,
     config: ReplicaConfig,
     bugs: InjectedBugs,
     log: ReplicaLog,
@@ -129,7 +129,7 @@ impl Replica {
     /// group and no lease yet: it neither leads nor follows until told.
     /// `log` should keep to `config.producers` (`ReplicaLog::from_batches_with`); an empty one
     /// is made to.
-    pub fn new(id: NodeId, config: ReplicaConfig, mut log: ReplicaLog) -> Replica {
+    pub fn new(id: ReplicaNumber, config: ReplicaConfig, mut log: ReplicaLog) -> Replica {
         if log.producer_limits() != config.producers && log.end() == Offset(0) {
             log = ReplicaLog::with_producer_limits(config.producers);
         }
@@ -240,7 +240,7 @@ impl Replica {
     }
 
     /// A message from replica `from`.
-    pub fn handle_message(&mut self, now: Time, from: NodeId, message: Message) {
+    pub fn handle_message(&mut self, now: Time, from: ReplicaNumber, message: Message) {
         match message {
             Message::EpochQuery { epoch, last_epoch } => {
                 self.on_epoch_query(from, epoch, last_epoch)
@@ -292,7 +292,7 @@ impl Replica {
     }
 
     /// This replica's node id.
-    pub fn id(&self) -> NodeId {
+    pub fn id(&self) -> ReplicaNumber {
         self.id
     }
 
@@ -416,7 +416,7 @@ impl Replica {
         now < self.lease_valid_until || self.bugs.ignore_lease
     }
 
-    fn send(&mut self, to: NodeId, message: Message) {
+    fn send(&mut self, to: ReplicaNumber, message: Message) {
         self.outbox.push_back(Output::Send { to, message });
     }
 }

@@ -32,7 +32,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::log::ReplicaLog;
-use crate::types::{Batch, Epoch, NodeId, Offset, ProducerSeq};
+use crate::types::{Batch, Epoch, Offset, ProducerSeq, ReplicaNumber};
 
 /// What has been verified of one log or image: its generation and the prefix length that
 /// equals `truth`.
@@ -50,7 +50,7 @@ pub struct Checker {
     /// expiry after the first send): stored twice is the documented limit, not a violation.
     late: HashSet<ProducerSeq>,
     acked: HashMap<ProducerSeq, (Offset, u32)>,
-    ack_epochs: HashMap<Epoch, NodeId>,
+    ack_epochs: HashMap<Epoch, ReplicaNumber>,
     logs: Vec<Verified>,
     images: Vec<Verified>,
     readable: Vec<Verified>,
@@ -94,7 +94,7 @@ impl Checker {
     /// durable image, which holds the batches its log archived.
     pub fn check_committed(
         &mut self,
-        node: NodeId,
+        node: ReplicaNumber,
         log: &ReplicaLog,
         committed: Offset,
         durable: &[Batch],
@@ -138,14 +138,14 @@ impl Checker {
     }
 
     /// `node`'s driver was started again (a new process): its tail starts empty.
-    pub fn node_restarted(&mut self, node: NodeId) {
+    pub fn node_restarted(&mut self, node: ReplicaNumber) {
         self.fed[node.0 as usize] = Offset(0);
     }
 
     /// Invariant 10 for the batches `node`'s driver just handed its subscribers' tail (call
     /// after [`check_committed`](Self::check_committed) for `node`): each is the committed
     /// history's batch at its offset, in order, none twice.
-    pub fn check_tail(&mut self, node: NodeId, batches: &[Batch]) -> Result<(), String> {
+    pub fn check_tail(&mut self, node: ReplicaNumber, batches: &[Batch]) -> Result<(), String> {
         let fed = &mut self.fed[node.0 as usize];
         for b in batches {
             if b.base < *fed {
@@ -173,7 +173,7 @@ impl Checker {
     /// commit point): the batches that end at or below `visible` are the committed history's.
     pub fn check_readable(
         &mut self,
-        node: NodeId,
+        node: ReplicaNumber,
         stored: &[Batch],
         generation: u64,
         visible: Offset,
@@ -199,7 +199,7 @@ impl Checker {
     }
 
     /// Invariant 6: `node` acked in `epoch`, no other node did.
-    pub fn check_ack_epoch(&mut self, node: NodeId, epoch: Epoch) -> Result<(), String> {
+    pub fn check_ack_epoch(&mut self, node: ReplicaNumber, epoch: Epoch) -> Result<(), String> {
         match self.ack_epochs.insert(epoch, node) {
             Some(other) if other != node => {
                 Err(format!("{node} and {other} both acked in {epoch}"))
@@ -212,7 +212,7 @@ impl Checker {
     /// after [`check_committed`](Self::check_committed) for `node`).
     pub fn check_ack(
         &mut self,
-        node: NodeId,
+        node: ReplicaNumber,
         tag: ProducerSeq,
         base: Offset,
         records: u32,
@@ -235,7 +235,7 @@ impl Checker {
     /// Invariant 5 for an in-sync replica's durable image.
     pub fn check_image(
         &mut self,
-        node: NodeId,
+        node: ReplicaNumber,
         image: &[Batch],
         generation: u64,
     ) -> Result<(), String> {
@@ -279,7 +279,7 @@ fn extend(
     tags: &mut HashSet<ProducerSeq>,
     late: &HashSet<ProducerSeq>,
     batch: &Batch,
-    node: NodeId,
+    node: ReplicaNumber,
 ) -> Result<(), String> {
     let end = truth.last().map_or(Offset(0), Batch::end);
     if batch.base != end || batch.records == 0 {

@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use rand_chacha::ChaCha8Rng;
 
 use crate::controller::{GroupState, IsrProposal};
-use crate::types::{LeaseId, NodeId, Time};
+use crate::types::{LeaseId, ReplicaNumber, Time};
 
 /// The etcd model.
 pub struct Etcd {
@@ -16,18 +16,18 @@ pub struct Etcd {
     /// group, whose replica number i is node `deposed.1[i]` (another order), with elections of
     /// its own. The placement replaces it with `group` (docs/replication.md, "The controller on
     /// etcd").
-    pub deposed: Option<(GroupState, Vec<NodeId>)>,
+    pub deposed: Option<(GroupState, Vec<ReplicaNumber>)>,
     /// When the stream's placement is written.
     pub placed_at: Time,
     /// Live leases: holder and expiry.
-    leases: BTreeMap<LeaseId, (NodeId, Time)>,
+    leases: BTreeMap<LeaseId, (ReplicaNumber, Time)>,
     next_lease: u64,
     lease_ttl_ms: u64,
 }
 
 impl Etcd {
     /// A fresh etcd holding a new group of `replicas`.
-    pub fn new(replicas: Vec<NodeId>, lease_ttl_ms: u64) -> Etcd {
+    pub fn new(replicas: Vec<ReplicaNumber>, lease_ttl_ms: u64) -> Etcd {
         Etcd {
             group: GroupState::new(replicas),
             deposed: None,
@@ -40,7 +40,12 @@ impl Etcd {
 
     /// A keep-alive from `node` for `lease`: extends it if it is live, else grants a new one.
     /// Returns the lease the node holds now.
-    pub fn keep_alive(&mut self, now: Time, node: NodeId, lease: Option<LeaseId>) -> LeaseId {
+    pub fn keep_alive(
+        &mut self,
+        now: Time,
+        node: ReplicaNumber,
+        lease: Option<LeaseId>,
+    ) -> LeaseId {
         let expiry = now.plus_ms(self.lease_ttl_ms);
         if let Some(entry) = lease.and_then(|l| self.leases.get_mut(&l)) {
             entry.1 = expiry;
@@ -54,9 +59,9 @@ impl Etcd {
 
     /// Before `placed_at`, a deposed controller's record naming the nodes in `order` is what
     /// the nodes see.
-    pub fn with_deposed_record(&mut self, order: Vec<NodeId>, placed_at: Time) {
+    pub fn with_deposed_record(&mut self, order: Vec<ReplicaNumber>, placed_at: Time) {
         self.deposed =
-            Some((GroupState::new((0..order.len() as u32).map(NodeId).collect()), order));
+            Some((GroupState::new((0..order.len() as u32).map(ReplicaNumber).collect()), order));
         self.placed_at = placed_at;
     }
 
@@ -67,7 +72,7 @@ impl Etcd {
 
     /// The record the nodes see: its state, whether the stream is placed, and the node of each
     /// replica number.
-    pub fn record(&self, now: Time) -> (GroupState, bool, Vec<NodeId>) {
+    pub fn record(&self, now: Time) -> (GroupState, bool, Vec<ReplicaNumber>) {
         match &self.deposed {
             Some((state, order)) if !self.placed(now) => (state.clone(), false, order.clone()),
             _ => (self.group.clone(), self.placed(now), self.group.replicas.clone()),
@@ -86,9 +91,10 @@ impl Etcd {
         if let Some((state, order)) = &mut self.deposed {
             let leader_live = state.leader_lease.is_some_and(|l| self.leases.contains_key(&l));
             if !leader_live {
-                let live_nodes: BTreeSet<NodeId> = self.leases.values().map(|(n, _)| *n).collect();
-                let live: BTreeSet<NodeId> = (0..order.len() as u32)
-                    .map(NodeId)
+                let live_nodes: BTreeSet<ReplicaNumber> =
+                    self.leases.values().map(|(n, _)| *n).collect();
+                let live: BTreeSet<ReplicaNumber> = (0..order.len() as u32)
+                    .map(ReplicaNumber)
                     .filter(|i| live_nodes.contains(&order[i.0 as usize]))
                     .collect();
                 let candidates = state.candidates(&live);
@@ -110,7 +116,7 @@ impl Etcd {
         if leader_live {
             return false;
         }
-        let live: BTreeSet<NodeId> = self.leases.values().map(|(n, _)| *n).collect();
+        let live: BTreeSet<ReplicaNumber> = self.leases.values().map(|(n, _)| *n).collect();
         let candidates = self.group.candidates(&live);
         let Some(candidate) = super::pick(rng, &candidates) else { return false };
         let lease = self.newest_lease_of(candidate).expect("a live node holds a lease");
@@ -132,7 +138,7 @@ impl Etcd {
         self.leases.get(&lease).is_some_and(|(_, expiry)| *expiry > now)
     }
 
-    fn newest_lease_of(&self, node: NodeId) -> Option<LeaseId> {
+    fn newest_lease_of(&self, node: ReplicaNumber) -> Option<LeaseId> {
         self.leases.iter().rev().find(|(_, (n, _))| *n == node).map(|(l, _)| *l)
     }
 }

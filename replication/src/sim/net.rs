@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::controller::{GroupState, IsrProposal};
 use crate::message::{Message, Output};
 use crate::replica::AppendRequest;
-use crate::types::{LeaseId, NodeId, Time};
+use crate::types::{LeaseId, ReplicaNumber, Time};
 
 /// Largest message delay a seed may draw, ms.
 pub const DELAY_MAX_MS: u64 = 30;
@@ -21,7 +21,7 @@ pub const DUP_P_MAX: f64 = 0.05;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Addr {
     /// A replica's broker.
-    Node(NodeId),
+    Node(ReplicaNumber),
     /// The etcd model.
     Etcd,
     /// A producer (by index).
@@ -45,7 +45,7 @@ pub enum Packet {
     Lease { lease: LeaseId, sent_at: Time },
     /// etcd to node: the group record (watch), whether the stream is placed, and the node of
     /// each replica number.
-    Group { state: GroupState, placed: bool, replicas: Vec<NodeId> },
+    Group { state: GroupState, placed: bool, replicas: Vec<ReplicaNumber> },
     /// Producer to node.
     Append(AppendRequest),
     /// Node to producer: an `Ack` or a `Reject`.
@@ -108,7 +108,7 @@ pub struct Faults {
     /// Which side etcd is on.
     etcd_side: u8,
     /// Nodes cut from etcd (their leases run out).
-    etcd_cut: BTreeSet<NodeId>,
+    etcd_cut: BTreeSet<ReplicaNumber>,
 }
 
 impl Faults {
@@ -157,7 +157,7 @@ impl Faults {
     }
 
     /// Cuts `node` from etcd.
-    pub fn cut_from_etcd(&mut self, node: NodeId) {
+    pub fn cut_from_etcd(&mut self, node: ReplicaNumber) {
         self.etcd_cut.insert(node);
     }
 

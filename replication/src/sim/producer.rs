@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::error::AppendError;
 use crate::replica::AppendRequest;
-use crate::types::{AckMode, NodeId, ProducerId, ProducerSeq, RequestId, Seq, Time};
+use crate::types::{AckMode, AppendId, ProducerId, ProducerSeq, ReplicaNumber, Seq, Time};
 
 /// A request unanswered this long is sent again, ms.
 pub const PRODUCER_RETRY_MS: u64 = 150;
@@ -25,7 +25,7 @@ pub struct Producer {
     pub checked: bool,
     next_seq: u32,
     total: u32,
-    target: NodeId,
+    target: ReplicaNumber,
     in_flight: Option<InFlight>,
 }
 
@@ -38,7 +38,7 @@ struct InFlight {
 
 impl Producer {
     /// A producer that will send `total` batches, first to `target`.
-    pub fn new(id: ProducerId, checked: bool, total: u32, target: NodeId) -> Producer {
+    pub fn new(id: ProducerId, checked: bool, total: u32, target: ReplicaNumber) -> Producer {
         Producer { id, checked, next_seq: 0, total, target, in_flight: None }
     }
 
@@ -56,9 +56,9 @@ impl Producer {
     pub fn tick(
         &mut self,
         now: Time,
-        request: RequestId,
+        request: AppendId,
         rng: &mut ChaCha8Rng,
-    ) -> Option<(NodeId, AppendRequest)> {
+    ) -> Option<(ReplicaNumber, AppendRequest)> {
         if self.in_flight.is_none() && self.next_seq < self.total {
             let seq = Seq(self.next_seq);
             let payload = Bytes::from(format!("p{}-s{}", self.id.0, seq.0));
@@ -100,7 +100,7 @@ impl Producer {
         now: Time,
         seq: Seq,
         error: &AppendError,
-        replicas: &[NodeId],
+        replicas: &[ReplicaNumber],
         rng: &mut ChaCha8Rng,
     ) {
         let Some(flight) = self.in_flight.as_mut().filter(|f| f.seq == seq) else { return };
@@ -113,7 +113,7 @@ impl Producer {
     }
 
     /// A request timed out without an answer: also try another replica next time.
-    pub fn retarget(&mut self, replicas: &[NodeId], rng: &mut ChaCha8Rng) {
+    pub fn retarget(&mut self, replicas: &[ReplicaNumber], rng: &mut ChaCha8Rng) {
         if let Some(node) = super::pick(rng, replicas) {
             self.target = node;
         }

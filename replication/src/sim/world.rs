@@ -22,7 +22,7 @@ use crate::message::{Message, Output};
 use crate::producers::ProducerLimits;
 use crate::replica::{Replica, ReplicaStats, RoleView};
 use crate::types::{
-    Batch, Epoch, LeaseId, NodeId, Offset, ProducerId, ProducerSeq, RequestId, Seq, Time,
+    AppendId, Batch, Epoch, LeaseId, Offset, ProducerId, ProducerSeq, ReplicaNumber, Seq, Time,
 };
 
 /// Controller lease TTL in the simulation, ms.
@@ -56,11 +56,11 @@ const STREAM: &str = "s";
 /// One simulated broker: its replication driver (running the shard's replica once adopted)
 /// and its disk.
 struct SimNode {
-    id: NodeId,
+    id: ReplicaNumber,
     /// The process: `None` while the node is down.
-    driver: Option<Driver<NodeId>>,
+    driver: Option<Driver<ReplicaNumber>>,
     /// The driver's ids of the appends it was handed, and the producers' request each is.
-    requests: HashMap<RequestId, RequestId>,
+    requests: HashMap<AppendId, AppendId>,
     /// Proposals handed to etcd and not answered (tokens).
     proposals: HashSet<u64>,
     /// Disk operations of a stopped replica still to complete before the shard may reopen.
@@ -93,12 +93,12 @@ pub(super) struct World {
     nodes: Vec<SimNode>,
     etcd: Etcd,
     producers: Vec<Producer>,
-    requests: HashMap<RequestId, (usize, Seq)>,
+    requests: HashMap<AppendId, (usize, Seq)>,
     /// (node, request) of the appends whose batch the node's log took and that it has not
     /// answered yet (invariant 8).
-    taken: HashSet<(usize, RequestId)>,
+    taken: HashSet<(usize, AppendId)>,
     /// The append delivery a node is handling now, and whether its log took the batch.
-    delivering: Option<(RequestId, bool)>,
+    delivering: Option<(AppendId, bool)>,
     next_request: u64,
     checker: Checker,
     faults: Faults,
@@ -122,7 +122,7 @@ impl World {
         replicas: usize,
         producers: usize,
     ) -> World {
-        let ids: Vec<NodeId> = (0..replicas as u32).map(NodeId).collect();
+        let ids: Vec<ReplicaNumber> = (0..replicas as u32).map(ReplicaNumber).collect();
         let mut config = sim_config(replicas);
         // Archive 1 to 16 batches at a time, chosen by the seed (not the PRNG, so its stream is
         // what it was before replicas archived).
@@ -428,7 +428,7 @@ impl World {
     fn check_refusal(
         &mut self,
         n: usize,
-        request: RequestId,
+        request: AppendId,
         error: &AppendError,
     ) -> Result<(), String> {
         // Answering the delivery being handled: what that delivery did; answering later (a
@@ -573,8 +573,8 @@ impl World {
         &mut self,
         n: usize,
         key: ShardKey,
-        me: NodeId,
-        nodes: Vec<NodeId>,
+        me: ReplicaNumber,
+        nodes: Vec<ReplicaNumber>,
     ) -> Result<(), String> {
         let image = self.nodes[n].disk.durable().to_vec();
         let log = match self.nodes[n].from_checkpoint.take() {
@@ -591,7 +591,7 @@ impl World {
     }
 
     /// Sends a client answer to the producer that made `request`.
-    fn answer(&mut self, node: NodeId, request: RequestId, answer: Output) {
+    fn answer(&mut self, node: ReplicaNumber, request: AppendId, answer: Output) {
         if let Some(&(p, _)) = self.requests.get(&request) {
             self.send(Addr::Node(node), Addr::Producer(p), Packet::Answer(answer));
         }
@@ -602,7 +602,7 @@ impl World {
     fn check_acks(
         &mut self,
         n: usize,
-        acks: Vec<(RequestId, Epoch, Offset, u32)>,
+        acks: Vec<(AppendId, Epoch, Offset, u32)>,
     ) -> Result<(), String> {
         let id = self.nodes[n].id;
         for (request, epoch, base, records) in acks {
@@ -787,7 +787,7 @@ impl World {
 
     fn producer_tick(&mut self, p: usize) -> Result<(), String> {
         self.schedule(self.now.plus_ms(PRODUCER_TICK_MS), Event::ProducerTick(p));
-        let ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
+        let ids: Vec<ReplicaNumber> = self.nodes.iter().map(|n| n.id).collect();
         let producer = &mut self.producers[p];
         if producer.retry_due(self.now)
             && producer.in_flight_seq().is_some()
@@ -795,7 +795,7 @@ impl World {
         {
             producer.retarget(&ids, &mut self.rng);
         }
-        let request = RequestId(self.next_request);
+        let request = AppendId(self.next_request);
         if let Some((target, append)) = producer.tick(self.now, request, &mut self.rng) {
             let seq = producer.in_flight_seq().expect("it just sent its batch in flight");
             if let Some(tag) = append.producer {
@@ -810,7 +810,7 @@ impl World {
 
     fn producer_receive(&mut self, p: usize, packet: Packet) {
         let Packet::Answer(answer) = packet else { return };
-        let ids: Vec<NodeId> = self.nodes.iter().map(|n| n.id).collect();
+        let ids: Vec<ReplicaNumber> = self.nodes.iter().map(|n| n.id).collect();
         match answer {
             Output::Ack { request, .. } => {
                 if let Some(&(_, seq)) = self.requests.get(&request) {

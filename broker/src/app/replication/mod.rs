@@ -6,7 +6,7 @@
 //!
 //! Shard `s` lives on core `s % cores` of each of its brokers, so core i talks only to core i
 //! of its peers: each core keeps one outbound link per peer broker ([`peer`]) and receives its
-//! peers' frames on the connections they opened ([`Host::handle_frame`]). Every
+//! peers' frames on the connections they opened ([`ReplicationShell::handle_frame`]). Every
 //! [`TICK_MS`] the host hands the driver what the cluster agent knows (the group record of
 //! each shard, this broker's lease; [`Driver::handle_view`]). Nothing here blocks on etcd:
 //! proposals go to the agent's thread and their outcome comes back in the view.
@@ -26,15 +26,16 @@ use felix_cluster::{AgentClient, ClusterView};
 use felix_proto::{CoreId, ErrorCode, Frame, Offset, ProducerTag, Record, ShardId};
 use felix_replication::driver::Limits;
 use felix_replication::{
-    wire, AckMode, Action, AppendError, AppendRequest, Driver, GroupView, LeaseId, Message, NodeId,
-    ProducerId, ProducerSeq, ReplicaConfig, RequestId, Seq, ShardKey, StopReason, Submitted, Time,
+    wire, AckMode, Action, AppendError, AppendId, AppendRequest, Driver, GroupView, LeaseId,
+    Message, ProducerId, ProducerSeq, ReplicaConfig, ReplicaNumber, Seq, ShardKey, StopReason,
+    Submitted, Time,
 };
 
 pub use self::peer::verify_peers;
 use self::peer::PeerLink;
 use self::shard::ShardShell;
 use super::cluster::ClusterLink;
-use super::core::CoreApp;
+use super::core_app::CoreApp;
 use super::error::WireError;
 use super::stats::{self, AppStats, ReplicaStatus};
 
@@ -76,7 +77,7 @@ pub struct ReplicationSettings {
 type Shells = HashMap<Rc<str>, HashMap<u32, Rc<ShardShell>>>;
 
 /// One core's replication driver: the sans-IO [`Driver`] and what carries out its actions.
-pub struct Host {
+pub struct ReplicationShell {
     me: felix_cluster::NodeId,
     core: CoreId,
     cores: usize,
@@ -91,7 +92,7 @@ pub struct Host {
     driver: RefCell<Driver<felix_cluster::NodeId>>,
     /// The I/O side of each running replica, by stream and shard (looked up by `&str`).
     shells: RefCell<Shells>,
-    /// The core's streams (to open a replica's log and feed its tail); set by [`Host::run`].
+    /// The core's streams (to open a replica's log and feed its tail); set by [`ReplicationShell::run`].
     app: RefCell<Weak<CoreApp>>,
     peers: RefCell<HashMap<felix_cluster::NodeId, Rc<PeerLink>>>,
     /// The second of the last status report (metrics, and a debug line per replica).
@@ -99,7 +100,7 @@ pub struct Host {
     stats: Arc<AppStats>,
 }
 
-impl Host {
+impl ReplicationShell {
     /// The driver of core `ctx.core()`.
     pub fn new(
         ctx: crate::net::CoreContext,
@@ -108,7 +109,7 @@ impl Host {
         agent: AgentClient,
         link: Rc<ClusterLink>,
         stats: Arc<AppStats>,
-    ) -> Result<Rc<Host>, crate::net::tls::TlsError> {
+    ) -> Result<Rc<ReplicationShell>, crate::net::tls::TlsError> {
         // Loaded again here (the network layer checked its own copy at start): checked again,
         // so the certificate presented is one the peers accept, even if the files changed.
         let identity = crate::net::tls::ServerIdentity::load(&settings.identity)?;
@@ -125,7 +126,7 @@ impl Host {
             retry_open_ms: REPLICA_RETRY_MS,
             min_insync: settings.min_insync,
         };
-        Ok(Rc::new(Host {
+        Ok(Rc::new(ReplicationShell {
             me: agent.node().clone(),
             core: ctx.core(),
             cores,
@@ -198,7 +199,7 @@ impl Host {
         let producer = producer
             .map(|(t, _)| ProducerSeq { producer: ProducerId(t.producer.0), seq: Seq(t.seq) });
         let request = AppendRequest {
-            request: RequestId(0), // the driver's own
+            request: AppendId(0), // the driver's own
             producer,
             records: records.len() as u32,
             oldest_pending,
@@ -380,7 +381,7 @@ impl Host {
         node: &felix_cluster::NodeId,
         stream: &str,
         shard: ShardId,
-        me: NodeId,
+        me: ReplicaNumber,
         message: &Message,
     ) {
         if matches!(message, Message::EpochAnswer { .. } | Message::EpochQuery { .. }) {
@@ -441,7 +442,7 @@ impl Host {
     }
 
     /// Starts the replica of `key`: recovers its log from storage, then hands it to the driver.
-    fn open(self: &Rc<Self>, key: ShardKey, me: NodeId, nodes: Vec<felix_cluster::NodeId>) {
+    fn open(self: &Rc<Self>, key: ShardKey, me: ReplicaNumber, nodes: Vec<felix_cluster::NodeId>) {
         let Some(app) = self.app.borrow().upgrade() else { return };
         let host = self.clone();
         glommio::spawn_local(async move {

@@ -15,7 +15,7 @@ use bytes::{Bytes, BytesMut};
 use felix_proto::{Capabilities, Frame, FrameDecoder, Hello, PROTOCOL_VERSION};
 use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 
-use super::Host;
+use super::ReplicationShell;
 
 /// Frames waiting to be sent on one link; more are dropped.
 pub const LINK_QUEUE_FRAMES: usize = 1024;
@@ -64,7 +64,7 @@ pub struct PeerLink {
 
 impl PeerLink {
     /// A link to `node`, run by a task on this core until the host is dropped.
-    pub fn open(host: &Rc<Host>, node: felix_cluster::NodeId) -> Rc<PeerLink> {
+    pub fn open(host: &Rc<ReplicationShell>, node: felix_cluster::NodeId) -> Rc<PeerLink> {
         let (tx, rx) = local_channel::new_bounded(LINK_QUEUE_FRAMES);
         let state = Rc::new(Cell::new(LinkState::Connecting));
         glommio::spawn_local(run(Rc::downgrade(host), node, rx, state.clone())).detach();
@@ -83,7 +83,7 @@ impl PeerLink {
 }
 
 async fn run(
-    host: std::rc::Weak<Host>,
+    host: std::rc::Weak<ReplicationShell>,
     node: felix_cluster::NodeId,
     rx: LocalReceiver<Bytes>,
     state: Rc<Cell<LinkState>>,
@@ -151,7 +151,7 @@ pub const VERIFY_POLL_MS: u64 = 1_000;
 /// same way, so a newcomer whose certificate this broker does not trust is logged here too,
 /// not only on the newcomer. A failure is logged at `warn` (every [`LINK_WARN_INTERVAL_MS`]
 /// at most) with what fixes it. Runs on core 0 for the broker's life.
-pub async fn verify_peers(host: Rc<Host>) {
+pub async fn verify_peers(host: Rc<ReplicationShell>) {
     let mut wait = Duration::from_millis(RECONNECT_MS);
     let mut warned: Option<Instant> = None;
     let mut marked = false;
@@ -269,7 +269,7 @@ fn resolve(advertise: &str) -> Option<SocketAddr> {
 /// Connects to core `host.core` of the broker at `addr` and exchanges Hello (capability
 /// `REPLICATION`); returns the connection and its stream for frames.
 async fn connect(
-    host: &Host,
+    host: &ReplicationShell,
     addr: SocketAddr,
 ) -> Result<(crate::net::Connection, crate::net::SendStream), String> {
     let conn = host

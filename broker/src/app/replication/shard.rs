@@ -16,8 +16,8 @@ use std::time::Instant;
 use bytes::Bytes;
 use felix_proto::{Offset, ProducerTag, ShardId};
 use felix_replication::{
-    AppendError, Batch, DiskOp, DiskOpId, Epoch, Message, ProducerId, ProducerSeq, ReplicaLog,
-    RequestId, Seq, ShardKey,
+    AppendError, AppendId, Batch, DiskOp, DiskOpId, Epoch, Message, ProducerId, ProducerSeq,
+    ReplicaLog, Seq, ShardKey,
 };
 use felix_storage::{BatchMeta, StorageError, StreamLog};
 use futures_lite::future::poll_once;
@@ -25,8 +25,8 @@ use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use tokio::sync::oneshot;
 
 use super::payload;
-use super::{Host, RECOVERY_READ_BYTES};
-use crate::app::core::StreamEntry;
+use super::{ReplicationShell, RECOVERY_READ_BYTES};
+use crate::app::core_app::StreamEntry;
 
 /// What an append waits for: the base offset its records got, or why it was refused.
 pub type AppendResult = Result<Offset, AppendError>;
@@ -42,7 +42,7 @@ pub struct ShardShell {
     key: ShardKey,
     shard: ShardId,
     /// The appends the driver has not answered, by the driver's request id.
-    waiters: RefCell<HashMap<RequestId, Waiter>>,
+    waiters: RefCell<HashMap<AppendId, Waiter>>,
     /// The disk task's queue; taken by [`ShardShell::stop`], which ends that task once it has
     /// done what was queued.
     disk_tx: RefCell<Option<LocalSender<DiskOp>>>,
@@ -57,7 +57,7 @@ pub struct ShardShell {
 impl ShardShell {
     /// The shell of `key`'s replica on `log`, its disk task running.
     pub fn open(
-        host: &Rc<Host>,
+        host: &Rc<ReplicationShell>,
         key: ShardKey,
         entry: Rc<StreamEntry>,
         log: StreamLog,
@@ -86,7 +86,7 @@ impl ShardShell {
     /// Registers the append `id` (the driver's); resolves with the driver's answer.
     pub fn wait(
         &self,
-        id: RequestId,
+        id: AppendId,
         producer: Option<ProducerSeq>,
     ) -> oneshot::Receiver<AppendResult> {
         let (tx, rx) = oneshot::channel();
@@ -95,7 +95,7 @@ impl ShardShell {
     }
 
     /// Answers the append `request`.
-    pub fn answer(&self, request: RequestId, result: AppendResult) {
+    pub fn answer(&self, request: AppendId, result: AppendResult) {
         let Some((tx, producer)) = self.waiters.borrow_mut().remove(&request) else { return };
         if let Some(p) = producer {
             let (stream, shard) = (&self.key.stream, self.key.shard);
@@ -167,7 +167,7 @@ impl ShardShell {
 
     /// Executes the disk operations in order, queueing consecutive writes in storage at once
     /// (group commit) and reporting completions in order.
-    async fn run_disk(self: Rc<Self>, host: Rc<Host>, rx: LocalReceiver<DiskOp>) {
+    async fn run_disk(self: Rc<Self>, host: Rc<ReplicationShell>, rx: LocalReceiver<DiskOp>) {
         let mut inflight: VecDeque<(Option<DiskOpId>, Pending)> = VecDeque::new();
         let mut queued: VecDeque<DiskOp> = VecDeque::new();
         loop {
@@ -253,7 +253,7 @@ impl ShardShell {
     /// Reports a completed operation; false (and the replica stops) if it failed.
     fn completed(
         &self,
-        host: &Rc<Host>,
+        host: &Rc<ReplicationShell>,
         id: Option<DiskOpId>,
         r: Result<(), StorageError>,
     ) -> bool {

@@ -11,18 +11,15 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
-use felix_proto::{AckMode, CoreId, ErrorCode, Offset, Retention, ShardId, StartAt, StreamName};
-use felix_storage::{
-    AppendOutcome, BatchMeta, CoreStore, RetentionConfig, StorageError, StreamLog,
-};
+use felix_proto::{CoreId, ErrorCode, Offset, Retention, ShardId, StartAt, StreamName};
+use felix_storage::{CoreStore, RetentionConfig, StorageError, StreamLog};
 use glommio::sync::Semaphore;
 
 use super::disk::DiskFloor;
 pub use super::error::{meta_error, storage_error, DISK_FULL_MESSAGE};
 use super::error::{CoreOpenError, WireError};
 use super::frames::LogFrames;
-use super::mesh::{AppendBatch, CoreRequest, CoreResponse, Mesh};
+use super::mesh::{CoreRequest, CoreResponse, Mesh};
 use super::meta::{self, StreamMeta, TenantQuota};
 use super::offsets::GroupPositions;
 use super::stats::{self, AppStats};
@@ -104,11 +101,6 @@ pub struct StreamEntry {
     unkeyed_next: Cell<u32>,
 }
 
-/// A local append queued in storage (its offsets fixed), waiting for its ack mode
-/// ([`CoreApp::submit_local`]).
-pub type LocalAppend =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<AppendOutcome, WireError>>>>;
-
 /// One core's broker state.
 pub struct CoreApp {
     /// This core.
@@ -131,7 +123,7 @@ pub struct CoreApp {
     pub ack_record_latency_us: RefCell<hdrhistogram::Histogram<u64>>,
     /// Publish receive spans (core-local; published periodically; see `AppStats`).
     pub receive_span_us: RefCell<hdrhistogram::Histogram<u64>>,
-    streams: RefCell<HashMap<String, Rc<StreamEntry>>>,
+    pub(super) streams: RefCell<HashMap<String, Rc<StreamEntry>>>,
     opening: Semaphore,
     positions: Rc<GroupPositions>,
     /// Set when shutdown starts: new publishes are refused.
@@ -139,7 +131,7 @@ pub struct CoreApp {
     /// The cluster view of this core; `None` for a single-node broker.
     pub cluster: Option<Rc<super::cluster::ClusterLink>>,
     /// The replication driver of this core (in a cluster), set once the core is open.
-    pub replication: std::cell::OnceCell<Rc<super::replication::Host>>,
+    pub replication: std::cell::OnceCell<Rc<super::replication::ReplicationShell>>,
     /// The tasks that hold this state, ended when the core stops.
     pub tasks: CoreTasks,
 }
@@ -470,89 +462,6 @@ impl CoreApp {
         entry.log.clone().ok_or_else(|| {
             WireError::new(ErrorCode::Internal, format!("{shard} is not on this core"))
         })
-    }
-
-    /// Queues a batch another core forwarded, opening its stream on this core first if this
-    /// core has not yet: [`CoreApp::submit_local`] after at most one await. Batches handed to
-    /// it one after another (each awaited before the next) are stored in that order.
-    pub async fn submit_forwarded(
-        self: &Rc<Self>,
-        batch: AppendBatch,
-    ) -> Result<LocalAppend, WireError> {
-        if !self.streams.borrow().contains_key(&batch.stream) {
-            self.stream(&batch.stream, false).await?;
-        }
-        self.submit_local(batch)
-    }
-
-    /// Queues an append to an owned shard of a stream open on this core, without waiting:
-    /// when it returns, the batch has its offsets, so batches submitted one after another are
-    /// stored in that order (per-key ordering rests on this). The future waits for `ack`. A
-    /// batch tagged by `producer` that the shard already stored is not stored again: the
-    /// outcome names the original offsets (`duplicate`).
-    pub fn submit_local(self: &Rc<Self>, batch: AppendBatch) -> Result<LocalAppend, WireError> {
-        let AppendBatch { stream, shard, records, timestamp_ms, ack, producer, oldest_pending } =
-            batch;
-        let stream = stream.as_str();
-        debug_assert_eq!(self.owner(shard), self.core, "a shard is appended to by its owner");
-        let entry = self.streams.borrow().get(stream).cloned().ok_or_else(|| {
-            WireError::new(ErrorCode::StreamNotFound, format!("{stream} is not open on this core"))
-        })?;
-        let Some(log) = entry.log.clone() else {
-            return Err(WireError::new(
-                ErrorCode::Internal,
-                format!("{shard} of {stream} is not on {}", self.core),
-            ));
-        };
-        // Below the free-space floor, appends are refused (reads and commits go on).
-        self.disk.check()?;
-        let bytes: u64 = records
-            .iter()
-            .map(|r| (r.value.len() + r.key.as_ref().map_or(0, Bytes::len)) as u64)
-            .sum();
-        let app = self.clone();
-        // What the append waits for, decided here once for both paths: every append waits at
-        // least for its write (`None` answers nothing, but the tail only ever holds written
-        // data, and a replica's `None` waits for the leader's write like `Written`).
-        let mode = if ack == AckMode::None { AckMode::Written } else { ack };
-        if let Some(host) = self.replication.get().filter(|h| h.is_replicated(stream)) {
-            let tag = producer.map(|t| (t, oldest_pending));
-            let replicated = host.submit(stream, shard, &records, timestamp_ms, mode, tag)?;
-            return Ok(Box::pin(async move {
-                let base = replicated.await?;
-                stats::add(&app.stats.counters.storage_append_bytes, bytes);
-                stats::add(&app.stats.counters.storage_appends, 1);
-                let record_count = records.len() as u32;
-                Ok(AppendOutcome { base_offset: base, record_count, duplicate: false })
-            }));
-        }
-        let meta = BatchMeta { producer, ..BatchMeta::default() };
-        let appending =
-            log.submit(shard, &records, timestamp_ms, mode, meta).map_err(|e| storage_error(&e))?;
-        Ok(Box::pin(async move {
-            let out = appending.done().await.map_err(|e| storage_error(&e))?;
-            debug_assert_eq!(
-                out.record_count as usize,
-                records.len(),
-                "every record gets an offset"
-            );
-            if out.duplicate {
-                // Stored before: nothing new for the tail or the byte counters.
-                stats::add(&app.stats.counters.publish_duplicates, 1);
-                return Ok(out);
-            }
-            debug_assert!(
-                log.next_offset(shard)
-                    .is_ok_and(|n| n.0 >= out.base_offset.0 + records.len() as u64),
-                "the shard's next offset advances past an appended batch"
-            );
-            stats::add(&app.stats.counters.storage_append_bytes, bytes);
-            stats::add(&app.stats.counters.storage_appends, 1);
-            entry.tails.with(shard, |t| {
-                t.handle_append(Instant::now(), shard, out.base_offset, timestamp_ms, records)
-            });
-            Ok(out)
-        }))
     }
 
     async fn read_local(

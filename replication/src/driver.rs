@@ -569,6 +569,9 @@ pub struct Driver<N> {
     retry_at: HashMap<ShardKey, Time>,
     /// Replicas stopped because their group's replicas changed under a log with batches.
     refused: HashSet<ShardKey>,
+    /// Shards whose proposal is on its way while their replica is not running (stopped to be
+    /// reopened): the reopened replica waits for it too, so one shard never has two.
+    proposing: HashSet<ShardKey>,
     /// This broker's lease and until when it holds, as last confirmed.
     lease: Option<(LeaseId, Time)>,
     out: VecDeque<Action<N>>,
@@ -588,6 +591,7 @@ impl<N: Clone + PartialEq + Debug> Driver<N> {
             opening: HashSet::new(),
             retry_at: HashMap::new(),
             refused: HashSet::new(),
+            proposing: HashSet::new(),
             lease: None,
             out: VecDeque::new(),
             stats: DriverStats::default(),
@@ -678,6 +682,9 @@ impl<N: Clone + PartialEq + Debug> Driver<N> {
             }
             d @ (Adoption::Reopen | Adoption::Refuse) => {
                 let Some(mut old) = self.remove(key) else { return };
+                if old.proposing {
+                    self.proposing.insert(key.clone());
+                }
                 if !old.failed {
                     old.refuse_pending(&mut self.out);
                 }
@@ -723,7 +730,7 @@ impl<N: Clone + PartialEq + Debug> Driver<N> {
             // may end in batches a new leader takes back.
             fed: Offset(0),
             failed: false,
-            proposing: false,
+            proposing: self.proposing.contains(&key),
             proposals_dropped: 0,
             resident_bytes: self.limits.resident_bytes,
             bugs: self.bugs,
@@ -841,6 +848,7 @@ impl<N: Clone + PartialEq + Debug> Driver<N> {
     /// The proposal of `key` handed over with [`Action::Propose`] was answered (or given up):
     /// the next one may go.
     pub fn proposal_done(&mut self, key: &ShardKey) {
+        self.proposing.remove(key);
         if let Some(s) = self.get_mut(key) {
             s.proposing = false;
         }

@@ -45,7 +45,9 @@ pub enum Packet {
     Lease { lease: LeaseId, sent_at: Time },
     /// etcd to node: the group record (watch), whether the stream is placed, and the node of
     /// each replica number.
-    Group { state: GroupState, placed: bool, replicas: Vec<ReplicaNumber> },
+    /// `revision` orders the records as etcd's watch does: a node never goes back to an older
+    /// one (a deposed controller's record the placement overwrote, delivered late).
+    Group { state: GroupState, placed: bool, replicas: Vec<ReplicaNumber>, revision: u64 },
     /// Producer to node.
     Append(AppendRequest),
     /// Node to producer: an `Ack` or a `Reject`.

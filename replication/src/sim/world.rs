@@ -63,6 +63,8 @@ struct SimNode {
     requests: HashMap<AppendId, AppendId>,
     /// Proposals handed to etcd and not answered (tokens).
     proposals: HashSet<u64>,
+    /// The newest group record revision this process has seen.
+    revision: u64,
     /// Disk operations of a stopped replica still to complete before the shard may reopen.
     draining: usize,
     /// Restart from the checkpoint when the replica opens (chosen at the restart).
@@ -172,6 +174,7 @@ impl World {
                 driver: None,
                 requests: HashMap::new(),
                 proposals: HashSet::new(),
+                revision: 0,
                 draining: 0,
                 from_checkpoint: None,
                 checkpoint: None,
@@ -357,7 +360,12 @@ impl World {
             (Addr::Node(peer), Packet::Replica(message)) => {
                 driver.handle_message(now, STREAM, 0, peer, message)
             }
-            (_, Packet::Group { state, placed, replicas }) => {
+            (_, Packet::Group { state, placed, replicas, revision }) => {
+                // The agent's view only moves forward (etcd's watch is ordered).
+                if revision < node.revision {
+                    return Ok(());
+                }
+                node.revision = revision;
                 let view = GroupView { key: &key, placed, replicas: &replicas, state: Some(state) };
                 driver.handle_group(now, view);
             }
@@ -415,6 +423,9 @@ impl World {
     /// The proposal `token` of node `n` was answered or timed out: the driver may hand over
     /// the next.
     fn proposal_done(&mut self, n: usize, token: u64) {
+        if self.opts.trace {
+            eprintln!("t={} n{n}: proposal {token} done", self.now.0);
+        }
         if self.nodes[n].proposals.remove(&token) {
             let key = self.key.clone();
             if let Some(driver) = self.nodes[n].driver.as_mut() {
@@ -560,6 +571,12 @@ impl World {
         self.next_token += 1;
         let token = self.next_token;
         self.nodes[n].proposals.insert(token);
+        if self.opts.trace {
+            eprintln!(
+                "t={} {} proposes {proposal:?} (token {token})",
+                self.now.0, self.nodes[n].id
+            );
+        }
         let (id, incarnation) = (self.nodes[n].id, self.nodes[n].incarnation);
         self.send(Addr::Node(id), Addr::Etcd, Packet::Propose { proposal, token });
         let at = self.now.plus_ms(AGENT_REQUEST_TIMEOUT_MS);
@@ -774,7 +791,9 @@ impl World {
     /// The group record the nodes see now (a deposed controller's before the placement).
     fn group_packet(&self) -> Packet {
         let (state, placed, replicas) = self.etcd.record(self.now);
-        Packet::Group { state, placed, replicas }
+        // A placed record overwrote the deposed one; within one, the version orders them.
+        let revision = (u64::from(placed) << 32) | state.version;
+        Packet::Group { state, placed, replicas, revision }
     }
 
     fn broadcast_group(&mut self) {
@@ -835,6 +854,7 @@ impl World {
         node.driver = Some(driver);
         node.requests.clear();
         node.proposals.clear();
+        node.revision = 0;
         node.draining = 0;
         node.lease = None;
         node.lease_sent_at = Time(0);

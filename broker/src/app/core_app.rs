@@ -22,6 +22,7 @@ use super::frames::LogFrames;
 use super::mesh::{CoreRequest, CoreResponse, Mesh};
 use super::meta::{self, StreamMeta, TenantQuota};
 use super::offsets::GroupPositions;
+use super::publish::PublishPath;
 use super::stats::{self, AppStats};
 use super::tail::{EncodedBatch, TailRead};
 use super::tasks::CoreTasks;
@@ -101,39 +102,60 @@ pub struct StreamEntry {
     unkeyed_next: Cell<u32>,
 }
 
-/// One core's broker state.
+/// One core's broker state: its streams ([`StreamRegistry`]), its publish path's budget and
+/// latencies ([`PublishPath`]), consumer positions, the mesh to other cores, the cluster link
+/// and the replication shell. Fields are private; the other modules use the accessors.
 pub struct CoreApp {
-    /// This core.
-    pub core: CoreId,
-    /// Shared settings.
-    pub settings: Settings,
-    /// The core's storage.
-    pub store: CoreStore,
+    core: CoreId,
+    settings: Settings,
+    store: CoreStore,
     /// The free-space floor, refreshed in the background.
-    pub disk: Rc<DiskFloor>,
-    /// The mesh to other cores.
-    pub mesh: Rc<Mesh>,
+    disk: Rc<DiskFloor>,
+    mesh: Rc<Mesh>,
     /// Statistics, read by the admin thread.
-    pub stats: Arc<AppStats>,
-    /// Publish bytes in flight on this core.
-    pub core_budget: Rc<Semaphore>,
-    /// Publish-to-ack latency (core-local; published periodically).
-    pub ack_latency_us: RefCell<hdrhistogram::Histogram<u64>>,
-    /// The same latency counted once per record of the batch (see `AppStats`).
-    pub ack_record_latency_us: RefCell<hdrhistogram::Histogram<u64>>,
-    /// Publish receive spans (core-local; published periodically; see `AppStats`).
-    pub receive_span_us: RefCell<hdrhistogram::Histogram<u64>>,
-    pub(super) streams: RefCell<HashMap<String, Rc<StreamEntry>>>,
-    opening: Semaphore,
+    stats: Arc<AppStats>,
+    publish: PublishPath,
+    streams: StreamRegistry,
     positions: Rc<GroupPositions>,
     /// Set when shutdown starts: new publishes are refused.
-    pub stopping: Cell<bool>,
+    stopping: Cell<bool>,
     /// The cluster view of this core; `None` for a single-node broker.
-    pub cluster: Option<Rc<super::cluster::ClusterLink>>,
-    /// The replication driver of this core (in a cluster), set once the core is open.
-    pub replication: std::cell::OnceCell<Rc<super::replication::ReplicationShell>>,
+    cluster: Option<Rc<super::cluster::ClusterLink>>,
+    /// The replication shell of this core (in a cluster), set once the core is open.
+    replication: std::cell::OnceCell<Rc<super::replication::ReplicationShell>>,
     /// The tasks that hold this state, ended when the core stops.
-    pub tasks: CoreTasks,
+    tasks: CoreTasks,
+}
+
+/// The streams open on one core, by name; opened one at a time.
+pub struct StreamRegistry {
+    streams: RefCell<HashMap<String, Rc<StreamEntry>>>,
+    opening: Semaphore,
+}
+
+impl StreamRegistry {
+    fn new() -> Self {
+        StreamRegistry { streams: RefCell::default(), opening: Semaphore::new(1) }
+    }
+
+    /// The stream `name`, if it is open on this core.
+    pub fn get(&self, name: &str) -> Option<Rc<StreamEntry>> {
+        self.streams.borrow().get(name).cloned()
+    }
+
+    /// Whether `name` is open on this core.
+    pub fn contains(&self, name: &str) -> bool {
+        self.streams.borrow().contains_key(name)
+    }
+
+    /// Every open stream.
+    pub fn all(&self) -> Vec<Rc<StreamEntry>> {
+        self.streams.borrow().values().cloned().collect()
+    }
+
+    fn insert(&self, entry: Rc<StreamEntry>) {
+        self.streams.borrow_mut().insert(entry.meta.name.as_str().to_owned(), entry);
+    }
 }
 
 impl CoreApp {
@@ -170,16 +192,12 @@ impl CoreApp {
             cluster,
             core,
             disk,
-            core_budget: Rc::new(Semaphore::new(settings.inflight_bytes_per_core as u64)),
+            publish: PublishPath::new(settings.inflight_bytes_per_core),
             settings,
             store,
             mesh,
             stats,
-            ack_latency_us: RefCell::new(stats::new_histogram()),
-            ack_record_latency_us: RefCell::new(stats::new_histogram()),
-            receive_span_us: RefCell::new(stats::new_histogram()),
-            streams: RefCell::default(),
-            opening: Semaphore::new(1),
+            streams: StreamRegistry::new(),
             positions,
             stopping: Cell::new(false),
             replication: std::cell::OnceCell::new(),
@@ -210,13 +228,13 @@ impl CoreApp {
 
     /// Every open stream entry.
     pub fn entries(&self) -> Vec<Rc<StreamEntry>> {
-        self.streams.borrow().values().cloned().collect()
+        self.streams.all()
     }
 
     /// The stream `name`, loading its definition from disk, or creating it when allowed.
     pub async fn stream(&self, name: &str, create: bool) -> Result<Rc<StreamEntry>, WireError> {
-        if let Some(e) = self.streams.borrow().get(name) {
-            return Ok(e.clone());
+        if let Some(e) = self.streams.get(name) {
+            return Ok(e);
         }
         let parsed = parse_client_stream(name)?;
         let found = meta::load(&self.settings.data_dir, &parsed).map_err(|e| meta_error(&e))?;
@@ -357,8 +375,9 @@ impl CoreApp {
     /// Opens the logs of a defined stream on this core (the full storage error, for start-up).
     async fn open_entry(&self, m: StreamMeta) -> Result<Rc<StreamEntry>, StorageError> {
         // The semaphore is never closed.
-        let _guard = self.opening.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
-        if let Some(e) = self.streams.borrow().get(m.name.as_str()) {
+        let _guard =
+            self.streams.opening.acquire_permit(1).await.map_err(|_| StorageError::Closed)?;
+        if let Some(e) = self.streams.get(m.name.as_str()) {
             return Ok(e.clone());
         }
         let owned: Vec<ShardId> =
@@ -386,7 +405,7 @@ impl CoreApp {
             tails: Default::default(),
             unkeyed_next: Cell::new(0),
         });
-        self.streams.borrow_mut().insert(entry.meta.name.as_str().to_owned(), entry.clone());
+        self.streams.insert(entry.clone());
         Ok(entry)
     }
 
@@ -707,12 +726,7 @@ impl CoreApp {
         stats::publish_histogram(&self.stats.flush_latency_us, &flush_h);
         stats::publish_histogram(&self.stats.write_latency_us, &write_h);
         stats::publish_histogram(&self.stats.fan_in, &fan_in);
-        stats::publish_histogram(&self.stats.ack_latency_us, &self.ack_latency_us.borrow());
-        stats::publish_histogram(
-            &self.stats.ack_record_latency_us,
-            &self.ack_record_latency_us.borrow(),
-        );
-        stats::publish_histogram(&self.stats.receive_span_us, &self.receive_span_us.borrow());
+        self.publish.publish_histograms(&self.stats);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
@@ -740,6 +754,79 @@ fn check_replicas(replicas: u8, cluster: bool, retention: Retention) -> Result<(
 
 /// The tenant of the broker's own streams; clients may not name it.
 pub const RESERVED_TENANT: &str = "felix-internal";
+
+/// Read access for the other modules of `app` (the fields stay private).
+impl CoreApp {
+    /// This core.
+    pub fn core(&self) -> CoreId {
+        self.core
+    }
+
+    /// Shared settings.
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    /// The core's storage.
+    pub fn store(&self) -> &CoreStore {
+        &self.store
+    }
+
+    /// The mesh to other cores.
+    pub fn mesh(&self) -> &Rc<Mesh> {
+        &self.mesh
+    }
+
+    /// Statistics, read by the admin thread.
+    pub fn stats(&self) -> &Arc<AppStats> {
+        &self.stats
+    }
+
+    /// The publish path's budget and latencies.
+    pub fn publish_path(&self) -> &PublishPath {
+        &self.publish
+    }
+
+    /// The streams open on this core.
+    pub fn streams(&self) -> &StreamRegistry {
+        &self.streams
+    }
+
+    /// The free-space floor.
+    pub fn disk(&self) -> &DiskFloor {
+        &self.disk
+    }
+
+    /// Whether shutdown has started (new publishes are refused).
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.get()
+    }
+
+    /// Starts shutdown: new publishes are refused from now on.
+    pub fn begin_stopping(&self) {
+        self.stopping.set(true);
+    }
+
+    /// The cluster view of this core; `None` for a single-node broker.
+    pub fn cluster(&self) -> Option<&Rc<super::cluster::ClusterLink>> {
+        self.cluster.as_ref()
+    }
+
+    /// The replication shell of this core, once set (in a cluster).
+    pub fn replication(&self) -> Option<&Rc<super::replication::ReplicationShell>> {
+        self.replication.get()
+    }
+
+    /// Sets the replication shell (once, when the core opens in a cluster).
+    pub fn set_replication(&self, shell: Rc<super::replication::ReplicationShell>) {
+        let _ = self.replication.set(shell);
+    }
+
+    /// The tasks that hold this state, ended when the core stops.
+    pub fn tasks(&self) -> &CoreTasks {
+        &self.tasks
+    }
+}
 
 /// The most shards a stream may have on a broker with `cores` cores: one log holds at most
 /// `SHARDS_PER_LOG_MAX` shards of a stream per core.

@@ -243,10 +243,10 @@ impl CoreLauncher {
             };
             // Once the server stops accepting (it has closed every connection), or when this
             // future is dropped, the core's tasks end, and with them its state and open logs.
-            let _stop = app.tasks.stop_on_drop();
-            app.tasks.spawn(watch_stop(app.clone(), stop, drained));
+            let _stop = app.tasks().stop_on_drop();
+            app.tasks().spawn(watch_stop(app.clone(), stop, drained));
             while let Some(conn) = ctx.accept().await {
-                app.tasks.spawn(session::serve_connection(app.clone(), conn));
+                app.tasks().spawn(session::serve_connection(app.clone(), conn));
             }
         }
     }
@@ -431,31 +431,31 @@ async fn open_core(
     let replication = settings.replication.clone();
     let app = CoreApp::open(core, settings, store.clone(), mesh.clone(), stats).await?;
     if let (Some(r), Some(agent), Some(link)) =
-        (replication, app.settings.cluster.clone(), app.cluster.clone())
+        (replication, app.settings().cluster.clone(), app.cluster().cloned())
     {
-        let stats = app.stats.clone();
+        let stats = app.stats().clone();
         let host = replication::ReplicationShell::new(
             ctx.clone(),
-            app.settings.cores,
+            app.settings().cores,
             &r,
             agent,
             link,
             stats,
         )
         .map_err(|source| CoreOpenError::PeerTls { core, source })?;
-        let _ = app.replication.set(host.clone());
-        app.tasks.spawn(host.clone().run(Rc::downgrade(&app)));
+        app.set_replication(host.clone());
+        app.tasks().spawn(host.clone().run(Rc::downgrade(&app)));
         if core.0 == 0 {
-            app.tasks.spawn(replication::verify_peers(host));
+            app.tasks().spawn(replication::verify_peers(host));
         }
     }
     // Replies only complete local waiters: their loops never block.
     for (_, rx) in reply_rx {
         let app = app.clone();
-        app.tasks.clone().spawn(async move {
+        app.tasks().clone().spawn(async move {
             while let Some(msg) = rx.recv().await {
                 if let MeshMsg::Reply { id, resp } = msg {
-                    app.mesh.complete(id, resp);
+                    app.mesh().complete(id, resp);
                 }
             }
         });
@@ -466,13 +466,13 @@ async fn open_core(
     for (_, rx) in request_rx {
         let app = app.clone();
         let limit = limit.clone();
-        app.tasks.clone().spawn(async move {
+        app.tasks().clone().spawn(async move {
             while let Some(msg) = rx.recv().await {
                 let MeshMsg::Request { id, from, req } = msg else { continue };
                 let Ok(permit) = limit.acquire_static_permit(1).await else { return };
                 let work: Pin<Box<dyn Future<Output = mesh::CoreResponse>>> = match req {
                     mesh::CoreRequest::Append(batch) => {
-                        stats::add(&app.stats.counters.forwarded_in, 1);
+                        stats::add(&app.stats().counters.forwarded_in, 1);
                         // Queued here, in arrival order: a sender's appends are stored in the
                         // order it sent them.
                         let queued = app.submit_forwarded(batch).await;
@@ -486,20 +486,20 @@ async fn open_core(
                     }
                 };
                 let app = app.clone();
-                app.tasks.clone().spawn(async move {
+                app.tasks().clone().spawn(async move {
                     let resp = work.await;
                     drop(permit);
-                    app.mesh.reply(from, id, resp).await;
+                    app.mesh().reply(from, id, resp).await;
                 });
             }
         });
     }
     if let Err(source) = store.start_retention(Duration::from_millis(RETENTION_INTERVAL_MS)) {
-        app.tasks.stop();
+        app.tasks().stop();
         return Err(CoreOpenError::Retention { core, source });
     }
     let sweeper = Rc::downgrade(&app);
-    app.tasks.spawn(async move {
+    app.tasks().spawn(async move {
         loop {
             glommio::timer::sleep(Duration::from_millis(tail::TAIL_SWEEP_MS)).await;
             let Some(app) = sweeper.upgrade() else { return };
@@ -507,7 +507,7 @@ async fn open_core(
         }
     });
     let publisher = app.clone();
-    app.tasks.spawn(async move {
+    app.tasks().spawn(async move {
         loop {
             glommio::timer::sleep(Duration::from_millis(stats::HISTOGRAM_PUBLISH_INTERVAL_MS))
                 .await;
@@ -521,8 +521,8 @@ async fn watch_stop(app: Rc<CoreApp>, stop: Arc<ShutdownFlags>, drained: mpsc::S
     while !stop.refuse.load(Ordering::Relaxed) {
         glommio::timer::sleep(Duration::from_millis(SHUTDOWN_POLL_MS)).await;
     }
-    app.stopping.set(true);
-    while app.stats.counters.inflight_bytes.load(Ordering::Relaxed) > 0 {
+    app.begin_stopping();
+    while app.stats().counters.inflight_bytes.load(Ordering::Relaxed) > 0 {
         glommio::timer::sleep(Duration::from_millis(DRAIN_POLL_MS)).await;
     }
     let _ = drained.send(());

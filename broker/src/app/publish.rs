@@ -5,6 +5,7 @@
 //! replicated and the single-broker path), storage or the replication driver, the tail, and
 //! the completion (budgets released, counters and ack latency recorded, the answer).
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
@@ -14,15 +15,55 @@ use bytes::Bytes;
 use felix_proto::{AckMode, ErrorCode, Frame, Publish, PublishAck, Record, ShardId};
 use felix_storage::{AppendOutcome, BatchMeta};
 use glommio::channels::local_channel;
+use glommio::sync::Semaphore;
 
 use super::cluster::Refused;
 use super::core_app::CoreApp;
 use super::error::{storage_error, WireError};
 use super::mesh::{AppendBatch, CoreRequest, CoreResponse};
 use super::session::{ready, Answer, Session};
-use super::stats;
+use super::stats::{self, AppStats};
 use super::tail::{BATCH_OVERHEAD_BYTES, RECORD_OVERHEAD_BYTES};
 use super::tasks::now_ms;
+
+/// One core's publish budget and latencies: the bytes in flight on the core, and the
+/// publish-to-ack and receive-span histograms (core-local, published periodically).
+pub struct PublishPath {
+    budget: Rc<Semaphore>,
+    ack_latency_us: RefCell<hdrhistogram::Histogram<u64>>,
+    ack_record_latency_us: RefCell<hdrhistogram::Histogram<u64>>,
+    receive_span_us: RefCell<hdrhistogram::Histogram<u64>>,
+}
+
+impl PublishPath {
+    /// A path with `inflight_bytes_per_core` of budget.
+    pub fn new(inflight_bytes_per_core: usize) -> Self {
+        PublishPath {
+            budget: Rc::new(Semaphore::new(inflight_bytes_per_core as u64)),
+            ack_latency_us: RefCell::new(stats::new_histogram()),
+            ack_record_latency_us: RefCell::new(stats::new_histogram()),
+            receive_span_us: RefCell::new(stats::new_histogram()),
+        }
+    }
+
+    /// An ack `us` after its frame arrived, for a batch of `records`.
+    fn record_ack(&self, us: u64, records: u64) {
+        let _ = self.ack_latency_us.borrow_mut().record(us.max(1));
+        let _ = self.ack_record_latency_us.borrow_mut().record_n(us.max(1), records);
+    }
+
+    /// A publish frame's receive span (`felix_publish_receive_span_us`).
+    pub fn record_receive_span(&self, us: u64) {
+        let _ = self.receive_span_us.borrow_mut().record(us.max(1));
+    }
+
+    /// Copies the histograms to the admin thread's.
+    pub fn publish_histograms(&self, to: &AppStats) {
+        stats::publish_histogram(&to.ack_latency_us, &self.ack_latency_us.borrow());
+        stats::publish_histogram(&to.ack_record_latency_us, &self.ack_record_latency_us.borrow());
+        stats::publish_histogram(&to.receive_span_us, &self.receive_span_us.borrow());
+    }
+}
 
 /// A local append queued in storage (its offsets fixed), waiting for its ack mode
 /// ([`CoreApp::submit_local`]).
@@ -34,14 +75,14 @@ pub type LocalAppend = Pin<Box<dyn Future<Output = Result<AppendOutcome, WireErr
 pub async fn publish(session: &Rc<Session>, p: Publish) -> Answer {
     let received = Instant::now();
     let app = session.app.clone();
-    let c = &app.stats.counters;
+    let c = &app.stats().counters;
     let request_id = p.ack.map(|a| a.request_id);
     let mode = p.ack.map_or(AckMode::None, |a| a.mode);
     // An acked Publish is refused with PublishError, an unacked one with Error (id 0).
     let fail = move |e: WireError| -> Answer {
         ready(Some(e.into_answer(request_id.unwrap_or_default(), request_id.is_some())))
     };
-    if app.stopping.get() {
+    if app.is_stopping() {
         stats::add(&c.publish_errors, 1);
         return fail(WireError::new(ErrorCode::ShuttingDown, "the broker is shutting down"));
     }
@@ -52,7 +93,7 @@ pub async fn publish(session: &Rc<Session>, p: Publish) -> Answer {
             return fail(e);
         }
     };
-    let shard = match (&p.key, p.producer, &app.cluster) {
+    let shard = match (&p.key, p.producer, &app.cluster()) {
         (Some(k), _, _) => felix_proto::shard_for_key(k, entry.meta.shards),
         // An idempotent producer's batches all go to one shard, so a retry finds its
         // original (docs/protocol.md, "Idempotent publishing").
@@ -65,7 +106,7 @@ pub async fn publish(session: &Rc<Session>, p: Publish) -> Answer {
             .unkeyed_shard_among(&entry, &link.owned(&p.stream, entry.meta.shards))
             .unwrap_or(ShardId(0)),
     };
-    if let Some(Err(r)) = app.cluster.as_ref().map(|l| l.check(&p.stream, shard, true)) {
+    if let Some(Err(r)) = app.cluster().as_ref().map(|l| l.check(&p.stream, shard, true)) {
         stats::add(&c.publish_errors, 1);
         return match (request_id, r) {
             (Some(id), r) => ready(session.refused(id, &p.stream, r, true)),
@@ -86,11 +127,11 @@ pub async fn publish(session: &Rc<Session>, p: Publish) -> Answer {
     // budget counts what the batch holds in memory, per-record overhead included, so
     // batches of empty records cannot slip past it.
     let units = (bytes + p.records.len() * RECORD_OVERHEAD_BYTES + BATCH_OVERHEAD_BYTES) as u64;
-    let conn_units = units.min(app.settings.inflight_bytes_per_conn as u64);
-    let core_units = units.min(app.settings.inflight_bytes_per_core as u64);
+    let conn_units = units.min(app.settings().inflight_bytes_per_conn as u64);
+    let core_units = units.min(app.settings().inflight_bytes_per_core as u64);
     let (Ok(conn_permit), Ok(core_permit)) = (
         session.budget.acquire_static_permit(conn_units).await,
-        app.core_budget.acquire_static_permit(core_units).await,
+        app.publish_path().budget.acquire_static_permit(core_units).await,
     ) else {
         return fail(WireError::new(ErrorCode::ShuttingDown, "budget closed"));
     };
@@ -110,7 +151,7 @@ pub async fn publish(session: &Rc<Session>, p: Publish) -> Answer {
         oldest_pending,
     };
     let stored: Pin<Box<dyn Future<Output = Result<felix_storage::AppendOutcome, WireError>>>> =
-        if owner == app.core {
+        if owner == app.core() {
             // Queued now, its offsets fixed, before the stream's next frame is read (the
             // stream was opened on this core above).
             match app.submit_local(batch) {
@@ -120,7 +161,7 @@ pub async fn publish(session: &Rc<Session>, p: Publish) -> Answer {
         } else {
             stats::add(&c.forwarded_out, 1);
             let req = CoreRequest::Append(batch);
-            match app.mesh.submit(app.core, owner, req).await {
+            match app.mesh().submit(app.core(), owner, req).await {
                 Ok(rx) => Box::pin(async move {
                     match rx.recv().await {
                         Some(CoreResponse::Appended(r)) => r,
@@ -142,16 +183,14 @@ pub async fn publish(session: &Rc<Session>, p: Publish) -> Answer {
     glommio::spawn_local(async move {
         let result = stored.await;
         drop((conn_permit, core_permit));
-        let c = &app.stats.counters;
+        let c = &app.stats().counters;
         let before = c.inflight_bytes.fetch_sub(units, std::sync::atomic::Ordering::Relaxed);
         debug_assert!(before >= units, "the core's in-flight bytes never go negative");
         let answer = match (request_id, result) {
             (Some(id), Ok(out)) if mode != AckMode::None => {
                 stats::add(&c.acks, 1);
                 let us = received.elapsed().as_micros() as u64;
-                let _ = app.ack_latency_us.borrow_mut().record(us.max(1));
-                let records = u64::from(out.record_count);
-                let _ = app.ack_record_latency_us.borrow_mut().record_n(us.max(1), records);
+                app.publish_path().record_ack(us, u64::from(out.record_count));
                 Some(Frame::PublishAck(PublishAck {
                     request_id: id,
                     shard,
@@ -179,7 +218,7 @@ impl CoreApp {
         self: &Rc<Self>,
         batch: AppendBatch,
     ) -> Result<LocalAppend, WireError> {
-        if !self.streams.borrow().contains_key(&batch.stream) {
+        if !self.streams().contains(&batch.stream) {
             self.stream(&batch.stream, false).await?;
         }
         self.submit_local(batch)
@@ -194,18 +233,18 @@ impl CoreApp {
         let AppendBatch { stream, shard, records, timestamp_ms, ack, producer, oldest_pending } =
             batch;
         let stream = stream.as_str();
-        debug_assert_eq!(self.owner(shard), self.core, "a shard is appended to by its owner");
-        let entry = self.streams.borrow().get(stream).cloned().ok_or_else(|| {
+        debug_assert_eq!(self.owner(shard), self.core(), "a shard is appended to by its owner");
+        let entry = self.streams().get(stream).ok_or_else(|| {
             WireError::new(ErrorCode::StreamNotFound, format!("{stream} is not open on this core"))
         })?;
         let Some(log) = entry.log.clone() else {
             return Err(WireError::new(
                 ErrorCode::Internal,
-                format!("{shard} of {stream} is not on {}", self.core),
+                format!("{shard} of {stream} is not on {}", self.core()),
             ));
         };
         // Below the free-space floor, appends are refused (reads and commits go on).
-        self.disk.check()?;
+        self.disk().check()?;
         let bytes: u64 = records
             .iter()
             .map(|r| (r.value.len() + r.key.as_ref().map_or(0, Bytes::len)) as u64)
@@ -215,13 +254,13 @@ impl CoreApp {
         // least for its write (`None` answers nothing, but the tail only ever holds written
         // data, and a replica's `None` waits for the leader's write like `Written`).
         let mode = if ack == AckMode::None { AckMode::Written } else { ack };
-        if let Some(host) = self.replication.get().filter(|h| h.is_replicated(stream)) {
+        if let Some(host) = self.replication().filter(|h| h.is_replicated(stream)) {
             let tag = producer.map(|t| (t, oldest_pending));
             let replicated = host.submit(stream, shard, &records, timestamp_ms, mode, tag)?;
             return Ok(Box::pin(async move {
                 let base = replicated.await?;
-                stats::add(&app.stats.counters.storage_append_bytes, bytes);
-                stats::add(&app.stats.counters.storage_appends, 1);
+                stats::add(&app.stats().counters.storage_append_bytes, bytes);
+                stats::add(&app.stats().counters.storage_appends, 1);
                 let record_count = records.len() as u32;
                 Ok(AppendOutcome { base_offset: base, record_count, duplicate: false })
             }));
@@ -238,7 +277,7 @@ impl CoreApp {
             );
             if out.duplicate {
                 // Stored before: nothing new for the tail or the byte counters.
-                stats::add(&app.stats.counters.publish_duplicates, 1);
+                stats::add(&app.stats().counters.publish_duplicates, 1);
                 return Ok(out);
             }
             debug_assert!(
@@ -246,8 +285,8 @@ impl CoreApp {
                     .is_ok_and(|n| n.0 >= out.base_offset.0 + records.len() as u64),
                 "the shard's next offset advances past an appended batch"
             );
-            stats::add(&app.stats.counters.storage_append_bytes, bytes);
-            stats::add(&app.stats.counters.storage_appends, 1);
+            stats::add(&app.stats().counters.storage_append_bytes, bytes);
+            stats::add(&app.stats().counters.storage_appends, 1);
             entry.tails.with(shard, |t| {
                 t.handle_append(Instant::now(), shard, out.base_offset, timestamp_ms, records)
             });

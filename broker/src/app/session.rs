@@ -69,11 +69,11 @@ pub struct Session {
 
 /// Serves `conn` until it closes.
 pub async fn serve_connection(app: Rc<CoreApp>, conn: Connection) {
-    let c = &app.stats.counters;
+    let c = &app.stats().counters;
     stats::add(&c.connections_accepted, 1);
     stats::add(&c.connections_open, 1);
     let session = Rc::new(Session {
-        budget: Rc::new(Semaphore::new(app.settings.inflight_bytes_per_conn as u64)),
+        budget: Rc::new(Semaphore::new(app.settings().inflight_bytes_per_conn as u64)),
         app: app.clone(),
         conn: conn.clone(),
         hello: Cell::new(false),
@@ -108,7 +108,7 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
     });
     // A broker of a cluster accepts the flags CLUSTER allows (CreateStream's REPLICAS).
     let accepted = broker_capabilities(&session.app);
-    let mut decoder = FrameDecoder::new(session.app.settings.limits, accepted);
+    let mut decoder = FrameDecoder::new(session.app.settings().limits, accepted);
     // When the first read of the frame now being decoded happened (`None` between frames).
     let mut frame_began: Option<Instant> = None;
     'read: loop {
@@ -141,7 +141,7 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
             began = Some(now);
             let answer = match result {
                 Ok(Frame::Replicate(r)) if session.peer.get() => {
-                    if let Some(host) = session.app.replication.get() {
+                    if let Some(host) = session.app.replication() {
                         host.handle_frame(r);
                     }
                     continue;
@@ -178,11 +178,11 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
 /// the last (`felix_publish_receive_span_us`).
 fn record_receive_span(app: &CoreApp, span: std::time::Duration) {
     let us = u64::try_from(span.as_micros()).unwrap_or(u64::MAX);
-    let _ = app.receive_span_us.borrow_mut().record(us.max(1));
+    app.publish_path().record_receive_span(us);
 }
 
 fn reject(session: &Session, e: &FrameError) -> Answer {
-    stats::add(&session.app.stats.counters.rejected_frames, 1);
+    stats::add(&session.app.stats().counters.rejected_frames, 1);
     // A Publish whose request id could be read asked for an ack.
     let acked_publish = e.frame_type == Some(FrameType::Publish) && e.request_id.is_some();
     let answer = WireError::new(e.code(), e.to_string())
@@ -217,7 +217,7 @@ impl Session {
             return self.handle_first_frame(frame);
         }
         if self.peer.get() && !matches!(frame, Frame::Ping(_) | Frame::Pong(_)) {
-            stats::add(&self.app.stats.counters.rejected_frames, 1);
+            stats::add(&self.app.stats().counters.rejected_frames, 1);
             let e = WireError::new(
                 ErrorCode::InvalidArgument,
                 "a replication peer sends only Replicate",
@@ -241,14 +241,14 @@ impl Session {
             Frame::Ping(n) => ready(Some(Frame::Pong(n))),
             Frame::Pong(_) => ready(None),
             Frame::Hello(_) => {
-                stats::add(&self.app.stats.counters.rejected_frames, 1);
+                stats::add(&self.app.stats().counters.rejected_frames, 1);
                 ready(error_frame(
                     RequestId(0),
                     WireError::new(ErrorCode::InvalidArgument, "Hello was already received"),
                 ))
             }
             other => {
-                stats::add(&self.app.stats.counters.rejected_frames, 1);
+                stats::add(&self.app.stats().counters.rejected_frames, 1);
                 let e = WireError::new(
                     ErrorCode::InvalidArgument,
                     format!("{:?} is not sent by clients", other.frame_type()),
@@ -263,7 +263,7 @@ impl Session {
         let app = &self.app;
         match frame {
             Frame::Hello(h) if h.version != PROTOCOL_VERSION => {
-                stats::add(&app.stats.counters.rejected_frames, 1);
+                stats::add(&app.stats().counters.rejected_frames, 1);
                 let e = WireError::new(
                     ErrorCode::UnsupportedVersion,
                     format!("protocol version {} is not supported; this broker speaks {PROTOCOL_VERSION}", h.version),
@@ -272,7 +272,7 @@ impl Session {
             }
             Frame::Hello(h) => self.handle_hello(h),
             other => {
-                stats::add(&app.stats.counters.rejected_frames, 1);
+                stats::add(&app.stats().counters.rejected_frames, 1);
                 let e = WireError::new(ErrorCode::Unauthenticated, "Hello must come first");
                 let answer =
                     e.into_answer(request_id_of(&other), answers_with_publish_error(&other));
@@ -288,7 +288,7 @@ impl Session {
         if h.capabilities.contains(Capabilities::REPLICATION) {
             return self.handle_peer_hello();
         }
-        if let Some(auth) = &app.settings.auth {
+        if let Some(auth) = &app.settings().auth {
             let verified = match &h.token {
                 None => {
                     Err(WireError::new(ErrorCode::Unauthenticated, "this broker requires a token"))
@@ -304,7 +304,7 @@ impl Session {
                     *self.grant.borrow_mut() = Some(grant);
                 }
                 Err(e) => {
-                    stats::add(&app.stats.counters.rejected_frames, 1);
+                    stats::add(&app.stats().counters.rejected_frames, 1);
                     return ready(error_frame(RequestId(0), e));
                 }
             }
@@ -314,9 +314,9 @@ impl Session {
         ready(Some(Frame::HelloOk(HelloOk {
             version: PROTOCOL_VERSION,
             capabilities: broker_capabilities(app),
-            limits: app.settings.limits,
-            core: app.core,
-            core_count: app.settings.cores as u16,
+            limits: app.settings().limits,
+            core: app.core(),
+            core_count: app.settings().cores as u16,
         })))
     }
 
@@ -324,8 +324,8 @@ impl Session {
     /// stream carries only its `Replicate` frames. Refused by a broker outside a cluster.
     fn handle_peer_hello(self: &Rc<Self>) -> Answer {
         let app = &self.app;
-        if app.replication.get().is_none() {
-            stats::add(&app.stats.counters.rejected_frames, 1);
+        if app.replication().is_none() {
+            stats::add(&app.stats().counters.rejected_frames, 1);
             let e = WireError::new(
                 ErrorCode::InvalidArgument,
                 "REPLICATION is spoken only between brokers of a cluster",
@@ -335,7 +335,7 @@ impl Session {
         // Only another broker: its connection presented a client certificate, which the
         // handshake verified against `--peer-ca` (mutual TLS, `crate::net::tls`), issued for
         // the name the brokers' certificates carry (`--peer-server-name`).
-        let certified = match (self.conn.peer_certificate(), app.replication.get()) {
+        let certified = match (self.conn.peer_certificate(), app.replication()) {
             (None, _) => Err("this connection presented none".to_owned()),
             (Some(cert), Some(host)) => {
                 crate::net::tls::certificate_names(&cert, host.server_name())
@@ -343,7 +343,7 @@ impl Session {
             (Some(_), None) => Err("no replication on this core".to_owned()),
         };
         if let Err(why) = certified {
-            stats::add(&app.stats.counters.rejected_frames, 1);
+            stats::add(&app.stats().counters.rejected_frames, 1);
             let e = WireError::new(
                 ErrorCode::Unauthenticated,
                 format!("REPLICATION needs a client certificate that --peer-ca verifies, for --peer-server-name: {why}"),
@@ -355,9 +355,9 @@ impl Session {
         ready(Some(Frame::HelloOk(HelloOk {
             version: PROTOCOL_VERSION,
             capabilities: Capabilities(broker_capabilities(app).0 | Capabilities::REPLICATION.0),
-            limits: app.settings.limits,
-            core: app.core,
-            core_count: app.settings.cores as u16,
+            limits: app.settings().limits,
+            core: app.core(),
+            core_count: app.settings().cores as u16,
         })))
     }
 
@@ -365,7 +365,7 @@ impl Session {
     fn check_grant(&self, frame: &Frame) -> Option<Answer> {
         let (action, stream) = needs(frame)?;
         let e = self.authorize(action, stream).err()?;
-        stats::add(&self.app.stats.counters.rejected_frames, 1);
+        stats::add(&self.app.stats().counters.rejected_frames, 1);
         let answer = e.into_answer(request_id_of(frame), answers_with_publish_error(frame));
         Some(ready(Some(answer)))
     }
@@ -406,7 +406,7 @@ impl Session {
     /// cluster view in a cluster, else from the layout files in the data directory.
     fn handle_list_streams(&self, l: felix_proto::ListStreams) -> Answer {
         let app = &self.app;
-        let streams = match &app.cluster {
+        let streams = match &app.cluster() {
             Some(link) => link
                 .stream_names()
                 .into_iter()
@@ -417,7 +417,7 @@ impl Session {
                 })
                 .take(felix_proto::limits::MAX_LISTED_STREAMS)
                 .collect(),
-            None => match meta::load_all(&app.settings.data_dir) {
+            None => match meta::load_all(&app.settings().data_dir) {
                 Ok(all) => all
                     .into_iter()
                     .filter(|m| self.authorize_name(Action::Read, &m.name).is_ok())
@@ -441,7 +441,8 @@ impl Session {
             );
             return ready(error_frame(c.request_id, e));
         }
-        if let Some(Err(r)) = self.app.cluster.as_ref().map(|l| l.check(&c.stream, c.shard, true)) {
+        if let Some(Err(r)) = self.app.cluster().as_ref().map(|l| l.check(&c.stream, c.shard, true))
+        {
             return ready(self.refused(c.request_id, &c.stream, r, false));
         }
         let app = self.app.clone();
@@ -476,8 +477,7 @@ impl Session {
     fn handle_metadata(&self, m: felix_proto::Metadata) -> Answer {
         let cluster = self
             .app
-            .cluster
-            .as_ref()
+            .cluster()
             .filter(|_| self.client_capabilities.get().contains(Capabilities::CLUSTER));
         ready(match cluster {
             Some(link) => match link.metadata(m.request_id, &m.stream) {
@@ -503,7 +503,7 @@ impl Session {
         r: Refused,
         publish: bool,
     ) -> Option<Frame> {
-        let counters = &self.app.stats.counters;
+        let counters = &self.app.stats().counters;
         if let Refused::NotOwner { shard, owner } = &r {
             stats::add(&counters.cluster_not_owner, 1);
             if self.client_capabilities.get().contains(Capabilities::CLUSTER) {
@@ -521,7 +521,7 @@ impl Session {
     /// In a cluster: whether every shard a Subscribe names (all of the stream's when it
     /// names none) is this broker's.
     fn check_subscribe(&self, s: &felix_proto::Subscribe) -> Result<(), Refused> {
-        let Some(link) = &self.app.cluster else { return Ok(()) };
+        let Some(link) = &self.app.cluster() else { return Ok(()) };
         let all: Vec<ShardId>;
         let shards = match &s.shards {
             Some(list) => list,
@@ -546,7 +546,7 @@ impl Session {
 
     /// Whether this connection's token allows `action` on `stream` (always, without auth).
     fn authorize(&self, action: Action, stream: &str) -> Result<(), WireError> {
-        if self.app.settings.auth.is_none() {
+        if self.app.settings().auth.is_none() {
             return Ok(());
         }
         let name = felix_proto::StreamName::parse(stream)
@@ -559,7 +559,7 @@ impl Session {
         action: Action,
         name: &felix_proto::StreamName,
     ) -> Result<(), WireError> {
-        if self.app.settings.auth.is_none() {
+        if self.app.settings().auth.is_none() {
             return Ok(());
         }
         match &*self.grant.borrow() {
@@ -591,7 +591,7 @@ fn needs(frame: &Frame) -> Option<(Action, &str)> {
 
 /// What this broker advertises: everything when it runs in a cluster, else all but CLUSTER.
 fn broker_capabilities(app: &CoreApp) -> Capabilities {
-    match app.cluster {
+    match app.cluster() {
         Some(_) => Capabilities::ALL,
         None => BROKER_CAPABILITIES,
     }

@@ -49,7 +49,7 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     // The slot is taken before the first await: concurrent Subscribes on one connection
     // each see the ones accepted before them, so the limit cannot be overrun.
     let slot = SubscriptionSlot::take(&session)?;
-    if app.stopping.get() {
+    if app.is_stopping() {
         return Err(WireError::new(ErrorCode::ShuttingDown, "the broker is shutting down"));
     }
     if let Some(g) = &s.group {
@@ -80,7 +80,7 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     };
     // In a cluster the session checked ownership before; a stream auto-created just now may
     // have been placed elsewhere since.
-    if let Some(link) = &app.cluster {
+    if let Some(link) = &app.cluster() {
         for shard in &shards {
             link.check(&s.stream, *shard, false).map_err(|r| r.into_wire(&s.stream))?;
         }
@@ -101,12 +101,12 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     if send.write_all(&Frame::SubscriptionStart(id).to_bytes()).await.is_err() {
         return Err(WireError::new(ErrorCode::Internal, "subscription stream closed"));
     }
-    stats::add(&app.stats.counters.subscriptions, 1);
+    stats::add(&app.stats().counters.subscriptions, 1);
     let (tx, rx) = queue();
     let writer_app = app.clone();
     let cancelled = Rc::new(std::cell::Cell::new(false));
     let writer_cancel = cancelled.clone();
-    app.tasks.spawn(async move {
+    app.tasks().spawn(async move {
         // However the writer ends, its pumps stop and the connection's slot is freed.
         let _slot = slot;
         let _guard = OnDrop(move || writer_cancel.set(true));
@@ -121,7 +121,7 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     for (shard, pos) in positions {
         let (session, stream, tx) = (session.clone(), s.stream.clone(), tx.clone());
         let pump = pump(session, stream, shard, pos, read_bytes, tx, cancelled.clone());
-        app.tasks.spawn(pump);
+        app.tasks().spawn(pump);
     }
     Ok(SubscribeOk { request_id: s.request_id, subscription_id: id, shards, positions: starts })
 }
@@ -194,7 +194,7 @@ async fn pump(
     cancelled: Rc<std::cell::Cell<bool>>,
 ) {
     let app = session.app.clone();
-    while !session.closed.get() && !app.stopping.get() && !cancelled.get() {
+    while !session.closed.get() && !app.is_stopping() && !cancelled.get() {
         let req = CoreRequest::Read {
             stream: stream.clone(),
             shard,
@@ -256,7 +256,7 @@ async fn pump(
 ///   `ShuttingDown`, so that the subscriber resumes elsewhere instead of reading a clean end
 ///   (which means the broker finished the subscription); otherwise it is finished.
 async fn write_subscription(app: &CoreApp, rx: QueueReceiver, mut send: SendStream) {
-    let c = &app.stats.counters;
+    let c = &app.stats().counters;
     loop {
         let next = futures_lite::future::or(async { Next::Queued(rx.recv().await) }, async {
             send.stopped().await;
@@ -270,7 +270,7 @@ async fn write_subscription(app: &CoreApp, rx: QueueReceiver, mut send: SendStre
         let len = frame.len() as u64;
         // Handed to quinn as it is: a tail batch's frame is shared by all its subscribers.
         let mut chunks = [frame];
-        match glommio::timer::timeout(app.settings.slow_consumer, async {
+        match glommio::timer::timeout(app.settings().slow_consumer, async {
             send.write_all_chunks(&mut chunks)
                 .await
                 .map_err(|e| glommio::GlommioError::IoError(std::io::Error::other(e.to_string())))
@@ -289,7 +289,7 @@ async fn write_subscription(app: &CoreApp, rx: QueueReceiver, mut send: SendStre
             Err(_) => return,
         }
     }
-    if app.stopping.get() {
+    if app.is_stopping() {
         send.reset(ErrorCode::ShuttingDown as u32);
     }
 }

@@ -17,7 +17,7 @@
 //! lease starts a new session (new lease, member key, campaign). A connection that stops
 //! answering without failing (a hung etcd member, dropped packets) is given up when a
 //! keep-alive goes unanswered for half the TTL or the lease's validity passes
-//! ([`crate::lease::KeepAlives`]), and by HTTP/2 pings ([`HTTP2_PING_INTERVAL_MS`]) on every
+//! ([`crate::agent_state::AgentState`], sans-IO, which the simulator drives too), and by HTTP/2 pings ([`HTTP2_PING_INTERVAL_MS`]) on every
 //! connection; every other etcd call has a timeout. A session publishes the view of a new
 //! lease only once it has loaded the cluster's keys for it. A key that does not parse is
 //! logged and skipped ([`ClusterView::keys_skipped`]), never the end of a session.
@@ -32,11 +32,11 @@ use etcd_client::{
 };
 use tokio::sync::{mpsc, oneshot, watch};
 
+use crate::agent_state::{AgentState, SessionEnd};
 use crate::error::ClusterError;
 use crate::groups::{self, ShardGroup};
 use crate::keys;
 use crate::keyspace::{apply_or_skip, Candidates};
-use crate::lease::KeepAlives;
 use crate::placement::{self, PlacementError, StreamPlacement};
 use crate::throttle::WarnEvery;
 use crate::view::{ClusterView, Member, StreamDef, StreamRecord};
@@ -430,9 +430,10 @@ async fn session(
             (lease, granted_at + Duration::from_secs(u64::from(ttl)))
         }
     };
-    let mut keep = KeepAlives::new(Duration::from_secs(u64::from(ttl)), valid_until);
+    let mut keep = AgentState::new(Duration::from_secs(u64::from(ttl)));
+    keep.session_started(valid_until);
     // Opening the stream sends the first keep-alive.
-    keep.handle_sent(Instant::now());
+    keep.keepalive_sent(Instant::now()).map_err(session_end)?;
     let (mut keeper, mut keep_stream) = within(client.lease_keep_alive(lease)).await?;
     let mut keep_tick = tokio::time::interval(Duration::from_millis(u64::from(ttl) * 1000 / 3));
 
@@ -457,7 +458,8 @@ async fn session(
     let mut leader: Option<LeaderKey> = None;
 
     let (view, candidates) = load(&st.config.cluster, &mut client).await?;
-    st.view = ClusterView { lease_valid_until: Some(keep.valid_until()), ..view };
+    keep.view_loaded();
+    st.view = ClusterView { lease_valid_until: keep.lease_valid_until(), ..view };
     st.candidates = candidates;
     let root = keys::root(&st.config.cluster);
     let watch_opts = WatchOptions::new().with_prefix().with_start_revision(st.view.revision + 1);
@@ -482,7 +484,7 @@ async fn session(
                 st.publish();
                 return Ok(());
             }
-            _ = tokio::time::sleep_until(keep.poll_deadline().into()) => {
+            _ = tokio::time::sleep_until(keep.deadline().unwrap_or_else(Instant::now).into()) => {
                 // An answer may wait in the stream while the loop was busy elsewhere: only a
                 // deadline with none waiting ends the session.
                 match tokio::time::timeout(Duration::ZERO, keep_stream.message()).await {
@@ -491,9 +493,7 @@ async fn session(
                 }
             }
             _ = keep_tick.tick() => {
-                if !keep.handle_sent(Instant::now()) {
-                    return Err(ClusterError::Unresponsive);
-                }
+                keep.keepalive_sent(Instant::now()).map_err(session_end)?;
                 within(keeper.keep_alive()).await?;
             }
             msg = keep_stream.message() => handle_keep_answer(st, &mut keep, msg?)?,
@@ -570,18 +570,22 @@ async fn session(
 /// new validity; an answer without a TTL (or the stream's end) means the lease is gone.
 fn handle_keep_answer(
     st: &mut State,
-    keep: &mut KeepAlives,
+    keep: &mut AgentState<Instant>,
     answer: Option<LeaseKeepAliveResponse>,
 ) -> Result<(), ClusterError> {
-    match answer {
-        Some(r) if r.ttl() > 0 => {
-            if let Some(until) = keep.handle_answer(Duration::from_secs(r.ttl() as u64)) {
-                st.view.lease_valid_until = Some(until);
-                st.publish();
-            }
-            Ok(())
-        }
-        _ => Err(ClusterError::InvalidConfig("membership lease lost".into())),
+    let ttl = answer.map(|r| Duration::from_secs(r.ttl().max(0) as u64));
+    if let Some(until) = keep.keepalive_answered(ttl).map_err(session_end)? {
+        st.view.lease_valid_until = Some(until);
+        st.publish();
+    }
+    Ok(())
+}
+
+/// The error that ends a session the agent's state gave up.
+fn session_end(end: SessionEnd) -> ClusterError {
+    match end {
+        SessionEnd::Unresponsive => ClusterError::Unresponsive,
+        SessionEnd::LeaseLost => ClusterError::InvalidConfig("membership lease lost".into()),
     }
 }
 

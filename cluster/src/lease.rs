@@ -7,7 +7,15 @@
 //! answer; the session ends at [`KeepAlives::poll_deadline`].
 
 use std::collections::VecDeque;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+#[cfg(test)]
+use std::time::Instant;
+
+/// A point in time the agent's bookkeeping computes with: `Instant` in the agent, simulated
+/// milliseconds in the simulator (`felix_replication::Time`).
+pub trait Moment: Copy + Ord + std::ops::Add<Duration, Output = Self> {}
+
+impl<T: Copy + Ord + std::ops::Add<Duration, Output = T>> Moment for T {}
 
 /// Keep-alives that may be unanswered at once. The session gives etcd up long before this
 /// many are sent (one every TTL/3, given up after TTL/2 without an answer); a full queue is
@@ -16,21 +24,21 @@ pub(crate) const KEEPALIVES_UNANSWERED_MAX: usize = 8;
 
 /// One session's keep-alives on one lease.
 #[derive(Debug)]
-pub(crate) struct KeepAlives {
+pub(crate) struct KeepAlives<T> {
     /// How long a keep-alive may go unanswered before the connection is given up: half the
     /// TTL, so that a new connection can renew the lease before etcd lets it expire.
     answer_wait: Duration,
     /// Send times of the unanswered keep-alives, oldest first. etcd answers the requests of
     /// one keep-alive stream in order, so each answer is for the oldest of them.
-    sent: VecDeque<Instant>,
+    sent: VecDeque<T>,
     /// Until when the lease is known to hold: the send time of the last answered keep-alive
     /// plus the TTL etcd answered with (never later than etcd's own expiry).
-    valid_until: Instant,
+    valid_until: T,
 }
 
-impl KeepAlives {
+impl<T: Moment> KeepAlives<T> {
     /// Bookkeeping for a lease of `ttl` known to hold until `valid_until`.
-    pub(crate) fn new(ttl: Duration, valid_until: Instant) -> Self {
+    pub(crate) fn new(ttl: Duration, valid_until: T) -> Self {
         Self {
             answer_wait: ttl / 2,
             sent: VecDeque::with_capacity(KEEPALIVES_UNANSWERED_MAX),
@@ -40,7 +48,7 @@ impl KeepAlives {
 
     /// A keep-alive was sent at `now`. Returns false (and records nothing) when
     /// [`KEEPALIVES_UNANSWERED_MAX`] are unanswered already: the session must end.
-    pub(crate) fn handle_sent(&mut self, now: Instant) -> bool {
+    pub(crate) fn handle_sent(&mut self, now: T) -> bool {
         if self.sent.len() >= KEEPALIVES_UNANSWERED_MAX {
             return false;
         }
@@ -51,7 +59,7 @@ impl KeepAlives {
     /// An answer granting `ttl` (positive) arrived: it is for the oldest unanswered
     /// keep-alive, so the lease holds until that one's send time plus `ttl`. Returns the new
     /// validity, or `None` for an answer to nothing this session sent (nothing is credited).
-    pub(crate) fn handle_answer(&mut self, ttl: Duration) -> Option<Instant> {
+    pub(crate) fn handle_answer(&mut self, ttl: Duration) -> Option<T> {
         let sent_at = self.sent.pop_front()?;
         // Sends are in time order, so validity only grows; `max` keeps that true should a
         // clock step ever say otherwise.
@@ -60,7 +68,7 @@ impl KeepAlives {
     }
 
     /// Until when the lease is known to hold.
-    pub(crate) fn valid_until(&self) -> Instant {
+    pub(crate) fn valid_until(&self) -> T {
         self.valid_until
     }
 
@@ -68,9 +76,10 @@ impl KeepAlives {
     /// keep-alive's send time plus half the TTL, or the lease's validity, whichever is
     /// earlier. Past it, etcd (or the connection to it) is not answering: a new session, on a
     /// new connection, may still find it or another member answering.
-    pub(crate) fn poll_deadline(&self) -> Instant {
+    /// A full queue is overdue at once (its oldest send's time, which is past).
+    pub(crate) fn poll_deadline(&self) -> T {
         let overdue = match self.sent.front() {
-            _ if self.sent.len() >= KEEPALIVES_UNANSWERED_MAX => return Instant::now(),
+            Some(oldest) if self.sent.len() >= KEEPALIVES_UNANSWERED_MAX => return *oldest,
             Some(oldest) => *oldest + self.answer_wait,
             None => self.valid_until,
         };

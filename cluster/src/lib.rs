@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod agent_state;
 mod error;
 pub mod groups;
 pub mod keys;

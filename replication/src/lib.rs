@@ -1,5 +1,5 @@
-//! Replication of one shard over a group of 1..=5 brokers, as a sans-IO state machine, plus a
-//! deterministic simulator that checks it.
+//! Replication of one shard over a group of 1..=5 brokers, as a sans-IO state machine, and the
+//! driver's decisions around a core's replicas ([`driver`]), sans-IO too.
 //!
 //! [`Replica`] is one shard's replica on one broker. It performs no I/O and reads no clock (like
 //! quinn-proto): messages from other replicas, controller (etcd) records, lease confirmations,
@@ -53,9 +53,9 @@
 //! assert_eq!(replica.committed(), Offset(3));
 //! ```
 //!
-//! [`sim`] (feature `sim`, on by default) runs 3-5 replicas, a model of etcd and producers on a
-//! seeded PRNG with message faults, partitions, crashes that lose unsynced bytes and restarts,
-//! and checks the invariants after every step.
+//! The `felix-sim` crate runs 3-5 brokers' [`Driver`]s (with their replicas), a model of etcd
+//! and producers on a seeded PRNG with message faults, partitions, crashes that lose unsynced
+//! bytes and restarts, and checks the invariants after every step.
 
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -70,8 +70,6 @@ pub mod log;
 pub mod message;
 pub mod producers;
 mod replica;
-#[cfg(feature = "sim")]
-pub mod sim;
 pub mod types;
 pub mod wire;
 

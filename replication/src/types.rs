@@ -108,6 +108,16 @@ impl Batch {
     }
 }
 
+/// A time plus a duration (whole milliseconds): so the cluster agent's lease bookkeeping
+/// (`felix_cluster::agent_state`) runs on simulated time too.
+impl std::ops::Add<std::time::Duration> for Time {
+    type Output = Time;
+
+    fn add(self, d: std::time::Duration) -> Time {
+        Time(self.0.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX)))
+    }
+}
+
 impl fmt::Display for ReplicaNumber {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "n{}", self.0)

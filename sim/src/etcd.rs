@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rand_chacha::ChaCha8Rng;
 
-use crate::controller::{GroupState, IsrProposal};
-use crate::types::{LeaseId, ReplicaNumber, Time};
+use felix_replication::controller::{GroupState, IsrProposal};
+use felix_replication::types::{LeaseId, ReplicaNumber, Time};
 
 /// The etcd model.
 pub struct Etcd {

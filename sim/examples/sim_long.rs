@@ -1,15 +1,15 @@
 //! A long simulation run: many seeds over several threads, stopping at the first violation.
 //!
 //! ```sh
-//! cargo run --release -p felix-replication --example sim_long -- [seeds] [first seed] [threads]
-//! FELIX_SIM_BUG=skip_truncation cargo run --release -p felix-replication --example sim_long -- 1000
+//! cargo run --release -p felix-sim --example sim_long -- [seeds] [first seed] [threads]
+//! FELIX_SIM_BUG=skip_truncation cargo run --release -p felix-sim --example sim_long -- 1000
 //! ```
 //!
 //! Prints one summary line (seeds covered, seeds per second, totals); with a violation, prints
 //! it (with its replay command) and exits with status 1.
 
-use felix_replication::sim::{self, SimOptions};
 use felix_replication::InjectedBugs;
+use felix_sim::{self as sim, SimOptions};
 
 /// Each thread reports its progress every this many seeds (stderr).
 const PROGRESS_EVERY_SEEDS: u64 = 10_000;

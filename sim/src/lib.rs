@@ -10,7 +10,7 @@
 //! it checks the invariants in [`check`]. A failure is a [`Violation`] that names its seed and
 //! how to replay it.
 //!
-//! [`Replica`]: crate::Replica
+//! [`Replica`]: felix_replication::Replica
 
 pub mod check;
 mod disk;
@@ -26,8 +26,8 @@ use std::time::{Duration, Instant};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::config::InjectedBugs;
-use crate::replica::ReplicaStats;
+use felix_replication::config::InjectedBugs;
+use felix_replication::ReplicaStats;
 
 pub use world::{LEASE_TTL_MS, NODE_TICK_MS};
 
@@ -89,6 +89,8 @@ pub struct SeedReport {
     pub producers_expired: u64,
     /// Restarts that started from the node's checkpoint.
     pub checkpoint_restarts: u64,
+    /// Sessions the nodes' cluster agents gave up (a silent etcd connection).
+    pub agent_giveups: u64,
 }
 
 /// A seed that broke an invariant (or did not finish after healing).
@@ -108,7 +110,7 @@ impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "seed {} failed after {} events: {}\nreplay: FELIX_SIM_SEED={}{} cargo test -p felix-replication --test sim sim_replay -- --nocapture (FELIX_SIM_TRACE=1 prints every event)",
+            "seed {} failed after {} events: {}\nreplay: FELIX_SIM_SEED={}{} cargo test -p felix-sim --test sim sim_replay -- --nocapture (FELIX_SIM_TRACE=1 prints every event)",
             self.seed, self.events, self.what, self.seed, self.bugs
         )
     }
@@ -139,6 +141,8 @@ pub struct SweepReport {
     pub seeds_with_expiry: u64,
     /// Restarts from a checkpoint.
     pub checkpoint_restarts: u64,
+    /// Sessions the nodes' cluster agents gave up (a silent etcd connection).
+    pub agent_giveups: u64,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -226,6 +230,7 @@ impl SweepReport {
         self.producers_expired += report.producers_expired;
         self.seeds_with_expiry += u64::from(report.producers_expired > 0);
         self.checkpoint_restarts += report.checkpoint_restarts;
+        self.agent_giveups += report.agent_giveups;
     }
 
     fn add(&mut self, other: &SweepReport) {
@@ -240,6 +245,7 @@ impl SweepReport {
         self.producers_expired += other.producers_expired;
         self.seeds_with_expiry += other.seeds_with_expiry;
         self.checkpoint_restarts += other.checkpoint_restarts;
+        self.agent_giveups += other.agent_giveups;
     }
 }
 
@@ -250,7 +256,7 @@ impl fmt::Display for SweepReport {
             f,
             "{} seeds in {secs:.1} s ({:.0} seeds/s): {} events, {} durable acks, {} epochs, {} \
              crashes, {:.1} h simulated, {} ended unavailable (every in-sync replica lost), {} \
-             producers expired in {} seeds, {} restarts from a checkpoint; {:?}",
+             producers expired in {} seeds, {} restarts from a checkpoint, {} agent sessions given up; {:?}",
             self.seeds,
             self.seeds as f64 / secs.max(1e-9),
             self.events,
@@ -262,6 +268,7 @@ impl fmt::Display for SweepReport {
             self.producers_expired,
             self.seeds_with_expiry,
             self.checkpoint_restarts,
+            self.agent_giveups,
             self.stats
         )
     }

@@ -5,10 +5,10 @@ use std::collections::BTreeSet;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::controller::{GroupState, IsrProposal};
-use crate::message::{Message, Output};
-use crate::replica::AppendRequest;
-use crate::types::{LeaseId, ReplicaNumber, Time};
+use felix_replication::controller::{GroupState, IsrProposal};
+use felix_replication::message::{Message, Output};
+use felix_replication::types::{LeaseId, ReplicaNumber, Time};
+use felix_replication::AppendRequest;
 
 /// Largest message delay a seed may draw, ms.
 pub const DELAY_MAX_MS: u64 = 30;
@@ -47,7 +47,9 @@ pub enum Packet {
     /// each replica number.
     /// `revision` orders the records as etcd's watch does: a node never goes back to an older
     /// one (a deposed controller's record the placement overwrote, delivered late).
-    Group { state: GroupState, placed: bool, replicas: Vec<ReplicaNumber>, revision: u64 },
+    /// `at`: when etcd sent it (a node's agent counts its view loaded for a session by a
+    /// record sent since the session started).
+    Group { state: GroupState, placed: bool, replicas: Vec<ReplicaNumber>, revision: u64, at: Time },
     /// Producer to node.
     Append(AppendRequest),
     /// Node to producer: an `Ack` or a `Reject`.

@@ -31,8 +31,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::log::ReplicaLog;
-use crate::types::{Batch, Epoch, Offset, ProducerSeq, ReplicaNumber};
+use felix_replication::log::ReplicaLog;
+use felix_replication::types::{Batch, Epoch, Offset, ProducerSeq, ReplicaNumber};
 
 /// What has been verified of one log or image: its generation and the prefix length that
 /// equals `truth`.

@@ -1,8 +1,8 @@
 //! The deterministic simulation of replication: many seeds, one replayable seed, and proof that
 //! the checker catches deliberately broken protocols.
 
-use felix_replication::sim::{self, SimOptions};
 use felix_replication::InjectedBugs;
+use felix_sim::{self as sim, SimOptions};
 
 /// Seeds the CI sweep runs (at least 10,000, in well under two minutes).
 const CI_SEEDS: u64 = 10_000;

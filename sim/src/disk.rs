@@ -8,8 +8,8 @@ use std::collections::VecDeque;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::disk::{DiskOp, DiskOpId};
-use crate::types::{Batch, Offset, Time};
+use felix_replication::disk::{DiskOp, DiskOpId};
+use felix_replication::types::{Batch, Offset, Time};
 
 /// Write latency range, ms.
 pub const WRITE_LATENCY_MS: (u64, u64) = (1, 4);

@@ -6,9 +6,11 @@ use bytes::Bytes;
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::error::AppendError;
-use crate::replica::AppendRequest;
-use crate::types::{AckMode, AppendId, ProducerId, ProducerSeq, ReplicaNumber, Seq, Time};
+use felix_replication::error::AppendError;
+use felix_replication::types::{
+    AckMode, AppendId, ProducerId, ProducerSeq, ReplicaNumber, Seq, Time,
+};
+use felix_replication::AppendRequest;
 
 /// A request unanswered this long is sent again, ms.
 pub const PRODUCER_RETRY_MS: u64 = 150;

@@ -3,6 +3,9 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
+use std::time::Duration;
+
+use felix_cluster::agent_state::AgentState;
 
 use rand::Rng;
 use rand_chacha::ChaCha8Rng;
@@ -13,17 +16,19 @@ use super::etcd::Etcd;
 use super::net::{Addr, Event, Faults, Packet, Scheduled};
 use super::producer::Producer;
 use super::{SeedReport, SimOptions};
-use crate::config::ReplicaConfig;
-use crate::controller::IsrProposal;
-use crate::driver::{Action, Driver, GroupView, Limits, ShardKey, StopReason, Submitted};
-use crate::error::AppendError;
-use crate::log::ReplicaLog;
-use crate::message::{Message, Output};
-use crate::producers::ProducerLimits;
-use crate::replica::{Replica, ReplicaStats, RoleView};
-use crate::types::{
+use felix_replication::config::ReplicaConfig;
+use felix_replication::controller::IsrProposal;
+use felix_replication::driver::{
+    Action, Driver, GroupView, Limits, ShardKey, StopReason, Submitted,
+};
+use felix_replication::error::AppendError;
+use felix_replication::log::ReplicaLog;
+use felix_replication::message::{Message, Output};
+use felix_replication::producers::ProducerLimits;
+use felix_replication::types::{
     AppendId, Batch, Epoch, LeaseId, Offset, ProducerId, ProducerSeq, ReplicaNumber, Seq, Time,
 };
+use felix_replication::{Replica, ReplicaStats, RoleView};
 
 /// Controller lease TTL in the simulation, ms.
 pub const LEASE_TTL_MS: u64 = 200;
@@ -74,6 +79,10 @@ struct SimNode {
     lease: Option<LeaseId>,
     lease_sent_at: Time,
     next_keepalive: Time,
+    /// The cluster agent's lease bookkeeping (felix-cluster's, as the broker runs it).
+    agent: AgentState<Time>,
+    /// When the agent's current session started (its view is loaded by a record sent since).
+    session_at: Time,
     paused_until: Time,
     /// The checkpoint of its log's archive the driver last asked to write: a restart starts
     /// from it half the time.
@@ -106,6 +115,8 @@ pub(super) struct World {
     faults: Faults,
     pub(super) events: u64,
     crashes: u32,
+    /// Sessions the nodes' agents gave up (a silent connection).
+    agent_giveups: u64,
     /// Restarts from a checkpoint.
     checkpoint_restarts: u64,
     /// When each idempotent batch was first sent.
@@ -151,6 +162,7 @@ impl World {
             checker: Checker::new(replicas),
             events: 0,
             crashes: 0,
+            agent_giveups: 0,
             checkpoint_restarts: 0,
             first_sent: HashMap::new(),
             retired: ReplicaStats::default(),
@@ -183,6 +195,8 @@ impl World {
                 lease: None,
                 lease_sent_at: Time(0),
                 next_keepalive: Time(0),
+                agent: AgentState::new(Duration::from_millis(LEASE_TTL_MS)),
+                session_at: Time(0),
                 paused_until: Time(0),
             });
             world.start_node(id.0 as usize);
@@ -244,6 +258,7 @@ impl World {
             epochs: self.etcd.group.epoch.0,
             crashes: self.crashes,
             checkpoint_restarts: self.checkpoint_restarts,
+            agent_giveups: self.agent_giveups,
             unavailable: false,
             producers_expired: (0..self.nodes.len())
                 .filter_map(|n| self.replica(n).map(|r| r.log().producers_forgotten().0))
@@ -360,7 +375,7 @@ impl World {
             (Addr::Node(peer), Packet::Replica(message)) => {
                 driver.handle_message(now, STREAM, 0, peer, message)
             }
-            (_, Packet::Group { state, placed, replicas, revision }) => {
+            (_, Packet::Group { state, placed, replicas, revision, at }) => {
                 // The agent's view only moves forward (etcd's watch is ordered).
                 if revision < node.revision {
                     return Ok(());
@@ -368,14 +383,41 @@ impl World {
                 node.revision = revision;
                 let view = GroupView { key: &key, placed, replicas: &replicas, state: Some(state) };
                 driver.handle_group(now, view);
+                // A record etcd sent since the session started: the view is loaded for this
+                // session's lease, which the driver may now act on.
+                if at >= node.session_at && node.agent.in_session() {
+                    node.agent.view_loaded();
+                    if let (Some(lease), Some(until)) = (node.lease, node.agent.lease_valid_until())
+                    {
+                        driver.handle_lease(now, Some((lease, until)));
+                    }
+                }
             }
             (_, Packet::Lease { lease, sent_at }) => {
-                if sent_at < node.lease_sent_at {
+                // One keep-alive stream: answers come in order, once (an older or repeated
+                // one is what the stream would not deliver).
+                if sent_at <= node.lease_sent_at && node.lease_sent_at != Time(0) {
                     return Ok(());
                 }
-                node.lease = Some(lease);
                 node.lease_sent_at = sent_at;
-                driver.handle_lease(now, Some((lease, sent_at.plus_ms(LEASE_TTL_MS))));
+                let ttl = Duration::from_millis(LEASE_TTL_MS);
+                if node.lease != Some(lease) || !node.agent.in_session() {
+                    // The first answer on a new connection (the lease resumed, or granted
+                    // anew because the old one expired): a session starts on it, its view to
+                    // be loaded again.
+                    node.agent.session_ended();
+                    node.agent.session_started(sent_at + ttl);
+                    node.session_at = now;
+                    node.lease = Some(lease);
+                    let id = node.id;
+                    self.send(Addr::Node(id), Addr::Etcd, Packet::ReadGroup);
+                    return self.drain(n);
+                }
+                match node.agent.keepalive_answered(Some(ttl)) {
+                    Ok(Some(until)) => driver.handle_lease(now, Some((lease, until))),
+                    Ok(None) => {}
+                    Err(_) => node.agent.session_ended(),
+                }
             }
             (_, Packet::Proposed { token }) => self.proposal_done(n, token),
             (Addr::Producer(_), Packet::Append(mut append)) => {
@@ -548,7 +590,8 @@ impl World {
         let node = &self.nodes[n];
         let pending =
             node.driver.as_ref().and_then(|d| d.shard(STREAM, 0)).map_or(0, |s| s.pending());
-        if pending > crate::driver::PENDING_MAX || node.requests.len() > crate::driver::PENDING_MAX
+        if pending > felix_replication::driver::PENDING_MAX
+            || node.requests.len() > felix_replication::driver::PENDING_MAX
         {
             return Err(format!("{}: {pending} appends wait for an answer", node.id));
         }
@@ -559,7 +602,7 @@ impl World {
                 node.proposals.len()
             ));
         }
-        if actions > 4 * crate::config::ACK_WAITERS_MAX {
+        if actions > 4 * felix_replication::config::ACK_WAITERS_MAX {
             return Err(format!("{}: one input made {actions} actions", node.id));
         }
         Ok(())
@@ -745,8 +788,18 @@ impl World {
             return Ok(());
         }
         node.driver.as_mut().expect("checked above").handle_tick(now);
+        // The agent gives a silent connection up (no answer for half the TTL): the next
+        // keep-alive goes on a new one and starts a new session.
+        if node.agent.overdue(now) {
+            node.agent.session_ended();
+            self.agent_giveups += 1;
+        }
+        let node = &mut self.nodes[n];
         if now >= node.next_keepalive {
             node.next_keepalive = now.plus_ms(KEEPALIVE_EVERY_MS);
+            if node.agent.in_session() && node.agent.keepalive_sent(now).is_err() {
+                node.agent.session_ended();
+            }
             let (id, lease) = (node.id, node.lease);
             self.send(Addr::Node(id), Addr::Etcd, Packet::KeepAlive { lease, sent_at: now });
         }
@@ -793,7 +846,7 @@ impl World {
         let (state, placed, replicas) = self.etcd.record(self.now);
         // A placed record overwrote the deposed one; within one, the version orders them.
         let revision = (u64::from(placed) << 32) | state.version;
-        Packet::Group { state, placed, replicas, revision }
+        Packet::Group { state, placed, replicas, revision, at: self.now }
     }
 
     fn broadcast_group(&mut self) {
@@ -859,6 +912,8 @@ impl World {
         node.lease = None;
         node.lease_sent_at = Time(0);
         node.next_keepalive = self.now;
+        node.agent = AgentState::new(Duration::from_millis(LEASE_TTL_MS));
+        node.session_at = self.now;
         let (id, incarnation) = (node.id, node.incarnation);
         self.checker.node_restarted(id);
         self.send(Addr::Node(id), Addr::Etcd, Packet::ReadGroup);

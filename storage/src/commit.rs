@@ -289,6 +289,7 @@ fn take_write(inner: &Rc<Inner>) -> Write {
     st.inflight_bytes += len;
     let (turn, next) = completion();
     let after = st.last_write.replace(next);
+    st.debug_assert_invariants();
     Write { file, buf, file_pos, base_position, len, batches, after, turn }
 }
 
@@ -418,6 +419,7 @@ fn publish(
             done.complete(Ok(()));
         }
     }
+    st.debug_assert_invariants();
     if any_durable {
         inner.flusher.notify();
     }
@@ -519,6 +521,7 @@ async fn flush(inner: Rc<Inner>, target: u64, file: Rc<LogFile>) {
                 done.push(st.durable_waiters.pop_front().expect("front exists").1);
             }
             st.stats.record_flush(done.len() as u64, latency_us);
+            st.debug_assert_invariants();
             drop(st);
             for d in done {
                 d.complete(Ok(()));

@@ -129,6 +129,41 @@ pub(crate) struct Fill {
 }
 
 impl State {
+    /// Panics (debug builds) if the commit path's bookkeeping breaks what every step keeps:
+    /// durable <= written (log positions), a flush never issued past what was written, no
+    /// in-flight bytes without an in-flight write, queued bytes only with a queue, segments in
+    /// log order with the active one's published end at or below what was issued, every
+    /// durable waiter inside what was written, and each shard's next offset at or past its
+    /// index's (queued batches hold the offsets between).
+    pub(crate) fn debug_assert_invariants(&self) {
+        if !cfg!(debug_assertions) {
+            return;
+        }
+        assert!(self.durable_pos <= self.written_pos, "durable past written");
+        assert!(self.flush_issued_pos <= self.written_pos, "a flush issued past written");
+        assert!(self.inflight > 0 || self.inflight_bytes == 0, "in-flight bytes, no write");
+        assert!(!self.queue.is_empty() || self.queued_bytes == 0, "queued bytes, no queue");
+        assert!(!self.segments.is_empty(), "a log always has an active segment");
+        assert!(
+            self.segments.windows(2).all(|w| w[0].base_position < w[1].base_position),
+            "segments out of log order"
+        );
+        if let Some(active) = self.segments.last() {
+            assert!(active.end <= self.issued_end, "published past what was issued");
+        }
+        if let Some((pos, _)) = self.durable_waiters.back() {
+            assert!(*pos <= self.written_pos, "a durable waiter past what was written");
+        }
+        for (shard, s) in &self.shards {
+            assert!(
+                s.next_offset >= s.index.next_offset(),
+                "{shard}: next offset {} behind its index's {}",
+                s.next_offset,
+                s.index.next_offset()
+            );
+        }
+    }
+
     /// Where the next write must end: before the zero fill in flight in the active segment,
     /// if one is.
     pub(crate) fn write_limit(&self, segment_bytes_max: u64) -> u64 {

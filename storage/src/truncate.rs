@@ -383,6 +383,7 @@ impl StreamLog {
         // changes at or after the cut are gone ("Epoch index").
         s.producers.forget_after(offset);
         s.epochs.truncate(offset);
+        st.debug_assert_invariants();
         tracing::info!(stream = %self.inner.name, %shard, offset, position = marker.position, "truncated shard");
         Ok(())
     }

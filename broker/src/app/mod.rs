@@ -444,7 +444,8 @@ async fn open_core(
         )
         .map_err(|source| CoreOpenError::PeerTls { core, source })?;
         app.set_replication(host.clone());
-        app.tasks().spawn(host.clone().run(Rc::downgrade(&app)));
+        let store: Rc<dyn replication::ShardStore> = app.clone();
+        app.tasks().spawn(host.clone().run(Rc::downgrade(&store)));
         if core.0 == 0 {
             app.tasks().spawn(replication::verify_peers(host));
         }

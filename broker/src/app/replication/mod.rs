@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use felix_cluster::{AgentClient, ClusterView};
 use felix_proto::{CoreId, ErrorCode, Frame, Offset, ProducerTag, Record, ShardId};
+use felix_storage::StreamLog;
 use felix_replication::driver::Limits;
 use felix_replication::{
     wire, AckMode, Action, AppendError, AppendId, AppendRequest, Driver, GroupView, LeaseId,
@@ -35,7 +36,6 @@ pub use self::peer::verify_peers;
 use self::peer::PeerLink;
 use self::shard::ShardShell;
 use super::cluster::ClusterLink;
-use super::core_app::CoreApp;
 use super::error::WireError;
 use super::stats::{self, AppStats, ReplicaStatus};
 
@@ -73,6 +73,23 @@ pub struct ReplicationSettings {
     pub producers: felix_replication::ProducerLimits,
 }
 
+/// What the shell needs of its core, and nothing more: a replicated stream's stored log on
+/// this core, and the subscribers' tail its committed batches feed. The core's `CoreApp`
+/// provides it.
+pub trait ShardStore {
+    /// Opens `stream` on this core (it must exist): its log, and its tails.
+    fn open_shard_log<'a>(
+        &'a self,
+        stream: &'a str,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(StreamLog, Rc<dyn TailFeed>), String>> + 'a>>;
+}
+
+/// The subscribers' tail of a stream's shards on this core.
+pub trait TailFeed {
+    /// Hands the tail of `shard` a committed batch of `records` at `base`.
+    fn feed(&self, shard: ShardId, base: Offset, timestamp_ms: u64, records: Vec<Record>);
+}
+
 /// The I/O side of each running replica, by stream and shard.
 type Shells = HashMap<Rc<str>, HashMap<u32, Rc<ShardShell>>>;
 
@@ -93,7 +110,7 @@ pub struct ReplicationShell {
     /// The I/O side of each running replica, by stream and shard (looked up by `&str`).
     shells: RefCell<Shells>,
     /// The core's streams (to open a replica's log and feed its tail); set by [`ReplicationShell::run`].
-    app: RefCell<Weak<CoreApp>>,
+    store: RefCell<Option<Weak<dyn ShardStore>>>,
     peers: RefCell<HashMap<felix_cluster::NodeId, Rc<PeerLink>>>,
     /// The second of the last status report (metrics, and a debug line per replica).
     last_report: std::cell::Cell<u64>,
@@ -140,7 +157,7 @@ impl ReplicationShell {
             agent,
             link,
             shells: RefCell::default(),
-            app: RefCell::default(),
+            store: RefCell::default(),
             peers: RefCell::default(),
             last_report: std::cell::Cell::new(0),
             stats,
@@ -443,10 +460,10 @@ impl ReplicationShell {
 
     /// Starts the replica of `key`: recovers its log from storage, then hands it to the driver.
     fn open(self: &Rc<Self>, key: ShardKey, me: ReplicaNumber, nodes: Vec<felix_cluster::NodeId>) {
-        let Some(app) = self.app.borrow().upgrade() else { return };
+        let Some(store) = self.store.borrow().as_ref().and_then(Weak::upgrade) else { return };
         let host = self.clone();
         glommio::spawn_local(async move {
-            match host.open_replica(&app, &key).await {
+            match host.open_replica(&*store, &key).await {
                 Ok((shell, log)) => {
                     host.shells
                         .borrow_mut()
@@ -470,14 +487,13 @@ impl ReplicationShell {
 
     async fn open_replica(
         self: &Rc<Self>,
-        app: &Rc<CoreApp>,
+        store: &dyn ShardStore,
         key: &ShardKey,
     ) -> Result<(Rc<ShardShell>, felix_replication::ReplicaLog), String> {
-        let entry = app.stream(&key.stream, false).await.map_err(|e| e.message)?;
-        let log = entry.log.clone().ok_or("no log on this core")?;
+        let (log, tail) = store.open_shard_log(&key.stream).await?;
         let shard = ShardId(key.shard);
         let recovered = shard::recover(&log, shard, self.resident_bytes, self.producers).await?;
-        let shell = ShardShell::open(self, key.clone(), entry, log);
+        let shell = ShardShell::open(self, key.clone(), tail, log);
         Ok((shell, recovered))
     }
 
@@ -522,8 +538,9 @@ impl ReplicationShell {
     }
 
     /// Feeds the cluster view to the driver every [`TICK_MS`], until the core stops.
-    pub async fn run(self: Rc<Self>, app: Weak<CoreApp>) {
-        *self.app.borrow_mut() = app.clone();
+    pub async fn run(self: Rc<Self>, store: Weak<dyn ShardStore>) {
+        *self.store.borrow_mut() = Some(store.clone());
+        let app = store;
         loop {
             glommio::timer::sleep(Duration::from_millis(TICK_MS)).await;
             if app.strong_count() == 0 {

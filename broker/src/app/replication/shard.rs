@@ -11,7 +11,6 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::time::Instant;
 
 use bytes::Bytes;
 use felix_proto::{Offset, ProducerTag, ShardId};
@@ -25,8 +24,7 @@ use glommio::channels::local_channel::{self, LocalReceiver, LocalSender};
 use tokio::sync::oneshot;
 
 use super::payload;
-use super::{ReplicationShell, RECOVERY_READ_BYTES};
-use crate::app::core_app::StreamEntry;
+use super::{ReplicationShell, TailFeed, RECOVERY_READ_BYTES};
 
 /// What an append waits for: the base offset its records got, or why it was refused.
 pub type AppendResult = Result<Offset, AppendError>;
@@ -49,7 +47,7 @@ pub struct ShardShell {
     /// The disk task, awaited by [`ShardShell::stopped`].
     disk_task: RefCell<Option<glommio::task::JoinHandle<()>>>,
     log: StreamLog,
-    entry: Rc<StreamEntry>,
+    tail: Rc<dyn TailFeed>,
     /// A checkpoint write is in flight (`save_checkpoint`).
     checkpointing: Rc<Cell<bool>>,
 }
@@ -59,7 +57,7 @@ impl ShardShell {
     pub fn open(
         host: &Rc<ReplicationShell>,
         key: ShardKey,
-        entry: Rc<StreamEntry>,
+        tail: Rc<dyn TailFeed>,
         log: StreamLog,
     ) -> Rc<Self> {
         let (disk_tx, disk_rx) = local_channel::new_bounded(super::DISK_OPS_MAX);
@@ -70,7 +68,7 @@ impl ShardShell {
             disk_tx: RefCell::new(Some(disk_tx)),
             disk_task: RefCell::default(),
             log,
-            entry,
+            tail,
             checkpointing: Rc::default(),
         });
         let task = glommio::spawn_local(shell.clone().run_disk(host.clone(), disk_rx)).detach();
@@ -113,9 +111,7 @@ impl ShardShell {
     pub fn feed_tail(&self, batches: &[Batch]) {
         for b in batches {
             match payload::decode(&b.payload, b.records) {
-                Ok((ts, records)) => self.entry.tails.with(self.shard, |t| {
-                    t.handle_append(Instant::now(), self.shard, b.base, ts, records)
-                }),
+                Ok((ts, records)) => self.tail.feed(self.shard, b.base, ts, records),
                 Err(e) => {
                     tracing::warn!(stream = %self.key.stream, shard = self.shard.0, error = %e, "tail feed")
                 }

@@ -757,16 +757,7 @@ pub const RESERVED_TENANT: &str = "felix-internal";
 
 /// The replication shell's narrow view of the core: a stream's log and tails.
 impl super::replication::ShardStore for CoreApp {
-    fn open_shard_log<'a>(
-        &'a self,
-        stream: &'a str,
-    ) -> std::pin::Pin<
-        Box<
-            dyn std::future::Future<
-                    Output = Result<(StreamLog, Rc<dyn super::replication::TailFeed>), String>,
-                > + 'a,
-        >,
-    > {
+    fn open_shard_log<'a>(&'a self, stream: &'a str) -> super::replication::OpenShardLog<'a> {
         Box::pin(async move {
             let entry = self.stream(stream, false).await.map_err(|e| e.message)?;
             let log = entry.log.clone().ok_or("no log on this core")?;
@@ -776,7 +767,13 @@ impl super::replication::ShardStore for CoreApp {
 }
 
 impl super::replication::TailFeed for StreamEntry {
-    fn feed(&self, shard: ShardId, base: Offset, timestamp_ms: u64, records: Vec<felix_proto::Record>) {
+    fn feed(
+        &self,
+        shard: ShardId,
+        base: Offset,
+        timestamp_ms: u64,
+        records: Vec<felix_proto::Record>,
+    ) {
         self.tails
             .with(shard, |t| t.handle_append(Instant::now(), shard, base, timestamp_ms, records));
     }

@@ -35,7 +35,7 @@ use crate::net::{Connection, RecvStream, SendStream};
 /// Answers queued per stream before the reader stops reading.
 pub const RESPONSES_IN_FLIGHT_MAX: usize = 1024;
 /// The most bytes one read from a stream takes.
-pub const READ_CHUNK_BYTES: usize = 256 << 10;
+pub(super) const READ_CHUNK_BYTES: usize = 256 << 10;
 /// Capabilities this broker advertises.
 /// Capabilities a single-node broker advertises: everything but `CLUSTER`.
 pub const BROKER_CAPABILITIES: Capabilities =
@@ -140,17 +140,20 @@ async fn serve_stream(session: Rc<Session>, mut send: SendStream, mut recv: Recv
             // Bytes left after this frame belong to the next one, which began in this read.
             began = Some(now);
             let answer = match result {
-                Ok(Frame::Replicate(r)) if session.peer.get() => {
-                    if let Some(host) = session.app.replication() {
-                        host.handle_frame(r);
-                    }
-                    continue;
-                }
                 Ok(frame) => {
                     let answer = session.dispatch(frame).await;
                     if session.peer.get() {
-                        decoder
-                            .set_accepted(Capabilities(accepted.0 | Capabilities::REPLICATION.0));
+                        // Another broker's replication stream: its own entry from here on.
+                        if tx.send(answer).await.is_err() {
+                            break 'read;
+                        }
+                        if let Some(host) = session.app.replication().cloned() {
+                            decoder.set_accepted(Capabilities(
+                                accepted.0 | Capabilities::REPLICATION.0,
+                            ));
+                            super::replication::inbound::serve(host, decoder, &mut recv, &tx).await;
+                        }
+                        break 'read;
                     }
                     answer
                 }
@@ -215,14 +218,6 @@ impl Session {
     async fn dispatch(self: &Rc<Self>, frame: Frame) -> Answer {
         if !self.hello.get() {
             return self.handle_first_frame(frame);
-        }
-        if self.peer.get() && !matches!(frame, Frame::Ping(_) | Frame::Pong(_)) {
-            stats::add(&self.app.stats().counters.rejected_frames, 1);
-            let e = WireError::new(
-                ErrorCode::InvalidArgument,
-                "a replication peer sends only Replicate",
-            );
-            return ready(error_frame(request_id_of(&frame), e));
         }
         if let Some(refusal) = self.check_grant(&frame) {
             return refusal;

@@ -11,6 +11,7 @@
 //! each shard, this broker's lease; [`Driver::handle_view`]). Nothing here blocks on etcd:
 //! proposals go to the agent's thread and their outcome comes back in the view.
 
+pub mod inbound;
 pub mod payload;
 pub mod peer;
 pub mod shard;
@@ -24,13 +25,13 @@ use std::time::{Duration, Instant};
 use bytes::BytesMut;
 use felix_cluster::{AgentClient, ClusterView};
 use felix_proto::{CoreId, ErrorCode, Frame, Offset, ProducerTag, Record, ShardId};
-use felix_storage::StreamLog;
 use felix_replication::driver::Limits;
 use felix_replication::{
     wire, AckMode, Action, AppendError, AppendId, AppendRequest, Driver, GroupView, LeaseId,
     Message, ProducerId, ProducerSeq, ReplicaConfig, ReplicaNumber, Seq, ShardKey, StopReason,
     Submitted, Time,
 };
+use felix_storage::StreamLog;
 
 pub use self::peer::verify_peers;
 use self::peer::PeerLink;
@@ -78,11 +79,13 @@ pub struct ReplicationSettings {
 /// provides it.
 pub trait ShardStore {
     /// Opens `stream` on this core (it must exist): its log, and its tails.
-    fn open_shard_log<'a>(
-        &'a self,
-        stream: &'a str,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(StreamLog, Rc<dyn TailFeed>), String>> + 'a>>;
+    fn open_shard_log<'a>(&'a self, stream: &'a str) -> OpenShardLog<'a>;
 }
+
+/// What [`ShardStore::open_shard_log`] resolves to.
+pub type OpenShardLog<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<(StreamLog, Rc<dyn TailFeed>), String>> + 'a>,
+>;
 
 /// The subscribers' tail of a stream's shards on this core.
 pub trait TailFeed {
@@ -162,6 +165,11 @@ impl ReplicationShell {
             last_report: std::cell::Cell::new(0),
             stats,
         }))
+    }
+
+    /// The broker's counters.
+    pub fn stats(&self) -> &AppStats {
+        &self.stats
     }
 
     /// The name every broker's certificate carries (`--peer-server-name`).

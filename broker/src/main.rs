@@ -25,6 +25,19 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines are written to stderr: `text` (one line each, with a timestamp; coloured
+    /// only on a terminal) or `json` (one JSON object per line, for a log collector).
+    #[arg(long, global = true, value_enum, env = "FELIX_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// The log line format (`--log-format`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -66,13 +79,16 @@ fn main() -> ExitCode {
             CLIENT_LOG_DEFAULT
         }
     };
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("FELIX_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_default)),
-        )
-        .with_writer(std::io::stderr)
-        .try_init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FELIX_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(log_default));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match cli.log_format {
+        // Colour codes only for a person at a terminal, never into a file or a journal.
+        LogFormat::Text => {
+            logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).try_init()
+        }
+        LogFormat::Json => logs.json().try_init(),
+    };
     let mut also_known = vec!["FELIX_LOG"];
     also_known.extend(felix_client::config::ENV_KEYS);
     for name in config::unknown_env_vars::<Cli>(std::env::vars().map(|(k, _)| k), &also_known) {

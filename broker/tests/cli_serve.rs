@@ -315,3 +315,58 @@ fn a_second_broker_on_the_same_data_directory_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Runs a broker until it serves, stops it with SIGTERM, and returns its stderr.
+fn serve_and_stop(extra: &[&str]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = felix()
+        .env("FELIX_LOG", "debug")
+        .args(extra)
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics", "off", "--cores", "1"])
+        .args(["--no-pin", "--data-dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !dir.path().join("core-0").exists() {
+        assert!(Instant::now() < deadline, "broker did not start");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "exit {status:?}: {err}");
+    err
+}
+
+/// Logs into a pipe (a file, a journal) carry no colour codes; every line has a timestamp;
+/// `--log-format json` writes one JSON object per log line.
+#[test]
+fn logs_are_plain_when_piped_and_json_on_request() {
+    let text = serve_and_stop(&[]);
+    assert!(!text.contains('\u{1b}'), "colour codes in piped logs:\n{text}");
+    let logged: Vec<&str> =
+        text.lines().filter(|l| l.contains(" DEBUG ") || l.contains(" INFO ")).collect();
+    assert!(!logged.is_empty(), "no log lines:\n{text}");
+    for line in &logged {
+        // RFC 3339 timestamp first: 2026-12-07T20:41:00.123456Z
+        let ts = line.split_whitespace().next().unwrap_or_default();
+        assert!(ts.len() >= 20 && ts.as_bytes()[4] == b'-' && ts.contains('T'), "{line}");
+    }
+
+    let json = serve_and_stop(&["--log-format", "json"]);
+    assert!(!json.contains('\u{1b}'), "{json}");
+    let objects: Vec<&str> = json.lines().filter(|l| l.starts_with('{')).collect();
+    assert!(!objects.is_empty(), "no JSON lines:\n{json}");
+    for line in objects {
+        assert!(line.ends_with('}'), "{line}");
+        for field in ["\"timestamp\":", "\"level\":", "\"fields\":"] {
+            assert!(line.contains(field), "{field} missing: {line}");
+        }
+    }
+}

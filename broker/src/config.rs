@@ -66,6 +66,110 @@ impl std::fmt::Display for DurationMs {
     }
 }
 
+/// A byte size as flags, the environment and the config file take it: a number of bytes, or
+/// a number with a unit, `B`, `KiB`, `MiB`, `GiB`, `TiB` (powers of 1,024) or `kB`, `MB`,
+/// `GB`, `TB` (powers of 1,000), case-insensitive, with or without a space: `64MiB`, `1.5 GiB`,
+/// `500MB`.
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (number, unit) = (t[..split].trim(), t[split..].trim());
+    let scale: u64 = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        "t" | "tb" => 1_000_000_000_000,
+        "tib" => 1 << 40,
+        _ => {
+            return Err(format!(
+                "{s:?}: unknown unit {unit:?} (B, KiB, MiB, GiB, TiB, kB, MB, GB, TB)"
+            ))
+        }
+    };
+    if let Ok(n) = number.parse::<u64>() {
+        return n.checked_mul(scale).ok_or_else(|| format!("{s:?} is too large"));
+    }
+    match number.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 && x * (scale as f64) < u64::MAX as f64 => {
+            Ok((x * scale as f64).round() as u64)
+        }
+        _ => Err(format!("{s:?} is not a size (a number of bytes, or with a unit: 64MiB, 1GB)")),
+    }
+}
+
+/// [`parse_bytes`] for a `usize` setting.
+pub fn parse_bytes_usize(s: &str) -> Result<usize, String> {
+    parse_bytes(s).and_then(|b| usize::try_from(b).map_err(|_| format!("{s:?} is too large")))
+}
+
+/// A duration setting kept in milliseconds: a number (milliseconds) or with units, as
+/// [`DurationMs`] takes it (`7d`, `12h`, `250ms`).
+pub fn parse_ms(s: &str) -> Result<u64, String> {
+    s.parse::<DurationMs>().map(|d| d.0)
+}
+
+/// A byte size or duration in the config file: a number, or a string with a unit.
+#[derive(Deserialize, Debug)]
+#[serde(untagged)]
+enum TomlUnits {
+    Number(u64),
+    Text(String),
+}
+
+/// A byte size in the config file (`segment_bytes = "64MiB"` or `= 67108864`).
+#[derive(Deserialize, Debug)]
+#[serde(try_from = "TomlUnits")]
+struct TomlBytes(u64);
+
+impl TryFrom<TomlUnits> for TomlBytes {
+    type Error = String;
+
+    fn try_from(v: TomlUnits) -> Result<Self, String> {
+        match v {
+            TomlUnits::Number(n) => Ok(TomlBytes(n)),
+            TomlUnits::Text(t) => parse_bytes(&t).map(TomlBytes),
+        }
+    }
+}
+
+impl From<TomlBytes> for u64 {
+    fn from(b: TomlBytes) -> u64 {
+        b.0
+    }
+}
+
+impl From<TomlBytes> for usize {
+    fn from(b: TomlBytes) -> usize {
+        usize::try_from(b.0).unwrap_or(usize::MAX)
+    }
+}
+
+/// A duration in milliseconds in the config file (`retention_ms = "7d"` or `= 604800000`).
+#[derive(Deserialize, Debug)]
+#[serde(try_from = "TomlUnits")]
+struct TomlMs(u64);
+
+impl TryFrom<TomlUnits> for TomlMs {
+    type Error = String;
+
+    fn try_from(v: TomlUnits) -> Result<Self, String> {
+        match v {
+            TomlUnits::Number(n) => Ok(TomlMs(n)),
+            TomlUnits::Text(t) => parse_ms(&t).map(TomlMs),
+        }
+    }
+}
+
+impl From<TomlMs> for u64 {
+    fn from(b: TomlMs) -> u64 {
+        b.0
+    }
+}
+
 /// The free-space floor of the data directory's file system (`--min-free-bytes`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MinFreeBytes {
@@ -94,9 +198,9 @@ impl std::str::FromStr for MinFreeBytes {
         if s.eq_ignore_ascii_case("auto") {
             return Ok(MinFreeBytes::Auto);
         }
-        s.parse()
+        parse_bytes(s)
             .map(MinFreeBytes::Bytes)
-            .map_err(|_| format!("{s:?} is neither `auto` nor a number of bytes"))
+            .map_err(|e| format!("{s:?} is neither `auto` nor a size: {e}"))
     }
 }
 
@@ -182,7 +286,7 @@ pub struct ServeArgs {
     #[arg(long, env = "FELIX_MAX_UDP_PAYLOAD", default_value_t = crate::net::config::DEFAULT_MAX_UDP_PAYLOAD)]
     pub max_udp_payload: u16,
     /// Idle timeout of a connection, in milliseconds.
-    #[arg(long, env = "FELIX_IDLE_TIMEOUT_MS", default_value_t = 30_000)]
+    #[arg(long, env = "FELIX_IDLE_TIMEOUT_MS", value_parser = parse_ms, default_value_t = 30_000)]
     pub idle_timeout_ms: u64,
     /// Connections one core accepts.
     #[arg(long, env = "FELIX_MAX_CONNS_PER_CORE", default_value_t = crate::net::config::DEFAULT_MAX_CONNS_PER_CORE)]
@@ -213,12 +317,12 @@ pub struct ServeArgs {
     #[arg(long, env = "FELIX_DEFAULT_SHARDS", default_value_t = 0)]
     pub default_shards: u32,
     /// Segment size at which a log rolls, in bytes.
-    #[arg(long, env = "FELIX_SEGMENT_BYTES", default_value_t = 256 << 20)]
+    #[arg(long, env = "FELIX_SEGMENT_BYTES", value_parser = parse_bytes, default_value_t = 256 << 20)]
     pub segment_bytes: u64,
     /// Bytes of recently read log blocks each core keeps for its subscribers, whole 1 MiB
     /// blocks (catch-up readers of a core's shards share one read of each block); 0 turns it
     /// off.
-    #[arg(long, env = "FELIX_READ_CACHE_BYTES", default_value_t = felix_storage::READ_CACHE_BYTES_DEFAULT)]
+    #[arg(long, env = "FELIX_READ_CACHE_BYTES", value_parser = parse_bytes, default_value_t = felix_storage::READ_CACHE_BYTES_DEFAULT)]
     pub read_cache_bytes: u64,
     /// How durable appends reach the disk: `fdatasync` (plain writes, then a group-commit
     /// fdatasync) or `dsync` (segments opened O_DSYNC: an ack waits for its write alone).
@@ -231,16 +335,16 @@ pub struct ServeArgs {
     #[arg(long, env = "FELIX_PREALLOCATE", default_value_t = felix_storage::Preallocate::Reserve)]
     pub preallocate: felix_storage::Preallocate,
     /// Default retention by size per stream log, in bytes; 0 keeps everything.
-    #[arg(long, env = "FELIX_RETENTION_BYTES", default_value_t = 0)]
+    #[arg(long, env = "FELIX_RETENTION_BYTES", value_parser = parse_bytes, default_value_t = 0)]
     pub retention_bytes: u64,
     /// Default retention by age, in milliseconds; 0 keeps everything.
-    #[arg(long, env = "FELIX_RETENTION_MS", default_value_t = 0)]
+    #[arg(long, env = "FELIX_RETENTION_MS", value_parser = parse_ms, default_value_t = 0)]
     pub retention_ms: u64,
     /// Publish bytes in flight (received, not yet acked) per connection before the broker stops reading it.
-    #[arg(long, env = "FELIX_INFLIGHT_BYTES_PER_CONN", default_value_t = 16 << 20)]
+    #[arg(long, env = "FELIX_INFLIGHT_BYTES_PER_CONN", value_parser = parse_bytes_usize, default_value_t = 16 << 20)]
     pub inflight_bytes_per_conn: usize,
     /// Publish bytes in flight per core before the core stops reading publishes.
-    #[arg(long, env = "FELIX_INFLIGHT_BYTES_PER_CORE", default_value_t = 64 << 20)]
+    #[arg(long, env = "FELIX_INFLIGHT_BYTES_PER_CORE", value_parser = parse_bytes_usize, default_value_t = 64 << 20)]
     pub inflight_bytes_per_core: usize,
     /// Seconds a subscriber may stay blocked by flow control before it is disconnected (SlowConsumer).
     #[arg(long, env = "FELIX_SLOW_CONSUMER_SECS", default_value_t = 30)]
@@ -287,7 +391,7 @@ pub struct ServeArgs {
     /// followers' fetches and subscribers; older batches leave memory but for a small index
     /// (about 16 bytes per MiB of log plus one entry per leader epoch) and are read back from
     /// the log when a follower fetches them.
-    #[arg(long, env = "FELIX_REPLICA_RESIDENT_BYTES", default_value_t = 4 << 20)]
+    #[arg(long, env = "FELIX_REPLICA_RESIDENT_BYTES", value_parser = parse_bytes, default_value_t = 4 << 20)]
     pub replica_resident_bytes: u64,
     /// An idempotent producer idle this long (by its shard's batch times) is forgotten: its
     /// next batch starts it again, and a retry of a batch it sent before is stored as new.
@@ -331,7 +435,7 @@ struct FileConfig {
     metrics: Option<String>,
     steering: Option<String>,
     max_udp_payload: Option<u16>,
-    idle_timeout_ms: Option<u64>,
+    idle_timeout_ms: Option<TomlMs>,
     max_conns_per_core: Option<usize>,
     max_streams_per_conn: Option<u32>,
     handshakes_per_sec_per_core: Option<u32>,
@@ -340,14 +444,14 @@ struct FileConfig {
     max_group_positions_per_core: Option<usize>,
     min_free_bytes: Option<TomlMinFree>,
     default_shards: Option<u32>,
-    segment_bytes: Option<u64>,
-    read_cache_bytes: Option<u64>,
+    segment_bytes: Option<TomlBytes>,
+    read_cache_bytes: Option<TomlBytes>,
     write_sync: Option<String>,
     preallocate: Option<String>,
-    retention_bytes: Option<u64>,
-    retention_ms: Option<u64>,
-    inflight_bytes_per_conn: Option<usize>,
-    inflight_bytes_per_core: Option<usize>,
+    retention_bytes: Option<TomlBytes>,
+    retention_ms: Option<TomlMs>,
+    inflight_bytes_per_conn: Option<TomlBytes>,
+    inflight_bytes_per_core: Option<TomlBytes>,
     slow_consumer_secs: Option<u64>,
     allow_anonymous: Option<bool>,
     repair: Option<bool>,
@@ -359,7 +463,7 @@ struct FileConfig {
     lease_ttl_s: Option<u32>,
     default_replicas: Option<u8>,
     min_insync: Option<usize>,
-    replica_resident_bytes: Option<u64>,
+    replica_resident_bytes: Option<TomlBytes>,
     producer_expiry: Option<DurationMs>,
     max_producers_per_shard: Option<usize>,
     peer_ca: Option<PathBuf>,
@@ -464,7 +568,7 @@ impl ServeArgs {
             ($($field:ident),*) => {$(
                 if let Some(v) = f.$field {
                     if unset(stringify!($field)) {
-                        self.$field = v;
+                        self.$field = v.into();
                     }
                 }
             )*};
@@ -741,6 +845,59 @@ mod tests {
         let on = parse_serve(&["felix", "--auth-keys", "/k.pem", "--auto-create", "true"]);
         assert!(on.unwrap().auto_create);
         assert!(!parse_serve(&["felix", "--auto-create", "false"]).unwrap().auto_create);
+    }
+
+    #[test]
+    fn sizes_and_durations_take_units_in_flags_and_the_file() {
+        assert_eq!(parse_bytes("67108864"), Ok(64 << 20));
+        assert_eq!(parse_bytes("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_bytes("64 mib"), Ok(64 << 20));
+        assert_eq!(parse_bytes("1.5GiB"), Ok(3 << 29));
+        assert_eq!(parse_bytes("500MB"), Ok(500_000_000));
+        assert_eq!(parse_bytes("4kB"), Ok(4_000));
+        assert!(parse_bytes("64 furlongs").unwrap_err().contains("unknown unit"));
+        assert!(parse_bytes("lots").is_err());
+        assert!(parse_bytes("99999999TiB").unwrap_err().contains("too large"));
+        let a = parse_serve(&[
+            "felix",
+            "--segment-bytes",
+            "64MiB",
+            "--retention-bytes",
+            "10GiB",
+            "--retention-ms",
+            "7d",
+            "--inflight-bytes-per-conn",
+            "8MiB",
+            "--min-free-bytes",
+            "1GiB",
+            "--idle-timeout-ms",
+            "45s",
+        ])
+        .unwrap();
+        assert_eq!(a.segment_bytes, 64 << 20);
+        assert_eq!(a.retention_bytes, 10 << 30);
+        assert_eq!(a.retention_ms, 7 * 24 * 3_600_000);
+        assert_eq!(a.inflight_bytes_per_conn, 8 << 20);
+        assert_eq!(a.min_free_bytes, MinFreeBytes::Bytes(1 << 30));
+        assert_eq!(a.idle_timeout_ms, 45_000);
+        assert!(parse_serve(&["felix", "--segment-bytes", "64 furlongs"]).is_err());
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("felix.toml");
+        std::fs::write(
+            &file,
+            "segment_bytes = \"32MiB\"\nread_cache_bytes = 1048576\nretention_ms = \"12h\"\n\
+             replica_resident_bytes = \"8 MiB\"\nmin_free_bytes = \"2GiB\"\n",
+        )
+        .unwrap();
+        let a = parse_serve(&["felix", "--config", &file.display().to_string()]).unwrap();
+        assert_eq!(a.segment_bytes, 32 << 20);
+        assert_eq!(a.read_cache_bytes, 1 << 20);
+        assert_eq!(a.retention_ms, 12 * 3_600_000);
+        assert_eq!(a.replica_resident_bytes, 8 << 20);
+        assert_eq!(a.min_free_bytes, MinFreeBytes::Bytes(2 << 30));
+        std::fs::write(&file, "segment_bytes = \"lots\"\n").unwrap();
+        assert!(parse_serve(&["felix", "--config", &file.display().to_string()]).is_err());
     }
 
     #[test]

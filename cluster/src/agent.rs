@@ -511,12 +511,20 @@ async fn session(
                 if resp.canceled() {
                     return Err(ClusterError::InvalidConfig("watch canceled".into()));
                 }
+                let before: BTreeSet<NodeId> = st.view.members.keys().cloned().collect();
                 for e in resp.events() {
                     if let Some(kv) = e.kv() {
                         let deleted = e.event_type() == EventType::Delete;
                         let cluster = &st.config.cluster;
                         apply_or_skip(cluster, &mut st.view, &mut st.candidates, kv, deleted);
                     }
+                }
+                let (joined, left) = membership_changes(&before, &st.view.members);
+                for node in joined {
+                    tracing::info!(%node, "cluster member joined");
+                }
+                for node in left {
+                    tracing::info!(%node, "cluster member left (its lease ended or it stopped)");
                 }
                 if let Some(h) = resp.header() {
                     st.view.revision = h.revision();
@@ -579,6 +587,17 @@ fn handle_keep_answer(
         st.publish();
     }
     Ok(())
+}
+
+/// The members that joined and left between `before` and `after` (each said once, as the
+/// watch reports it).
+fn membership_changes<V>(
+    before: &BTreeSet<NodeId>,
+    after: &BTreeMap<NodeId, V>,
+) -> (Vec<NodeId>, Vec<NodeId>) {
+    let joined = after.keys().filter(|n| !before.contains(*n)).cloned().collect();
+    let left = before.iter().filter(|n| !after.contains_key(*n)).cloned().collect();
+    (joined, left)
 }
 
 /// The error that ends a session the agent's state gave up.
@@ -939,5 +958,20 @@ struct AbortOnDrop(tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins_and_leaves_are_the_members_that_appeared_and_went() {
+        let n = |s: &str| NodeId::new(s).unwrap();
+        let before: BTreeSet<NodeId> = [n("b1"), n("b2"), n("b3")].into_iter().collect();
+        let after: BTreeMap<NodeId, ()> = [(n("b1"), ()), (n("b3"), ()), (n("b4"), ())].into();
+        assert_eq!(membership_changes(&before, &after), (vec![n("b4")], vec![n("b2")]));
+        let same: BTreeMap<NodeId, ()> = before.iter().map(|m| (m.clone(), ())).collect();
+        assert_eq!(membership_changes(&before, &same), (vec![], vec![]));
     }
 }

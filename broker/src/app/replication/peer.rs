@@ -41,10 +41,6 @@ pub fn transport() -> quinn_proto::TransportConfig {
     t
 }
 
-/// How often a link that keeps failing to connect says so at `warn` (each failure is logged
-/// at `debug`).
-pub const LINK_WARN_INTERVAL_MS: u64 = 30_000;
-
 /// Where a link stands, for the readiness check and `replication_peers_unreachable`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LinkState {
@@ -116,9 +112,9 @@ async fn run(
             Err((e, addr)) => {
                 state.set(LinkState::Down);
                 tracing::debug!(%node, error = %e, "replication link: cannot connect");
-                let due = warned
-                    .is_none_or(|at| at.elapsed() >= Duration::from_millis(LINK_WARN_INTERVAL_MS));
-                if due {
+                // Said once at `warn` per run of failures (each is at `debug`); "up again"
+                // when the link comes back.
+                if warned.is_none() {
                     warned = Some(Instant::now());
                     let addr = addr.map_or_else(|| "no address".to_owned(), |a| a.to_string());
                     match tls_hint(&e) {
@@ -149,11 +145,13 @@ pub const VERIFY_POLL_MS: u64 = 1_000;
 /// says so in this broker's member key (`Member::peers_verified`): until then the controller
 /// gives this broker no replicas. Afterwards it checks each broker that joins (or restarts, on a new lease) the
 /// same way, so a newcomer whose certificate this broker does not trust is logged here too,
-/// not only on the newcomer. A failure is logged at `warn` (every [`LINK_WARN_INTERVAL_MS`]
-/// at most) with what fixes it. Runs on core 0 for the broker's life.
+/// not only on the newcomer. A failure is logged at `warn` once per broker and error (until
+/// that broker is reached) with what fixes it. Runs on core 0 for the broker's life.
 pub async fn verify_peers(host: Rc<ReplicationShell>) {
     let mut wait = Duration::from_millis(RECONNECT_MS);
-    let mut warned: Option<Instant> = None;
+    // The (broker, error) pairs already said at `warn`, until that broker is reached.
+    let mut warned: std::collections::HashSet<(felix_cluster::NodeId, String)> =
+        std::collections::HashSet::new();
     let mut marked = false;
     // The brokers this one reached, with the lease they were on.
     let mut reached: std::collections::HashMap<felix_cluster::NodeId, Option<i64>> =
@@ -176,6 +174,7 @@ pub async fn verify_peers(host: Rc<ReplicationShell>) {
             match connect(&host, addr).await {
                 Ok((conn, _)) => {
                     conn.close(0, b"verified");
+                    warned.retain(|(n, _)| *n != node);
                     reached.insert(node.clone(), view.member_leases.get(&node).copied());
                 }
                 Err(e) => failed.push((node, advertise, e)),
@@ -193,16 +192,17 @@ pub async fn verify_peers(host: Rc<ReplicationShell>) {
         if failed.is_empty() {
             wait = Duration::from_millis(VERIFY_POLL_MS);
         } else {
-            let due = warned
-                .is_none_or(|at| at.elapsed() >= Duration::from_millis(LINK_WARN_INTERVAL_MS));
-            if due {
-                warned = Some(Instant::now());
+            {
                 let consequence = if marked {
                     "replicas shared with it cannot be followed"
                 } else {
                     "this broker gets no replicas until it reaches the verified brokers"
                 };
                 for (node, addr, e) in &failed {
+                    if !warned.insert((node.clone(), e.clone())) {
+                        tracing::debug!(%node, %addr, error = %e, "replication link not verified");
+                        continue;
+                    }
                     // A verified broker says nothing of a peer that is merely down (a crash
                     // being failed over): its lease tells. A certificate problem it names.
                     let hint = match (tls_hint(e), marked) {

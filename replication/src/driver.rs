@@ -380,14 +380,13 @@ impl<N: Clone + PartialEq + Debug> ShardDriver<N> {
                         bytes_max,
                     });
                 }
-                Output::Disk(DiskOp::Truncate { id, to })
+                Output::Disk(DiskOp::Truncate { to, .. })
                     if to < self.fed && !self.bugs.truncate_below_fed =>
                 {
                     // The protocol never cuts below the commit point (claim C in
                     // docs/replication.md), and subscribers were given everything below `fed`:
                     // cutting there would take back delivered records. Stop the replica rather
                     // than serve a history that forks from what was read.
-                    let _ = id;
                     let why = format!(
                         "a truncation to {to} goes below what subscribers were given ({})",
                         self.fed
@@ -792,14 +791,6 @@ impl<N: Clone + PartialEq + Debug> Driver<N> {
     ) where
         N: 'a,
     {
-        // Refusals for a lost lease come first, as appends made before this round wait.
-        let lease_gone = lease.is_none_or(|(_, until)| now >= until);
-        if lease_gone && !self.bugs.ignore_lease {
-            for s in self.shards.values_mut().flat_map(|s| s.values_mut()) {
-                self.stats.refused_without_lease += s.pending.len() as u64;
-                s.refuse_pending(&mut self.out);
-            }
-        }
         self.handle_lease(now, lease);
         self.handle_groups(now, groups);
         self.handle_tick(now);

@@ -159,44 +159,7 @@ fn start_errors_are_one_clear_line() {
 
 #[test]
 fn sigterm_drains_and_exits_zero() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut child = felix()
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics",
-            "off",
-            "--cores",
-            "2",
-            "--no-pin",
-            "--data-dir",
-        ])
-        .arg(dir.path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    // Wait until it serves.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !dir.path().join("core-1").exists() {
-        assert!(Instant::now() < deadline, "broker did not start");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(300));
-    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
-    assert!(kill.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "no exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut err = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
-    assert!(status.success(), "exit {status:?}: {err}");
+    let err = serve_and_stop("2", &[], &[]);
     assert!(err.contains("felix: stopped"), "{err}");
 }
 
@@ -316,28 +279,38 @@ fn a_second_broker_on_the_same_data_directory_is_refused() {
     );
 }
 
-/// Runs a broker until it serves, stops it with SIGTERM, and returns its stderr.
-fn serve_and_stop(extra: &[&str]) -> String {
+/// Runs a broker of `cores` cores (with `env` and `extra` flags before `serve`) until it
+/// serves, stops it with SIGTERM, requires a zero exit within 20 s, and returns its stderr.
+fn serve_and_stop(cores: &str, env: &[(&str, &str)], extra: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let mut child = felix()
-        .env("FELIX_LOG", "debug")
+        .envs(env.iter().copied())
         .args(extra)
-        .args(["serve", "--listen", "127.0.0.1:0", "--metrics", "off", "--cores", "1"])
+        .args(["serve", "--listen", "127.0.0.1:0", "--metrics", "off", "--cores", cores])
         .args(["--no-pin", "--data-dir"])
         .arg(dir.path())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    // Wait until it serves: every core opened its directory.
+    let last_core = format!("core-{}", cores.parse::<usize>().unwrap() - 1);
     let deadline = Instant::now() + Duration::from_secs(20);
-    while !dir.path().join("core-0").exists() {
+    while !dir.path().join(&last_core).exists() {
         assert!(Instant::now() < deadline, "broker did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
     std::thread::sleep(Duration::from_millis(300));
     let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(kill.success());
-    let status = child.wait().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let mut err = String::new();
     std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
     assert!(status.success(), "exit {status:?}: {err}");
@@ -348,7 +321,7 @@ fn serve_and_stop(extra: &[&str]) -> String {
 /// `--log-format json` writes one JSON object per log line.
 #[test]
 fn logs_are_plain_when_piped_and_json_on_request() {
-    let text = serve_and_stop(&[]);
+    let text = serve_and_stop("1", &[("FELIX_LOG", "debug")], &[]);
     assert!(!text.contains('\u{1b}'), "colour codes in piped logs:\n{text}");
     let logged: Vec<&str> =
         text.lines().filter(|l| l.contains(" DEBUG ") || l.contains(" INFO ")).collect();
@@ -359,7 +332,7 @@ fn logs_are_plain_when_piped_and_json_on_request() {
         assert!(ts.len() >= 20 && ts.as_bytes()[4] == b'-' && ts.contains('T'), "{line}");
     }
 
-    let json = serve_and_stop(&["--log-format", "json"]);
+    let json = serve_and_stop("1", &[("FELIX_LOG", "debug")], &["--log-format", "json"]);
     assert!(!json.contains('\u{1b}'), "{json}");
     let objects: Vec<&str> = json.lines().filter(|l| l.starts_with('{')).collect();
     assert!(!objects.is_empty(), "no JSON lines:\n{json}");

@@ -225,7 +225,7 @@ impl SweepReport {
         self.epochs += report.epochs;
         self.crashes += u64::from(report.crashes);
         self.sim_ms += report.sim_ms;
-        self.stats = add_stats(self.stats, report.stats);
+        self.stats = self.stats + report.stats;
         self.unavailable += u64::from(report.unavailable);
         self.producers_expired += report.producers_expired;
         self.seeds_with_expiry += u64::from(report.producers_expired > 0);
@@ -240,7 +240,7 @@ impl SweepReport {
         self.epochs += other.epochs;
         self.crashes += other.crashes;
         self.sim_ms += other.sim_ms;
-        self.stats = add_stats(self.stats, other.stats);
+        self.stats = self.stats + other.stats;
         self.unavailable += other.unavailable;
         self.producers_expired += other.producers_expired;
         self.seeds_with_expiry += other.seeds_with_expiry;
@@ -292,20 +292,6 @@ fn bug_env(bugs: InjectedBugs) -> String {
         String::new()
     } else {
         format!(" FELIX_SIM_BUG={}", names.join(","))
-    }
-}
-
-/// `a + b`, counter by counter.
-pub(crate) fn add_stats(a: ReplicaStats, b: ReplicaStats) -> ReplicaStats {
-    ReplicaStats {
-        batches_truncated: a.batches_truncated + b.batches_truncated,
-        duplicates: a.duplicates + b.duplicates,
-        lease_refusals: a.lease_refusals + b.lease_refusals,
-        isr_proposals: a.isr_proposals + b.isr_proposals,
-        fetch_bytes_sent: a.fetch_bytes_sent + b.fetch_bytes_sent,
-        leaderships: a.leaderships + b.leaderships,
-        batches_archived: a.batches_archived + b.batches_archived,
-        fetches_from_log: a.fetches_from_log + b.fetches_from_log,
     }
 }
 

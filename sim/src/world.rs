@@ -246,7 +246,7 @@ impl World {
 
     fn report(&self) -> SeedReport {
         let live = (0..self.nodes.len()).filter_map(|n| self.replica(n).map(Replica::stats));
-        let stats = live.fold(self.retired, super::add_stats);
+        let stats = live.fold(self.retired, |a, b| a + b);
         SeedReport {
             stats,
             seed: self.seed,
@@ -923,7 +923,7 @@ impl World {
     fn crash(&mut self, n: usize) -> Result<(), String> {
         self.taken.retain(|(node, _)| *node != n);
         if let Some(stats) = self.replica(n).map(Replica::stats) {
-            self.retired = super::add_stats(self.retired, stats);
+            self.retired = self.retired + stats;
         }
         let node = &mut self.nodes[n];
         if node.driver.take().is_none() {

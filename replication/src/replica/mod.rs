@@ -82,6 +82,24 @@ pub struct ReplicaStats {
     pub fetches_from_log: u64,
 }
 
+impl std::ops::Add for ReplicaStats {
+    type Output = ReplicaStats;
+
+    /// Counters summed field by field (over replicas, or over a replica's incarnations).
+    fn add(self, b: ReplicaStats) -> ReplicaStats {
+        ReplicaStats {
+            batches_truncated: self.batches_truncated + b.batches_truncated,
+            duplicates: self.duplicates + b.duplicates,
+            lease_refusals: self.lease_refusals + b.lease_refusals,
+            isr_proposals: self.isr_proposals + b.isr_proposals,
+            fetch_bytes_sent: self.fetch_bytes_sent + b.fetch_bytes_sent,
+            leaderships: self.leaderships + b.leaderships,
+            batches_archived: self.batches_archived + b.batches_archived,
+            fetches_from_log: self.fetches_from_log + b.fetches_from_log,
+        }
+    }
+}
+
 enum Role {
     Idle,
     Follower(FollowerState),

@@ -600,13 +600,7 @@ impl ReplicationShell {
             running += 1;
             let replica = r.replica();
             let log = replica.log();
-            let s = replica.stats();
-            totals.batches_truncated += s.batches_truncated;
-            totals.leaderships += s.leaderships;
-            totals.isr_proposals += s.isr_proposals;
-            totals.lease_refusals += s.lease_refusals;
-            totals.batches_archived += s.batches_archived;
-            totals.fetches_from_log += s.fetches_from_log;
+            totals = totals + replica.stats();
             resident += log.batches().len() as u64;
             producers_known += log.producers_known() as u64;
             producers_expired += log.producers_forgotten().0;

@@ -1,6 +1,7 @@
 //! The admin thread: `/metrics` (OpenMetrics text), `/histograms` (the latency histograms
-//! themselves, JSON), `/health` (liveness) and `/ready` (readiness, [`crate::ready`]) over
-//! HTTP/1.1.
+//! themselves, JSON), `/health` (liveness), `/ready` (readiness, [`crate::ready`]) and, in a
+//! cluster, `/cluster` (the cluster as this broker's agent sees it, JSON: what
+//! `felix cluster status --addr` reads) over HTTP/1.1.
 //!
 //! Not pinned and off the hot path: one thread, `felix-admin`, runs a current-thread tokio
 //! runtime and serves each connection in its own task with hyper, so a slow or stalled client
@@ -130,10 +131,15 @@ fn answer(pages: &Pages, req: &Request<Incoming>) -> Response<Full<Bytes>> {
             (true, body) => (StatusCode::OK, TEXT_PLAIN, body),
             (false, body) => (StatusCode::SERVICE_UNAVAILABLE, TEXT_PLAIN, body),
         },
+        "/cluster" => match pages.ready.cluster_status().map(|s| serde_json::to_string(&s)) {
+            Some(Ok(json)) => (StatusCode::OK, APPLICATION_JSON, json),
+            Some(Err(e)) => (StatusCode::INTERNAL_SERVER_ERROR, TEXT_PLAIN, format!("{e}\n")),
+            None => (StatusCode::NOT_FOUND, TEXT_PLAIN, "not in a cluster\n".to_owned()),
+        },
         _ => (
             StatusCode::NOT_FOUND,
             TEXT_PLAIN,
-            "try /metrics, /histograms, /health or /ready\n".to_owned(),
+            "try /metrics, /histograms, /health, /ready or /cluster\n".to_owned(),
         ),
     };
     let mut resp = Response::new(Full::new(Bytes::from(body)));
@@ -143,3 +149,5 @@ fn answer(pages: &Pages, req: &Request<Incoming>) -> Response<Full<Bytes>> {
 }
 
 const TEXT_PLAIN: &str = "text/plain; charset=utf-8";
+/// The `Content-Type` of the `/cluster` page.
+const APPLICATION_JSON: &str = "application/json";

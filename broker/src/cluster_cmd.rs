@@ -1,6 +1,7 @@
 //! `felix cluster status`: members (with what is left of their lease), the controller, each
-//! stream's placement, and each member's per-core load from its metrics endpoint; a table, or
-//! JSON with `--json`.
+//! stream's placement (each shard's current leader), and each member's per-core load from its
+//! metrics endpoint; a table, or JSON with `--json`. Read from etcd (`--etcd`) or through any
+//! broker's admin endpoint (`--addr`, its `/cluster` page).
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -25,8 +26,18 @@ pub enum ClusterCommand {
 #[derive(Args, Debug)]
 pub struct StatusArgs {
     /// etcd endpoints (comma-separated), as given to `felix serve --cluster-etcd`.
-    #[arg(long, env = "FELIX_CLUSTER_ETCD", value_delimiter = ',', required = true)]
+    #[arg(
+        long,
+        env = "FELIX_CLUSTER_ETCD",
+        value_delimiter = ',',
+        required_unless_present = "addr",
+        conflicts_with = "addr"
+    )]
     pub etcd: Vec<String>,
+    /// Instead of etcd: any broker's admin (metrics) address, `host:port` (`felix serve
+    /// --metrics`); the status is that broker's view of the cluster.
+    #[arg(long)]
+    pub addr: Option<String>,
     /// The cluster's name.
     #[arg(long, env = "FELIX_CLUSTER_NAME", default_value = felix_broker::config::DEFAULT_CLUSTER_NAME)]
     pub cluster_name: String,
@@ -81,12 +92,21 @@ pub fn main(cmd: ClusterCommand) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let status = match rt.block_on(felix_cluster::cluster_status(&args.etcd, &args.cluster_name)) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("felix: cluster {}: {e}", args.cluster_name);
-            return ExitCode::FAILURE;
-        }
+    let status = match &args.addr {
+        Some(addr) => match fetch_status(addr) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("felix: cluster status from {addr}: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => match rt.block_on(felix_cluster::cluster_status(&args.etcd, &args.cluster_name)) {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("felix: cluster {}: {e}", args.cluster_name);
+                return ExitCode::FAILURE;
+            }
+        },
     };
     let mut lag = Vec::new();
     let load = status
@@ -161,7 +181,8 @@ fn render(out: &Output<'_>) -> String {
     }
     t.push_str(&format!("\n{:<40} {:>6}  PLACEMENT\n", "STREAM", "SHARDS"));
     for st in &s.streams {
-        let placement = st.placement.as_ref().map_or("not placed yet".to_owned(), owners);
+        let placement =
+            st.placement.as_ref().map_or("not placed yet".to_owned(), |p| owners(p, st));
         let down = if st.down.is_empty() {
             String::new()
         } else {
@@ -214,13 +235,36 @@ fn render_groups(s: &ClusterStatus, lag: &[FollowerLag], t: &mut String) {
     }
 }
 
-/// `b1:0,3 b2:1,4` — each owner and its shards.
-fn owners(p: &StreamPlacement) -> String {
+/// `b1:0,3 b2:1,4` — each owner and its shards: for a replicated stream each shard's current
+/// leader (`?` after it: its lease is gone, an election is due; `none`: not elected), not the
+/// owner at creation.
+fn owners(p: &StreamPlacement, st: &felix_cluster::StreamStatus) -> String {
     let mut by: std::collections::BTreeMap<String, Vec<String>> = Default::default();
     for (shard, node) in p.owners.iter().enumerate() {
-        by.entry(node.to_string()).or_default().push(shard.to_string());
+        let now = match st.groups.iter().find(|g| g.shard as usize == shard) {
+            Some(g) => match (&g.leader, g.leader_live) {
+                (Some(l), true) => l.to_string(),
+                (Some(l), false) => format!("{l}?"),
+                (None, _) => "none".to_owned(),
+            },
+            None => node.to_string(),
+        };
+        by.entry(now).or_default().push(shard.to_string());
     }
     by.into_iter().map(|(n, s)| format!("{n}:{}", s.join(","))).collect::<Vec<_>>().join(" ")
+}
+
+/// The cluster as the broker whose admin endpoint is `addr` sees it (`http://addr/cluster`).
+fn fetch_status(addr: &str) -> Result<ClusterStatus, String> {
+    let agent = ureq::AgentBuilder::new().timeout(Duration::from_millis(SCRAPE_TIMEOUT_MS)).build();
+    let resp = agent.get(&format!("http://{addr}/cluster")).call().map_err(|e| e.to_string())?;
+    let mut text = String::new();
+    std::io::Read::read_to_string(
+        &mut std::io::Read::take(resp.into_reader(), SCRAPE_BYTES_MAX),
+        &mut text,
+    )
+    .map_err(|e| e.to_string())?;
+    serde_json::from_str(&text).map_err(|e| format!("not a cluster status: {e}"))
 }
 
 /// Reads the per-core counters and the replication lag the status shows from

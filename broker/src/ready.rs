@@ -34,6 +34,8 @@ pub struct Readiness {
     serving: Arc<AtomicBool>,
     cores: Option<Arc<Vec<Arc<AppStats>>>>,
     cluster: Option<watch::Receiver<Arc<ClusterView>>>,
+    /// The cluster's name, for the `/cluster` page.
+    cluster_name: String,
     created: Instant,
 }
 
@@ -51,7 +53,13 @@ pub struct Check {
 impl From<Arc<AtomicBool>> for Readiness {
     /// Readiness from the serving flag alone (no core or cluster checks).
     fn from(serving: Arc<AtomicBool>) -> Readiness {
-        Readiness { serving, cores: None, cluster: None, created: Instant::now() }
+        Readiness {
+            serving,
+            cores: None,
+            cluster: None,
+            cluster_name: String::new(),
+            created: Instant::now(),
+        }
     }
 }
 
@@ -63,7 +71,26 @@ impl Readiness {
         cores: Arc<Vec<Arc<AppStats>>>,
         cluster: Option<watch::Receiver<Arc<ClusterView>>>,
     ) -> Readiness {
-        Readiness { serving, cores: Some(cores), cluster, created: Instant::now() }
+        Readiness {
+            serving,
+            cores: Some(cores),
+            cluster,
+            cluster_name: String::new(),
+            created: Instant::now(),
+        }
+    }
+
+    /// The cluster's name, for the `/cluster` page.
+    pub fn named(mut self, cluster_name: &str) -> Readiness {
+        self.cluster_name = cluster_name.to_owned();
+        self
+    }
+
+    /// The cluster as this broker's agent sees it (the `/cluster` page, JSON), or `None` for
+    /// a broker outside a cluster. Leases' time left is not known here (-1).
+    pub fn cluster_status(&self) -> Option<felix_cluster::ClusterStatus> {
+        let view = self.cluster.as_ref()?.borrow().clone();
+        Some(felix_cluster::status_of_view(&self.cluster_name, &view, |_| -1))
     }
 
     /// Whether the broker is started and not stopping (liveness, `/health`).

@@ -40,6 +40,15 @@ const ROUNDS: u64 = 3;
 #[test]
 fn abandoned_handshakes_and_connections_leave_no_state() {
     let dir = tempfile::tempdir().unwrap();
+    // The stream the connections subscribe to (a Subscribe never creates one), made by a
+    // broker of its own so that its client's connection is not counted below.
+    let mut maker = TestBroker::start(dir.path(), 2, &[]);
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let c = maker.client().await;
+        c.create_stream("test/abandon/s", 2, Default::default()).await.unwrap();
+        c.close();
+    });
+    maker.stop();
     let broker = TestBroker::start(dir.path(), 2, &["--idle-timeout-ms", IDLE_TIMEOUT_MS]);
     let client = client_config(&dir.path().join("dev-cert.pem"));
     for round in 1..=ROUNDS {

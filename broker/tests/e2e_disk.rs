@@ -306,11 +306,14 @@ async fn the_per_tenant_stream_quota_refuses_creates_with_limit_reached() {
     let e = client.create_stream("acme/app/s3", 2, Default::default()).await.unwrap_err();
     assert_eq!(code(&e), Some(ErrorCode::LimitReached), "{e}");
     assert!(e.to_string().contains("acme"), "{e}");
-    // Auto-create counts against the same quota, by publish and by subscribe.
+    // Auto-create counts against the same quota; a subscribe creates nothing.
     let e = publish_one(&client, "acme/other/auto", b"x".to_vec()).await.unwrap_err();
     assert_eq!(code(&e), Some(ErrorCode::LimitReached), "{e}");
     let e = client.subscribe(SubscribeOptions::new("acme/other/sub")).await.err().unwrap();
-    assert_eq!(code(&e), Some(ErrorCode::LimitReached), "{e}");
+    assert_eq!(code(&e), Some(ErrorCode::StreamNotFound), "{e}");
+    // A deleted stream gives its slot back.
+    client.delete_stream("acme/app/s2").await.unwrap();
+    client.create_stream("acme/app/s2", 2, Default::default()).await.unwrap();
     // Existing streams still work and may be created again alike; other tenants have theirs.
     client.create_stream("acme/app/s0", 2, Default::default()).await.unwrap();
     publish_one(&client, "acme/app/s1", b"y".to_vec()).await.unwrap();

@@ -521,19 +521,24 @@ async fn positions_start_each_shard_at_its_own_offset_whatever_the_group() {
     }
 }
 
+/// A Subscribe never creates a stream, with auto-create on or off; a Publish does only with it
+/// on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn subscribe_auto_creates_only_when_auto_create_is_on() {
+async fn only_a_publish_auto_creates_and_only_when_auto_create_is_on() {
     let dir = tempfile::tempdir().unwrap();
     let broker = start(dir.path(), &[]);
     let (_conn, mut lane) = connect(&broker, dir.path()).await;
     let sub = subscribe(1, "acme/app/fresh", None, StartAt::Latest);
-    match lane.ask1(&sub.to_bytes()).await {
-        // Default shard count: one per core (2 here).
-        Frame::SubscribeOk(ok) => assert_eq!(ok.shards, vec![ShardId(0), ShardId(1)]),
-        other => panic!("expected SubscribeOk, got {other:?}"),
-    }
+    assert_eq!(error_of(&lane.ask1(&sub.to_bytes()).await), (ERROR, 1, ErrorCode::StreamNotFound));
+    assert_eq!(
+        error_of(&describe(&mut lane, 2, "acme/app/fresh").await),
+        (ERROR, 2, ErrorCode::StreamNotFound)
+    );
+    let acked = publish(Some(3), AckMode::Written, "acme/app/fresh", &["x"]);
+    assert!(matches!(lane.ask1(&acked.to_bytes()).await, Frame::PublishAck(_)));
+    // Default shard count: one per core (2 here).
     assert!(matches!(
-        describe(&mut lane, 2, "acme/app/fresh").await,
+        describe(&mut lane, 4, "acme/app/fresh").await,
         Frame::StreamInfo(StreamInfo { shards: 2, .. })
     ));
     drop(broker);

@@ -793,3 +793,169 @@ async fn an_idle_producer_expires_on_every_replica_and_publishes_again_at_once()
     drop(nodes);
     drop(etcd);
 }
+
+/// Whether any broker's data directory still holds something of `stream` (its definition or a
+/// log directory).
+fn copies_of(nodes: &[Node], stream: &str) -> Vec<std::path::PathBuf> {
+    let name = felix_storage::stream_dir_name(stream).unwrap();
+    let mut found = Vec::new();
+    for n in nodes {
+        let mut dirs = vec![n.dir.clone()];
+        while let Some(d) = dirs.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                let p = e.path();
+                if p.file_name().is_some_and(|f| f.to_string_lossy().contains(&name)) {
+                    found.push(p.clone());
+                }
+                if p.is_dir() {
+                    dirs.push(p);
+                }
+            }
+        }
+    }
+    found
+}
+
+/// Deleting a replicated stream through one broker: every broker deletes its copy (one of them
+/// while down, when it comes back), the live subscription ends with `StreamNotFound`, and the
+/// name used again is a new, empty stream that reads only its own records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_replicated_stream_leaves_no_copy_and_its_name_starts_empty() {
+    const DOOMED: &str = "acme/app/doomed";
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let hosts = std::rc::Rc::new(Hosts::new(3));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let url = etcd.client_url.clone();
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = start_brokers(&hosts, root.path(), &url);
+    let client = connect(&nodes).await;
+    let deadline = Instant::now() + WAIT;
+    while let Err(e) = client.create_stream_with(DOOMED, SHARDS, Default::default(), Some(3)).await
+    {
+        assert!(Instant::now() < deadline, "create: {e}; {}", status(&url));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let publisher = client.publisher(DOOMED).await.unwrap();
+    for i in 0..60u32 {
+        let key = format!("k{}", i % 6);
+        publisher.publish(Record::keyed(key, format!("old{i}"))).await.expect("acked");
+    }
+    let opts = SubscribeOptions::new(DOOMED).start(StartAt::Earliest);
+    let mut sub = client.subscribe(opts.clone()).await.expect("subscribe");
+    for n in 0..60 {
+        match tokio::time::timeout(WAIT, sub.next()).await {
+            Ok(Ok(Some(_))) => {}
+            other => panic!("after {n} of 60: {other:?}"),
+        }
+    }
+    assert!(copies_of(&nodes, DOOMED).len() >= 6, "a definition and a log on each broker");
+    // The per-stream series: each shard counted once, by its leader.
+    let sum = |metric: &str| nodes.iter().map(|n| n.metric_sum(metric)).sum::<f64>();
+    let deadline = Instant::now() + WAIT;
+    while sum("felix_stream_records_in_total") != 60.0 || sum("felix_stream_end_offset") != 60.0 {
+        assert!(
+            Instant::now() < deadline,
+            "records in {}, end offsets {}",
+            sum("felix_stream_records_in_total"),
+            sum("felix_stream_end_offset")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // The status through a broker (no etcd) names the stream, its groups and its leaders; its
+    // placement column shows each shard's current leader.
+    let via = cluster_support::status_via(&nodes[1]);
+    let stream = via["streams"].as_array().unwrap().iter().find(|s| s["name"] == DOOMED).unwrap();
+    assert_eq!(stream["groups"].as_array().unwrap().len(), SHARDS as usize, "{via}");
+    assert_eq!(via["members"].as_array().unwrap().len(), 3, "{via}");
+    let leaders: Vec<String> = stream["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["leader"].as_str().unwrap_or("none").to_owned())
+        .collect();
+    let text = cluster_support::status_text_via(&nodes[0]);
+    let line = text.lines().find(|l| l.starts_with(DOOMED)).unwrap_or_default();
+    for (shard, leader) in leaders.iter().enumerate() {
+        assert!(
+            line.contains(&format!("{leader}:")) && line.contains(&shard.to_string()),
+            "{text}"
+        );
+    }
+    // b3 is down through the delete and the re-creation (its lease gone, so that the new
+    // stream is placed on the two others).
+    nodes[2].kill9();
+    let deadline = Instant::now() + WAIT;
+    while status(&url)["members"].as_array().map_or(0, Vec::len) != 2 {
+        assert!(Instant::now() < deadline, "b3 still a member: {}", status(&url));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let gone = client.delete_stream(DOOMED).await.expect("delete");
+    assert_eq!(gone.shards, SHARDS);
+    match tokio::time::timeout(WAIT, sub.next()).await {
+        Ok(Err(felix_client::ClientError::Broker { code, .. })) => {
+            assert_eq!(code, felix_proto::ErrorCode::StreamNotFound)
+        }
+        other => {
+            let logs: Vec<String> = nodes[..2].iter().map(|n| n.log_text()).collect();
+            panic!(
+                "the subscription of a deleted stream goes on: {other:?}\n{}",
+                logs.join("\n----\n")
+            )
+        }
+    }
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = copies_of(&nodes[..2], DOOMED);
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "copies left on the live brokers: {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let st = status(&url);
+    assert!(!st["streams"].to_string().contains(DOOMED), "etcd still names it: {st}");
+
+    // The name again, for a new replicated stream on the two live brokers.
+    let deadline = Instant::now() + WAIT;
+    while let Err(e) = client.create_stream_with(DOOMED, 1, Default::default(), Some(2)).await {
+        assert!(Instant::now() < deadline, "re-create: {e}; {}", status(&url));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // b3 comes back: its copy is of the deleted incarnation, and goes.
+    nodes[2].spawn();
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let left = copies_of(&nodes[2..], DOOMED);
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "b3 kept its old copy: {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let publisher = client.publisher(DOOMED).await.unwrap();
+    for i in 0..5u32 {
+        publisher.publish(Record::keyed("k", format!("new{i}"))).await.expect("acked");
+    }
+    let mut sub = match client.subscribe(opts).await {
+        Ok(sub) => sub,
+        Err(e) => {
+            let logs: Vec<String> = nodes.iter().map(|n| n.log_text()).collect();
+            panic!("subscribe again: {e}\n{}; {}", logs.join("\n----\n"), status(&url))
+        }
+    };
+    let mut values = Vec::new();
+    while values.len() < 5 {
+        match tokio::time::timeout(WAIT, sub.next()).await {
+            Ok(Ok(Some(r))) => values.push(String::from_utf8_lossy(&r.value).into_owned()),
+            other => panic!("after {values:?}: {other:?}"),
+        }
+    }
+    assert_eq!(values, ["new0", "new1", "new2", "new3", "new4"], "only the new stream's records");
+    client.close();
+    drop(nodes);
+    drop(etcd);
+}

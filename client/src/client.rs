@@ -255,6 +255,10 @@ impl Client {
                 })
             })
             .await?;
+        if let Some(c) = &self.shared.cluster {
+            // What was cached of the name may be of a deleted stream.
+            c.forget(name);
+        }
         stream_info(answer)
     }
 
@@ -265,6 +269,46 @@ impl Client {
             .shared
             .request(0, true, |id| {
                 Frame::DescribeStream(DescribeStream { request_id: id, stream: name.to_owned() })
+            })
+            .await?;
+        stream_info(answer)
+    }
+
+    /// Deletes `name` and its records (on every broker of a cluster). Returns the settings it
+    /// had. Its subscriptions end with [`felix_proto::ErrorCode::StreamNotFound`].
+    pub async fn delete_stream(&self, name: &str) -> Result<StreamDescription, ClientError> {
+        check_stream_name(name)?;
+        // Not sent again after a lost connection: a second delete of a deleted stream would
+        // answer StreamNotFound for a delete that happened.
+        let answer = self
+            .shared
+            .request(0, false, |id| {
+                Frame::DeleteStream(DescribeStream { request_id: id, stream: name.to_owned() })
+            })
+            .await;
+        // A stream of that name made later may have other shards and owners.
+        if let Some(c) = &self.shared.cluster {
+            c.forget(name);
+        }
+        stream_info(answer?)
+    }
+
+    /// Changes `name`'s settings (what `changes` leaves `None` stays). Returns the settings in
+    /// force.
+    pub async fn alter_stream(
+        &self,
+        name: &str,
+        changes: felix_proto::StreamChanges,
+    ) -> Result<StreamDescription, ClientError> {
+        check_stream_name(name)?;
+        let answer = self
+            .shared
+            .request(0, true, |id| {
+                Frame::AlterStream(felix_proto::AlterStream {
+                    request_id: id,
+                    stream: name.to_owned(),
+                    changes,
+                })
             })
             .await?;
         stream_info(answer)

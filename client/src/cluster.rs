@@ -325,6 +325,12 @@ impl Cluster {
         });
     }
 
+    /// Drops what is cached of `stream` (deleted or created by this client): its next use
+    /// fetches it.
+    pub(crate) fn forget(&self, stream: &str) {
+        self.lock().placements.remove(stream);
+    }
+
     /// Marks the placement of `stream` stale (a broker was lost): its next use refreshes it.
     pub(crate) fn invalidate(&self, stream: &str) {
         let mut state = self.lock();

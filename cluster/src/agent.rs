@@ -182,6 +182,29 @@ impl AgentClient {
         rx.await.map_err(|_| ClusterError::Stopped)?
     }
 
+    /// Deletes `name` cluster-wide: its definition, placement and replica groups go in one
+    /// etcd transaction that writes its tombstone ([`crate::Tombstone`]); every broker then
+    /// deletes its copy. Returns the definition it had.
+    pub async fn delete_stream(&self, name: &str) -> Result<StreamDef, ClusterError> {
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::DeleteStream { name: name.to_owned(), reply };
+        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
+        rx.await.map_err(|_| ClusterError::Stopped)?
+    }
+
+    /// Replaces `name`'s definition by `def` (shard count unchanged), a compare-and-swap on
+    /// the definition's key; brokers apply it from their views. Returns `def`.
+    pub async fn alter_stream(
+        &self,
+        name: &str,
+        def: StreamDef,
+    ) -> Result<StreamDef, ClusterError> {
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::AlterStream { name: name.to_owned(), def, reply };
+        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
+        rx.await.map_err(|_| ClusterError::Stopped)?
+    }
+
     /// See [`AgentHandle::mark_peers_verified`].
     pub async fn mark_peers_verified(&self) -> Result<(), ClusterError> {
         let (reply, rx) = oneshot::channel();
@@ -250,6 +273,15 @@ enum Command {
     },
     MarkPeersVerified {
         reply: oneshot::Sender<Result<(), ClusterError>>,
+    },
+    DeleteStream {
+        name: String,
+        reply: oneshot::Sender<Result<StreamDef, ClusterError>>,
+    },
+    AlterStream {
+        name: String,
+        def: StreamDef,
+        reply: oneshot::Sender<Result<StreamDef, ClusterError>>,
     },
 }
 
@@ -554,6 +586,12 @@ async fn session(
                         }
                         let _ = reply.send(r);
                     }
+                    Command::DeleteStream { name, reply } => {
+                        let _ = reply.send(delete_stream(st, &mut client, &name).await);
+                    }
+                    Command::AlterStream { name, def, reply } => {
+                        let _ = reply.send(alter_stream(st, &mut client, &name, def).await);
+                    }
                     Command::MarkPeersVerified { reply } => {
                         st.config.member.peers_verified = true;
                         let r = match st.lease {
@@ -738,6 +776,87 @@ async fn define_stream(
     Ok(())
 }
 
+/// Deletes `name`'s definition, placement and groups and writes its tombstone, in one
+/// transaction conditional on the definition being the one read (its create and mod
+/// revisions). Returns the definition deleted.
+async fn delete_stream(
+    st: &mut State,
+    client: &mut Client,
+    name: &str,
+) -> Result<StreamDef, ClusterError> {
+    let cluster = st.config.cluster.clone();
+    let key = keys::stream(&cluster, name);
+    let (record, create_rev, mod_rev) = read_stream(client, &key, name).await?;
+    let tombstone = serde_json::to_vec(&crate::Tombstone { incarnation: create_rev })
+        .expect("a tombstone serializes");
+    let txn = Txn::new()
+        .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, mod_rev)])
+        .and_then([
+            TxnOp::delete(key.as_str(), None),
+            TxnOp::delete(keys::placement(&cluster, name), None),
+            TxnOp::delete(
+                keys::groups_of(&cluster, name),
+                Some(etcd_client::DeleteOptions::new().with_prefix()),
+            ),
+            TxnOp::put(keys::tombstone(&cluster, name), tombstone, None),
+        ]);
+    if !client.txn(txn).await?.succeeded() {
+        return Err(ClusterError::StreamChanged(name.to_owned()));
+    }
+    tracing::info!(stream = %name, incarnation = create_rev, "stream deleted");
+    // In this broker's view at once (the watch brings the same): its cores must not adopt
+    // the stream again from a view older than the delete.
+    let view = &mut st.view;
+    view.streams.remove(name);
+    view.placements.remove(name);
+    view.replication.remove(name);
+    view.incarnations.remove(name);
+    view.groups.retain(|(stream, _), _| stream != name);
+    view.deleted.insert(name.to_owned(), crate::Tombstone { incarnation: create_rev });
+    st.publish();
+    Ok(record.def)
+}
+
+/// Writes `def` as `name`'s definition (replicas as they are), conditional on the definition
+/// being the one read.
+async fn alter_stream(
+    st: &mut State,
+    client: &mut Client,
+    name: &str,
+    def: StreamDef,
+) -> Result<StreamDef, ClusterError> {
+    let key = keys::stream(&st.config.cluster, name);
+    let (record, _, mod_rev) = read_stream(client, &key, name).await?;
+    if def.shards != record.def.shards {
+        return Err(ClusterError::InvalidConfig("a stream's shard count cannot change".into()));
+    }
+    let value = serde_json::to_vec(&StreamRecord { def, replicas: record.replicas })
+        .expect("a definition serializes");
+    let txn = Txn::new()
+        .when([Compare::mod_revision(key.as_str(), CompareOp::Equal, mod_rev)])
+        .and_then([TxnOp::put(key.as_str(), value, None)]);
+    if !client.txn(txn).await?.succeeded() {
+        return Err(ClusterError::StreamChanged(name.to_owned()));
+    }
+    tracing::info!(stream = %name, ?def, "stream altered");
+    st.view.streams.insert(name.to_owned(), def);
+    st.publish();
+    Ok(def)
+}
+
+/// `name`'s definition record as etcd has it now, with its key's create and mod revisions.
+async fn read_stream(
+    client: &mut Client,
+    key: &str,
+    name: &str,
+) -> Result<(StreamRecord, i64, i64), ClusterError> {
+    let resp = client.get(key, None).await?;
+    let Some(kv) = resp.kvs().first() else { return Err(ClusterError::NoStream(name.to_owned())) };
+    let record: StreamRecord = serde_json::from_slice(kv.value())
+        .map_err(|e| ClusterError::Corrupt { key: key.to_owned(), why: e.to_string() })?;
+    Ok((record, kv.create_revision(), kv.mod_revision()))
+}
+
 /// While this broker is the controller: places every defined stream that has no placement.
 /// Each write is conditional on this broker still holding the election key (fencing: a
 /// deposed controller's write fails) and on the placement still being absent. A replicated
@@ -792,11 +911,16 @@ async fn place_new_streams(
             }
         };
         let key = keys::placement(&st.config.cluster, &name);
+        let def_key = keys::stream(&st.config.cluster, &name);
+        let incarnation = st.view.incarnations.get(&name).copied().unwrap_or(0);
         let leader_key = String::from_utf8_lossy(leader.key()).into_owned();
+        // ... and on the definition being the incarnation seen: a stream deleted meanwhile
+        // gets no placement or groups (the delete's transaction removed them).
         let held = || {
             vec![
                 Compare::create_revision(leader_key.as_str(), CompareOp::Equal, leader.rev()),
                 Compare::create_revision(key.as_str(), CompareOp::Equal, 0),
+                Compare::create_revision(def_key.as_str(), CompareOp::Equal, incarnation),
             ]
         };
         // The groups first, in transactions of GROUP_PUTS_PER_TXN (etcd caps the operations

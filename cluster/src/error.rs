@@ -26,6 +26,13 @@ pub enum ClusterError {
     /// Another live broker already uses this node id.
     #[error("node id {0} is held by another live broker")]
     NodeIdTaken(String),
+    /// No stream of that name is defined.
+    #[error("no stream {0}")]
+    NoStream(String),
+    /// The stream's definition changed while the request was on its way (another delete or
+    /// alter won); nothing was written.
+    #[error("stream {0} changed meanwhile; try again")]
+    StreamChanged(String),
     /// The agent has stopped.
     #[error("the cluster agent has stopped")]
     Stopped,

@@ -7,6 +7,7 @@
 //! | `streams/<stream>` | [`crate::StreamDef`], `replicas`, as JSON | the broker that made it |
 //! | `placement/<stream>` | [`crate::StreamPlacement`] as JSON | the controller |
 //! | `groups/<stream>/<shard>` | [`crate::ShardGroup`] as JSON (replicated streams) | see below |
+//! | `deleted/<stream>` | [`crate::Tombstone`] as JSON: the incarnation deleted | the deleting broker |
 //!
 //! A group key is created by the controller with the placement, then changed only by
 //! elections and its leader's in-sync-set proposals, each a compare-and-swap on its mod
@@ -62,6 +63,21 @@ pub fn groups(cluster: &str) -> String {
 /// The group key of `shard` of `stream`.
 pub fn group(cluster: &str, stream: &str, shard: u32) -> String {
     format!("{}{stream}/{shard}", groups(cluster))
+}
+
+/// Prefix of the tombstones of deleted streams.
+pub fn tombstones(cluster: &str) -> String {
+    format!("{}deleted/", root(cluster))
+}
+
+/// The tombstone key of `stream`.
+pub fn tombstone(cluster: &str, stream: &str) -> String {
+    format!("{}{stream}", tombstones(cluster))
+}
+
+/// Prefix of the group keys of `stream`.
+pub fn groups_of(cluster: &str, stream: &str) -> String {
+    format!("{}{stream}/", groups(cluster))
 }
 
 /// The stream and shard of a group key's name (what follows [`groups`]).

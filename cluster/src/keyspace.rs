@@ -11,7 +11,7 @@ use crate::error::ClusterError;
 use crate::groups::ShardGroup;
 use crate::keys;
 use crate::placement::StreamPlacement;
-use crate::view::{ClusterView, Member, StreamRecord};
+use crate::view::{ClusterView, Member, StreamRecord, Tombstone};
 use crate::NodeId;
 
 /// Controller candidates: election key -> (create revision, node; `None` for a value that is
@@ -62,10 +62,13 @@ pub(crate) fn apply(
         if deleted {
             view.streams.remove(name);
             view.replication.remove(name);
+            view.incarnations.remove(name);
         } else {
             let r: StreamRecord =
                 serde_json::from_slice(kv.value()).map_err(|e| corrupt(e.to_string()))?;
             view.streams.insert(name.to_owned(), r.def);
+            view.incarnations.insert(name.to_owned(), kv.create_revision());
+            view.replication.remove(name);
             if r.replicas > 1 {
                 view.replication.insert(name.to_owned(), r.replicas);
             }
@@ -78,6 +81,14 @@ pub(crate) fn apply(
             view.groups.remove(&at);
         } else {
             view.groups.insert(at, ShardGroup::from_kv(kv)?);
+        }
+    } else if let Some(name) = keys::name_under(&key, &keys::tombstones(cluster)) {
+        if deleted {
+            view.deleted.remove(name);
+        } else {
+            let t: Tombstone =
+                serde_json::from_slice(kv.value()).map_err(|e| corrupt(e.to_string()))?;
+            view.deleted.insert(name.to_owned(), t);
         }
     } else if let Some(name) = keys::name_under(&key, &keys::placements(cluster)) {
         if deleted {

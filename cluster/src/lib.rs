@@ -28,8 +28,10 @@ pub use agent::{Agent, AgentClient, AgentConfig, AgentHandle};
 pub use error::ClusterError;
 pub use groups::ShardGroup;
 pub use placement::{PlacementError, StreamPlacement};
-pub use status::{cluster_status, ClusterStatus, GroupStatus, MemberStatus, StreamStatus};
-pub use view::{ClusterView, Member, Route, StreamDef};
+pub use status::{
+    cluster_status, status_of_view, ClusterStatus, GroupStatus, MemberStatus, StreamStatus,
+};
+pub use view::{ClusterView, Member, Route, StreamDef, Tombstone};
 
 use serde::{Deserialize, Serialize};
 

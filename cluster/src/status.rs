@@ -1,11 +1,12 @@
 //! A one-shot look at a cluster, for operators (`felix cluster status`): everything the
-//! agents keep in etcd, plus what is left of each member's lease.
+//! agents keep in etcd, plus what is left of each member's lease. Read from etcd
+//! ([`cluster_status`]), or from a broker's view ([`status_of_view`], its `/cluster` page).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use etcd_client::{Client, ConnectOptions, GetOptions};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::agent::{CONNECT_TIMEOUT_MS, REQUEST_TIMEOUT_MS};
 use crate::error::ClusterError;
@@ -14,7 +15,7 @@ use crate::view::{ClusterView, Member, StreamDef};
 use crate::{keys, NodeId, StreamPlacement};
 
 /// The cluster as etcd holds it at one revision.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ClusterStatus {
     /// The cluster's name.
     pub cluster: String,
@@ -29,18 +30,19 @@ pub struct ClusterStatus {
 }
 
 /// One live member.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct MemberStatus {
     /// As it registered.
     pub member: Member,
-    /// Seconds left on its lease when read (it renews every third of its TTL).
+    /// Seconds left on its lease when read (it renews every third of its TTL); -1 when not
+    /// known (a status read through a broker).
     pub lease_ttl_left_s: i64,
     /// Shards it owns over every stream.
     pub shards: u64,
 }
 
 /// One stream.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct StreamStatus {
     /// Its name.
     pub name: String,
@@ -61,7 +63,7 @@ pub struct StreamStatus {
 /// One shard's replica group, as its etcd record holds it. Replication lag (records, bytes)
 /// is not here: it is known only to the replication runtime on the leader, which is not wired
 /// to the broker yet.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct GroupStatus {
     /// The shard.
     pub shard: u32,
@@ -101,13 +103,28 @@ pub async fn cluster_status(
         }
     }
     view.revision = resp.header().map_or(0, |h| h.revision());
+    let mut left = BTreeMap::new();
+    for node in view.members.keys() {
+        let lease = leases.get(node.as_str()).copied().unwrap_or(0);
+        let ttl = client.lease_time_to_live(lease, None).await.map_or(-1, |r| r.ttl());
+        left.insert(node.clone(), ttl);
+    }
+    Ok(status_of_view(cluster, &view, |n| left.get(n).copied().unwrap_or(-1)))
+}
+
+/// The status `view` shows (a broker's view, or one read from etcd), with `lease_left` the
+/// seconds left on a member's lease (-1: not known).
+pub fn status_of_view(
+    cluster: &str,
+    view: &ClusterView,
+    lease_left: impl Fn(&NodeId) -> i64,
+) -> ClusterStatus {
     let load = crate::placement::load(view.placements.values());
     let mut members = Vec::new();
     for (node, member) in &view.members {
-        let lease = leases.get(node.as_str()).copied().unwrap_or(0);
-        let left = client.lease_time_to_live(lease, None).await.map_or(-1, |r| r.ttl());
         let shards = load.get(node).copied().unwrap_or(0);
-        members.push(MemberStatus { member: member.clone(), lease_ttl_left_s: left, shards });
+        let lease_ttl_left_s = lease_left(node);
+        members.push(MemberStatus { member: member.clone(), lease_ttl_left_s, shards });
     }
     let streams = view
         .streams
@@ -139,11 +156,11 @@ pub async fn cluster_status(
             StreamStatus { name: name.clone(), def: *def, placement, down, replicas, groups }
         })
         .collect();
-    Ok(ClusterStatus {
+    ClusterStatus {
         cluster: cluster.to_owned(),
         revision: view.revision,
         controller: view.controller.clone(),
         members,
         streams,
-    })
+    }
 }

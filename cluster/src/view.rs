@@ -46,6 +46,15 @@ pub struct StreamDef {
     pub retention_ms: u64,
 }
 
+/// A deleted stream's mark (`deleted/<stream>`): every broker deletes its copy of the stream
+/// when the copy is of this incarnation or an older one. Kept after the name is used again,
+/// so that a broker down through a delete and a re-create still deletes the old copy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tombstone {
+    /// The incarnation deleted: the etcd create revision of the definition's key.
+    pub incarnation: i64,
+}
+
 /// A stream key's value: the definition plus the replication factor (absent in keys written
 /// before replication: 1).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -86,6 +95,11 @@ pub struct ClusterView {
     pub controller: Option<NodeId>,
     /// Stream definitions.
     pub streams: BTreeMap<String, StreamDef>,
+    /// Each defined stream's incarnation: the etcd create revision of its definition's key, so
+    /// a stream deleted and defined again under the same name is told from the old one.
+    pub incarnations: BTreeMap<String, i64>,
+    /// Deleted streams: the newest incarnation of each that was deleted.
+    pub deleted: BTreeMap<String, Tombstone>,
     /// Placements of the streams the controller placed.
     pub placements: BTreeMap<String, StreamPlacement>,
     /// Replication factor of each stream defined with more than one replica.
@@ -135,6 +149,15 @@ impl ClusterView {
     /// The replica group of `shard` of `stream`, if the stream is replicated.
     pub fn group(&self, stream: &str, shard: u32) -> Option<&ShardGroup> {
         self.groups.get(&(stream.to_owned(), shard))
+    }
+
+    /// Whether a broker's copy of `stream` of incarnation `local` (`None`: not recorded,
+    /// written before incarnations were) is a deleted one: a tombstone covers it and the
+    /// stream in force, if any, is another incarnation.
+    pub fn is_deleted_copy(&self, stream: &str, local: Option<i64>) -> bool {
+        let Some(t) = self.deleted.get(stream) else { return false };
+        let local = local.unwrap_or(0);
+        local <= t.incarnation && self.incarnations.get(stream) != Some(&local)
     }
 
     /// Whether this broker's lease holds at `now`.

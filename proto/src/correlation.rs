@@ -11,7 +11,8 @@ impl Frame {
     pub fn request_id(&self) -> Option<RequestId> {
         Some(match self {
             Self::CreateStream(f) => f.request_id,
-            Self::DescribeStream(f) => f.request_id,
+            Self::DescribeStream(f) | Self::DeleteStream(f) => f.request_id,
+            Self::AlterStream(f) => f.request_id,
             Self::StreamInfo(f) => f.request_id,
             Self::ListStreams(f) => f.request_id,
             Self::StreamList(f) => f.request_id,
@@ -117,6 +118,12 @@ mod tests {
                 request_id: id,
                 stream: "a/b/c".into(),
                 owners: vec![],
+            }),
+            Frame::DeleteStream(DescribeStream { request_id: id, stream: "a/b/c".into() }),
+            Frame::AlterStream(crate::AlterStream {
+                request_id: id,
+                stream: "a/b/c".into(),
+                changes: crate::StreamChanges { replicas: Some(3), ..Default::default() },
             }),
             publish(None),
             publish(Some(AckRequest { request_id: id, mode: AckMode::None })),

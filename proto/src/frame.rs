@@ -36,6 +36,10 @@ pub enum Frame {
     CreateStream(CreateStream),
     /// Asks for one stream's settings.
     DescribeStream(DescribeStream),
+    /// Deletes a stream and its records.
+    DeleteStream(DescribeStream),
+    /// Changes a stream's settings.
+    AlterStream(AlterStream),
     /// A stream's settings.
     StreamInfo(StreamInfo),
     /// Lists streams by prefix.
@@ -134,6 +138,62 @@ pub struct DescribeStream {
     pub request_id: RequestId,
     /// `tenant/namespace/stream`.
     pub stream: String,
+}
+
+/// AlterStream: change some of a stream's settings; what is `None` stays as it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AlterStream {
+    /// Correlation.
+    pub request_id: RequestId,
+    /// `tenant/namespace/stream`.
+    pub stream: String,
+    /// The new settings.
+    pub changes: StreamChanges,
+}
+
+/// The settings an AlterStream changes. `Some(0)` for a retention limit makes it unlimited.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct StreamChanges {
+    /// Bytes kept per shard (0: unlimited).
+    pub retention_bytes: Option<u64>,
+    /// Age in milliseconds after which records are deleted (0: unlimited).
+    pub retention_ms: Option<u64>,
+    /// Replication factor.
+    pub replicas: Option<u8>,
+}
+
+impl StreamChanges {
+    const RETENTION_BYTES: u8 = 0x01;
+    const RETENTION_MS: u8 = 0x02;
+    const REPLICAS: u8 = 0x04;
+
+    /// Whether it changes nothing.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// `retention` with these changes applied.
+    pub fn apply(&self, retention: Retention) -> Retention {
+        let limit = |v: u64| (v != 0).then_some(v);
+        Retention {
+            bytes_max: self.retention_bytes.map_or(retention.bytes_max, limit),
+            age_max_ms: self.retention_ms.map_or(retention.age_max_ms, limit),
+        }
+    }
+
+    fn mask(&self) -> u8 {
+        let mut m = 0;
+        if self.retention_bytes.is_some() {
+            m |= Self::RETENTION_BYTES;
+        }
+        if self.retention_ms.is_some() {
+            m |= Self::RETENTION_MS;
+        }
+        if self.replicas.is_some() {
+            m |= Self::REPLICAS;
+        }
+        m
+    }
 }
 
 /// StreamInfo: a stream's settings.
@@ -309,6 +369,8 @@ impl Frame {
             Self::HelloOk(_) => FrameType::HelloOk,
             Self::CreateStream(_) => FrameType::CreateStream,
             Self::DescribeStream(_) => FrameType::DescribeStream,
+            Self::DeleteStream(_) => FrameType::DeleteStream,
+            Self::AlterStream(_) => FrameType::AlterStream,
             Self::StreamInfo(_) => FrameType::StreamInfo,
             Self::ListStreams(_) => FrameType::ListStreams,
             Self::StreamList(_) => FrameType::StreamList,
@@ -397,9 +459,17 @@ impl Frame {
                     dst.put_u8(n);
                 }
             }
-            Self::DescribeStream(d) => {
+            Self::DescribeStream(d) | Self::DeleteStream(d) => {
                 dst.put_u64(d.request_id.0);
                 dst.put_bytes_u16(d.stream.as_bytes());
+            }
+            Self::AlterStream(a) => {
+                dst.put_u64(a.request_id.0);
+                dst.put_bytes_u16(a.stream.as_bytes());
+                dst.put_u8(a.changes.mask());
+                dst.put_u64(a.changes.retention_bytes.unwrap_or(0));
+                dst.put_u64(a.changes.retention_ms.unwrap_or(0));
+                dst.put_u8(a.changes.replicas.unwrap_or(0));
             }
             Self::StreamInfo(s) => {
                 dst.put_u64(s.request_id.0);
@@ -544,6 +614,11 @@ impl Frame {
                 request_id: RequestId(r.u64("request_id")?),
                 stream: stream_name(&mut r)?,
             }),
+            FrameType::DeleteStream => Frame::DeleteStream(DescribeStream {
+                request_id: RequestId(r.u64("request_id")?),
+                stream: stream_name(&mut r)?,
+            }),
+            FrameType::AlterStream => Frame::AlterStream(decode_alter_stream(&mut r)?),
             FrameType::StreamInfo => Frame::StreamInfo(StreamInfo {
                 request_id: RequestId(r.u64("request_id")?),
                 stream: stream_name(&mut r)?,
@@ -757,6 +832,30 @@ fn presence(r: &mut Reader, what: &'static str) -> Result<bool, DecodeError> {
         1 => Ok(true),
         other => Err(DecodeError::InvalidValue { what, value: u64::from(other) }),
     }
+}
+
+fn decode_alter_stream(r: &mut Reader) -> Result<AlterStream, DecodeError> {
+    let request_id = RequestId(r.u64("request_id")?);
+    let stream = stream_name(r)?;
+    let mask = r.u8("changes")?;
+    let known =
+        StreamChanges::RETENTION_BYTES | StreamChanges::RETENTION_MS | StreamChanges::REPLICAS;
+    if mask & !known != 0 {
+        return Err(DecodeError::InvalidValue { what: "changes", value: u64::from(mask) });
+    }
+    let bytes = r.u64("retention bytes")?;
+    let age = r.u64("retention age")?;
+    let replicas = r.u8("replicas")?;
+    let given = |bit: u8| mask & bit != 0;
+    Ok(AlterStream {
+        request_id,
+        stream,
+        changes: StreamChanges {
+            retention_bytes: given(StreamChanges::RETENTION_BYTES).then_some(bytes),
+            retention_ms: given(StreamChanges::RETENTION_MS).then_some(age),
+            replicas: given(StreamChanges::REPLICAS).then_some(replicas),
+        },
+    })
 }
 
 fn stream_name(r: &mut Reader) -> Result<String, DecodeError> {

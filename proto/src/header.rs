@@ -43,6 +43,10 @@ pub enum FrameType {
     Metadata = 0x08,
     /// Broker → client: answers Metadata.
     MetadataOk = 0x09,
+    /// Client → broker: delete a stream (answered by StreamInfo).
+    DeleteStream = 0x0A,
+    /// Client → broker: change a stream's settings (answered by StreamInfo).
+    AlterStream = 0x0B,
     /// Client → broker: a batch of records.
     Publish = 0x10,
     /// Broker → client: a batch was stored.
@@ -75,7 +79,7 @@ pub enum FrameType {
 
 impl FrameType {
     /// Every frame type.
-    pub const ALL: [FrameType; 23] = [
+    pub const ALL: [FrameType; 25] = [
         Self::Hello,
         Self::HelloOk,
         Self::CreateStream,
@@ -85,6 +89,8 @@ impl FrameType {
         Self::StreamList,
         Self::Metadata,
         Self::MetadataOk,
+        Self::DeleteStream,
+        Self::AlterStream,
         Self::Publish,
         Self::PublishAck,
         Self::PublishError,
@@ -124,6 +130,8 @@ impl FrameType {
             self,
             Self::CreateStream
                 | Self::DescribeStream
+                | Self::DeleteStream
+                | Self::AlterStream
                 | Self::StreamInfo
                 | Self::ListStreams
                 | Self::StreamList

@@ -32,9 +32,9 @@ pub use event_batch::{
     event_batch_slices_len,
 };
 pub use frame::{
-    AckRequest, CommitOffset, CreateStream, DescribeStream, ErrorBody, EventBatch, Frame, Hello,
-    HelloOk, ListStreams, Publish, PublishAck, RequestId, Retention, StartAt, StreamInfo,
-    StreamList, Subscribe, SubscribeOk, SubscriptionId,
+    AckRequest, AlterStream, CommitOffset, CreateStream, DescribeStream, ErrorBody, EventBatch,
+    Frame, Hello, HelloOk, ListStreams, Publish, PublishAck, RequestId, Retention, StartAt,
+    StreamChanges, StreamInfo, StreamList, Subscribe, SubscribeOk, SubscriptionId,
 };
 pub use hash::{key_hash, shard_for_key};
 pub use header::{Capabilities, Flags, FrameHeader, FrameType, ALPN, HEADER_LEN, PROTOCOL_VERSION};

@@ -74,6 +74,23 @@ fn vectors() -> Vec<(&'static str, Frame)> {
             Frame::DescribeStream(DescribeStream { request_id: RequestId(2), stream: s("a/b/c") }),
         ),
         (
+            "delete_stream",
+            Frame::DeleteStream(DescribeStream { request_id: RequestId(4), stream: s("a/b/c") }),
+        ),
+        (
+            "alter_stream",
+            Frame::AlterStream(AlterStream {
+                request_id: RequestId(5),
+                stream: s("a/b/c"),
+                // 64 MiB per shard; the age limit and the replicas as they are.
+                changes: StreamChanges {
+                    retention_bytes: Some(64 << 20),
+                    retention_ms: None,
+                    replicas: None,
+                },
+            }),
+        ),
+        (
             "stream_info",
             Frame::StreamInfo(StreamInfo {
                 request_id: RequestId(2),

@@ -105,6 +105,9 @@ pub enum StopReason {
     /// It failed (a storage error, a protocol violation): it stays stopped until the broker
     /// restarts; the other replicas carry on.
     Failed(String),
+    /// Its stream was deleted ([`Driver::handle_deleted`]): the shell drops it; the stream's
+    /// data goes with it.
+    Deleted,
 }
 
 /// What the driver asks its shell to do, one shard at a time.
@@ -708,7 +711,11 @@ impl<N: Clone + PartialEq + Debug> Driver<N> {
         nodes: Vec<N>,
         log: ReplicaLog,
     ) {
-        self.opening.remove(&key);
+        if !self.opening.remove(&key) {
+            // Its stream was deleted while the shell recovered it.
+            self.out.push_back(Action::Stop { key, reason: StopReason::Deleted });
+            return;
+        }
         let replicas = nodes.len();
         let mut config = ReplicaConfig { ..self.config.clone() };
         let defaults = ReplicaConfig::for_replicas(replicas);
@@ -738,6 +745,25 @@ impl<N: Clone + PartialEq + Debug> Driver<N> {
         if let Some((lease, until)) = self.lease {
             self.with_shard(&key, |s| s.replica.handle_lease(now, lease, until));
         }
+    }
+
+    /// `stream` was deleted: every replica of it stops ([`StopReason::Deleted`], appends
+    /// waiting on them refused), and one being opened is stopped once it is. Nothing of it is
+    /// opened again unless the cluster places a stream of that name anew.
+    pub fn handle_deleted(&mut self, stream: &str) {
+        let keys: Vec<ShardKey> =
+            self.keys().into_iter().filter(|k| &*k.stream == stream).collect();
+        for key in keys {
+            let Some(mut old) = self.remove(&key) else { continue };
+            if !old.failed {
+                old.refuse_pending(&mut self.out);
+            }
+            self.out.push_back(Action::Stop { key, reason: StopReason::Deleted });
+        }
+        self.opening.retain(|k| &*k.stream != stream);
+        self.retry_at.retain(|k, _| &*k.stream != stream);
+        self.refused.retain(|k| &*k.stream != stream);
+        self.proposing.retain(|k| &*k.stream != stream);
     }
 
     /// The replica of `key` could not start: it is tried again after
@@ -906,5 +932,36 @@ mod tests {
         assert_eq!(adoption(true, &placed, &b2, Some((&deposed[..], Offset(0)))), Adoption::Reopen);
         assert_eq!(adoption(true, &placed, &b2, Some((&deposed[..], Offset(3)))), Adoption::Refuse);
         assert_eq!(adoption(true, &placed, &b5, Some((&deposed[..], Offset(0)))), Adoption::Reopen);
+    }
+
+    /// A deleted stream's replicas stop, one being opened is stopped once its log is
+    /// recovered, and the other streams' replicas carry on.
+    #[test]
+    fn a_deleted_stream_stops_its_replicas_and_one_being_opened() {
+        let mut d = Driver::new("b1", ReplicaConfig::default(), Limits::default());
+        let nodes = ["b1", "b2", "b3"];
+        let (gone0, gone1, kept) = (
+            ShardKey::new("a/b/gone", 0),
+            ShardKey::new("a/b/gone", 1),
+            ShardKey::new("a/b/kept", 0),
+        );
+        for key in [&gone0, &gone1, &kept] {
+            let view = GroupView { key, placed: true, replicas: &nodes, state: None };
+            d.handle_group(Time(0), view);
+        }
+        let opens: Vec<_> = std::iter::from_fn(|| d.poll()).collect();
+        assert_eq!(opens.len(), 3, "{opens:?}");
+        d.opened(Time(1), gone0.clone(), ReplicaNumber(0), nodes.to_vec(), ReplicaLog::default());
+        d.opened(Time(1), kept.clone(), ReplicaNumber(0), nodes.to_vec(), ReplicaLog::default());
+        while d.poll().is_some() {}
+        // gone1 is still being recovered when the stream is deleted.
+        d.handle_deleted("a/b/gone");
+        let stops: Vec<_> = std::iter::from_fn(|| d.poll()).collect();
+        assert_eq!(stops, [Action::Stop { key: gone0.clone(), reason: StopReason::Deleted }]);
+        assert!(d.shard("a/b/gone", 0).is_none());
+        assert!(d.shard("a/b/kept", 0).is_some(), "another stream's replica carries on");
+        d.opened(Time(2), gone1.clone(), ReplicaNumber(0), nodes.to_vec(), ReplicaLog::default());
+        assert_eq!(d.poll(), Some(Action::Stop { key: gone1, reason: StopReason::Deleted }));
+        assert!(d.shard("a/b/gone", 1).is_none(), "not started after the delete");
     }
 }

@@ -515,6 +515,8 @@ impl World {
                 Action::Stop { key, reason } => match reason {
                     StopReason::Failed(why) => return Err(format!("{id} failed: {why}")),
                     StopReason::Refused => {}
+                    // The simulated cluster deletes no stream.
+                    StopReason::Deleted => return Err(format!("{id} stopped {key:?}: deleted")),
                     StopReason::Reopen => {
                         self.nodes[n].draining = self.nodes[n].disk.in_flight();
                         if self.nodes[n].draining == 0 {

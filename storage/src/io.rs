@@ -333,6 +333,15 @@ pub(crate) async fn sync_dir(path: &Path) -> Result<()> {
 
 /// Rename `from` to `to`, replacing `to` (a blocking rename: only used when opening a log);
 /// the caller fsyncs the directory.
+/// Removes `path` and everything under it; `false` when it was not there.
+pub(crate) fn remove_dir_all(path: &Path) -> Result<bool> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(StorageError::io("removing directory", path.to_owned(), e)),
+    }
+}
+
 pub(crate) fn rename(from: &Path, to: &Path) -> Result<()> {
     std::fs::rename(from, to).map_err(|e| StorageError::io("renaming", from.to_owned(), e))
 }

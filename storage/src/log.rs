@@ -171,7 +171,7 @@ impl StreamLog {
             name: name.to_owned(),
             dir: dir.to_owned(),
             config: config.clone(),
-            retention,
+            retention: std::cell::Cell::new(retention),
             state: RefCell::new(state),
             writer: Signal::new(),
             flusher: Signal::new(),

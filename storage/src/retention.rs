@@ -14,7 +14,7 @@ impl StreamLog {
     /// segment's newest batch is older than the age limit. Reads of deleted offsets get
     /// `OffsetBeforeStart`; offsets are never reused (segment headers carry them).
     pub async fn enforce_retention(&self, now_ms: u64) -> Result<RetentionOutcome> {
-        let retention = self.inner.retention;
+        let retention = self.inner.retention.get();
         self.delete_oldest_while(|st| {
             let total: u64 = st.segments.iter().map(|s| s.end).sum();
             let oldest = &st.segments[0];
@@ -25,6 +25,18 @@ impl StreamLog {
             by_size || by_age
         })
         .await
+    }
+
+    /// Replaces the log's retention limits; the next [`enforce_retention`] pass applies them.
+    ///
+    /// [`enforce_retention`]: StreamLog::enforce_retention
+    pub fn set_retention(&self, retention: crate::RetentionConfig) {
+        self.inner.retention.set(retention);
+    }
+
+    /// The log's retention limits.
+    pub fn retention(&self) -> crate::RetentionConfig {
+        self.inner.retention.get()
     }
 
     /// Delete segments, oldest first, while everything they hold lies below `keep` for every

@@ -224,7 +224,8 @@ pub(crate) struct Inner {
     pub(crate) name: String,
     pub(crate) dir: PathBuf,
     pub(crate) config: StorageConfig,
-    pub(crate) retention: RetentionConfig,
+    /// Changed by [`crate::StreamLog::set_retention`]; read by each retention pass.
+    pub(crate) retention: std::cell::Cell<RetentionConfig>,
     pub(crate) state: RefCell<State>,
     pub(crate) writer: Signal,
     pub(crate) flusher: Signal,

@@ -80,6 +80,18 @@ impl CoreStore {
         Ok((log, report))
     }
 
+    /// Deletes stream `name` from this core: its log is closed for this store (handles still
+    /// held elsewhere keep working on files that are gone) and its directory removed. A
+    /// stream never opened here is removed from disk too. Returns whether a directory was there.
+    pub async fn delete_stream(&self, name: &str) -> Result<bool> {
+        let log = self.inner.logs.borrow_mut().remove(name);
+        drop(log);
+        let dir = self.inner.dir.join(stream_dir_name(name)?);
+        let removed = io::remove_dir_all(&dir)?;
+        io::sync_dir(&self.inner.dir).await?;
+        Ok(removed)
+    }
+
     /// The counters of the core's read cache.
     pub fn read_cache_stats(&self) -> ReadCacheStats {
         self.inner.cache.borrow().stats()

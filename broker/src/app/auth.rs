@@ -43,7 +43,7 @@ pub const EXPIRY_CHECK_INTERVAL_MAX_MS: u64 = 60 * 60 * 1000;
 /// What a request wants to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
-    /// Publish (and create streams).
+    /// Publish (and create, alter and delete streams).
     Publish,
     /// Subscribe and commit positions.
     Subscribe,

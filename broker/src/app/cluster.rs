@@ -120,6 +120,21 @@ impl ClusterLink {
                 Err(unavailable(&format!("{shard} of {stream}: its owner {node} is down")))
             }
             Route::Unplaced => Err(unavailable(&format!("{stream} is not placed yet"))),
+            // Deleted: final. Otherwise it may be newer than this broker's view.
+            Route::Unknown
+                if view.deleted.contains_key(stream) && !view.streams.contains_key(stream) =>
+            {
+                Err(Refused::Wire(WireError::new(
+                    ErrorCode::StreamNotFound,
+                    format!("{stream} was deleted"),
+                )))
+            }
+            Route::Unknown if view.streams.get(stream).is_some_and(|d| shard.0 >= d.shards) => {
+                Err(Refused::Wire(WireError::new(
+                    ErrorCode::InvalidShard,
+                    format!("{stream} has no {shard}"),
+                )))
+            }
             Route::Unknown => Err(unavailable(&format!("{stream} is unknown to the cluster"))),
         }
     }
@@ -145,6 +160,33 @@ impl ClusterLink {
             self.refresh();
         }
         self.view.borrow().streams.get(stream).copied()
+    }
+
+    /// The incarnation of the cluster's definition of `stream` (the etcd create revision of
+    /// its key), if it has one.
+    pub fn incarnation(&self, stream: &str) -> Option<i64> {
+        self.view.borrow().incarnations.get(stream).copied()
+    }
+
+    /// Whether this broker's copy of `stream`, of incarnation `local`, belongs to a deleted
+    /// stream (a tombstone covers it). Only a view loaded from etcd says so.
+    pub fn is_deleted_copy(&self, stream: &str, local: Option<i64>) -> bool {
+        let view = self.view.borrow();
+        view.revision > 0 && view.is_deleted_copy(stream, local)
+    }
+
+    /// Deletes `stream` cluster-wide; returns the definition it had.
+    pub async fn delete(&self, stream: &str) -> Result<StreamDef, WireError> {
+        let r = self.agent.delete_stream(stream).await;
+        self.refresh();
+        r.map_err(|e| definition_error(stream, e))
+    }
+
+    /// Replaces `stream`'s definition by `def`.
+    pub async fn alter(&self, stream: &str, def: StreamDef) -> Result<StreamDef, WireError> {
+        let r = self.agent.alter_stream(stream, def).await;
+        self.refresh();
+        r.map_err(|e| definition_error(stream, e))
     }
 
     /// How many brokers of the cluster are live.
@@ -233,6 +275,17 @@ impl ClusterLink {
             )),
             Err(e) => Err(WireError::new(ErrorCode::ShardUnavailable, format!("cluster: {e}"))),
         }
+    }
+}
+
+/// What a failed delete or alter of `stream` tells the client.
+fn definition_error(stream: &str, e: ClusterError) -> WireError {
+    match e {
+        ClusterError::NoStream(_) => {
+            WireError::new(ErrorCode::StreamNotFound, format!("no stream {stream}"))
+        }
+        ClusterError::InvalidConfig(why) => WireError::new(ErrorCode::InvalidArgument, why),
+        e => WireError::new(ErrorCode::ShardUnavailable, format!("cluster: {e}")),
     }
 }
 

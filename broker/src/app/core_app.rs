@@ -19,7 +19,7 @@ use super::disk::DiskFloor;
 pub use super::error::{meta_error, storage_error, DISK_FULL_MESSAGE};
 use super::error::{CoreOpenError, WireError};
 use super::frames::LogFrames;
-use super::mesh::{CoreRequest, CoreResponse, Mesh};
+use super::mesh::{CoreRequest, CoreResponse, Mesh, StreamOp};
 use super::meta::{self, StreamMeta, TenantQuota};
 use super::offsets::GroupPositions;
 use super::publish::PublishPath;
@@ -47,6 +47,8 @@ fn retention_of(def: felix_cluster::StreamDef) -> Retention {
 pub use super::offsets::OFFSETS_LOG;
 /// Bytes one read of a log asks for when the broker scans it itself (a timestamp lookup).
 pub const SCAN_READ_BYTES_MAX: usize = 1 << 20;
+/// How often a core of a cluster's broker looks for deleted and altered streams.
+pub const RECONCILE_MS: u64 = 500;
 /// How long a tail read that found nothing in the log waits before it looks again.
 pub const LOG_POLL_MS: u64 = 1;
 
@@ -100,6 +102,33 @@ pub struct StreamEntry {
     /// The in-memory tails of the shards this core owns.
     pub tails: super::tail::StreamTails,
     unkeyed_next: Cell<u32>,
+    /// In a cluster: the incarnation of the cluster's definition this copy was made from
+    /// (`None`: not recorded, or a single broker).
+    incarnation: Option<i64>,
+    /// The retention in force (an AlterStream changes it after the entry was opened).
+    retention: Cell<Retention>,
+    /// Bytes and records appended to each shard this core owns, since it opened.
+    appended: RefCell<HashMap<ShardId, (u64, u64)>>,
+}
+
+impl StreamEntry {
+    /// Counts an append of `records` records, `bytes` payload bytes, to `shard`.
+    pub fn count_append(&self, shard: ShardId, bytes: u64, records: u64) {
+        let mut appended = self.appended.borrow_mut();
+        let (b, r) = appended.entry(shard).or_default();
+        *b += bytes;
+        *r += records;
+    }
+
+    /// Bytes and records appended to `shard` since the entry opened.
+    pub fn appended(&self, shard: ShardId) -> (u64, u64) {
+        self.appended.borrow().get(&shard).copied().unwrap_or_default()
+    }
+
+    /// Its definition as it is now (retention included).
+    pub fn current_meta(&self) -> StreamMeta {
+        StreamMeta { retention: self.retention.get(), ..self.meta.clone() }
+    }
 }
 
 /// One core's broker state: its streams ([`StreamRegistry`]), its publish path's budget and
@@ -156,6 +185,10 @@ impl StreamRegistry {
     fn insert(&self, entry: Rc<StreamEntry>) {
         self.streams.borrow_mut().insert(entry.meta.name.as_str().to_owned(), entry);
     }
+
+    fn remove(&self, name: &str) -> Option<Rc<StreamEntry>> {
+        self.streams.borrow_mut().remove(name)
+    }
 }
 
 impl CoreApp {
@@ -207,6 +240,7 @@ impl CoreApp {
             let weak = Rc::downgrade(&app);
             let stop = move || weak.upgrade().is_none_or(|a| a.stopping.get());
             glommio::spawn_local(link.follow(stop)).detach();
+            glommio::spawn_local(app.clone().reconcile()).detach();
         }
         let metas = meta::load_all(&app.settings.data_dir).map_err(CoreOpenError::Definitions)?;
         for m in metas {
@@ -234,10 +268,30 @@ impl CoreApp {
     /// The stream `name`, loading its definition from disk, or creating it when allowed.
     pub async fn stream(&self, name: &str, create: bool) -> Result<Rc<StreamEntry>, WireError> {
         if let Some(e) = self.streams.get(name) {
+            // A copy of a deleted stream serves nothing, not even before the reconciler
+            // removed it (nor to a replica of a new stream of that name).
+            if self.cluster.as_ref().is_some_and(|l| l.is_deleted_copy(name, e.incarnation)) {
+                return Err(WireError::new(
+                    ErrorCode::StreamNotFound,
+                    format!("{name} was deleted; its copy here is being removed"),
+                ));
+            }
             return Ok(e);
         }
         let parsed = parse_client_stream(name)?;
         let found = meta::load(&self.settings.data_dir, &parsed).map_err(|e| meta_error(&e))?;
+        if let (Some(_), Some(link)) = (&found, &self.cluster) {
+            // A copy of a deleted stream is not opened (the reconciler removes it); the
+            // cluster's new stream of that name, if any, is adopted once it has.
+            let local =
+                meta::incarnation(&self.settings.data_dir, &parsed).map_err(|e| meta_error(&e))?;
+            if link.is_deleted_copy(name, local) {
+                return Err(WireError::new(
+                    ErrorCode::StreamNotFound,
+                    format!("{name} was deleted; its copy here is being removed"),
+                ));
+            }
+        }
         let m = match (found, &self.cluster) {
             (Some(m), _) => m,
             (None, Some(link)) => {
@@ -261,7 +315,7 @@ impl CoreApp {
                 self.check_adopted_shards(name, def.shards)?;
                 let m =
                     StreamMeta { name: parsed, shards: def.shards, retention: retention_of(def) };
-                self.define(&m)?.0
+                self.define(&m, link.incarnation(name))?.0
             }
             (None, None) if create && self.settings.auto_create => {
                 let m = StreamMeta {
@@ -269,7 +323,7 @@ impl CoreApp {
                     shards: self.settings.default_shards,
                     retention: self.settings.retention,
                 };
-                self.define(&m)?.0
+                self.define(&m, None)?.0
             }
             (None, None) => {
                 return Err(WireError::new(ErrorCode::StreamNotFound, format!("no stream {name}")))
@@ -316,7 +370,7 @@ impl CoreApp {
         let found = match meta::load(&self.settings.data_dir, &m.name) {
             Ok(Some(found)) => found,
             Ok(None) => match &self.cluster {
-                None => self.define(&m)?.0,
+                None => self.define(&m, None)?.0,
                 Some(link) => {
                     // The cluster's definition wins; this broker keeps a copy to open its logs.
                     let wanted = cluster_def(m.shards, m.retention);
@@ -327,7 +381,7 @@ impl CoreApp {
                         shards: def.shards,
                         retention: retention_of(def),
                     };
-                    self.define(&local)?.0
+                    self.define(&local, link.incarnation(m.name.as_str()))?.0
                 }
             },
             Err(e) => return Err(meta_error(&e)),
@@ -361,11 +415,162 @@ impl CoreApp {
 
     /// Writes a new stream's definition, unless it exists: refused below the free-space floor
     /// (`StorageFull`) and past the tenant's stream quota (`LimitReached`).
-    fn define(&self, m: &StreamMeta) -> Result<(StreamMeta, bool), WireError> {
+    fn define(
+        &self,
+        m: &StreamMeta,
+        incarnation: Option<i64>,
+    ) -> Result<(StreamMeta, bool), WireError> {
         // A fresh look: creating is rare, and a stream costs disk (one block per core at least).
         self.disk.refresh();
         self.disk.check()?;
-        self.settings.quota.create(&self.settings.data_dir, m).map_err(|e| meta_error(&e))
+        let data_dir = &self.settings.data_dir;
+        self.settings.quota.create(data_dir, m, incarnation).map_err(|e| meta_error(&e))
+    }
+
+    /// Deletes stream `name`: in a cluster its definition, placement and groups in etcd
+    /// first (every other broker then deletes its copy, [`CoreApp::reconcile`]); then its
+    /// definition here and its log on every core. Returns the definition it had.
+    pub async fn delete_stream(self: &Rc<Self>, name: &str) -> Result<StreamMeta, WireError> {
+        let parsed = parse_client_stream(name)?;
+        let data_dir = &self.settings.data_dir;
+        let local = meta::load(data_dir, &parsed).map_err(|e| meta_error(&e))?;
+        let gone = match &self.cluster {
+            Some(link) => {
+                let def = link.delete(name).await?;
+                StreamMeta {
+                    name: parsed.clone(),
+                    shards: def.shards,
+                    retention: retention_of(def),
+                }
+            }
+            None => local.ok_or_else(|| {
+                WireError::new(ErrorCode::StreamNotFound, format!("no stream {name}"))
+            })?,
+        };
+        // The definition first, so that no core opens the stream again from it.
+        self.settings.quota.remove(data_dir, &parsed).map_err(|e| meta_error(&e))?;
+        self.on_every_core(name, StreamOp::Drop).await?;
+        tracing::info!(stream = %name, "stream deleted");
+        Ok(gone)
+    }
+
+    /// Changes stream `name`'s settings: its retention (in a cluster, in etcd first; every
+    /// broker applies it from its view). A replication factor other than the stream's, and
+    /// retention on a replicated stream, are refused. Returns the settings in force.
+    pub async fn alter_stream(
+        self: &Rc<Self>,
+        name: &str,
+        changes: felix_proto::StreamChanges,
+    ) -> Result<StreamMeta, WireError> {
+        let entry = self.stream(name, false).await?;
+        let current = entry.current_meta();
+        let replicas = self.cluster.as_ref().map_or(1, |l| l.replicas_of(name));
+        if let Some(n) = changes.replicas.filter(|n| *n != replicas) {
+            return Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                format!(
+                    "{name} has {replicas} replicas; changing it to {n} needs replica moves, \
+                     which are not supported yet"
+                ),
+            ));
+        }
+        let retention = changes.apply(current.retention);
+        check_replicas(replicas, self.cluster.is_some(), retention)?;
+        let altered = StreamMeta { retention, ..current };
+        if let Some(link) = &self.cluster {
+            link.alter(name, cluster_def(altered.shards, retention)).await?;
+        }
+        meta::replace(&self.settings.data_dir, &altered).map_err(|e| meta_error(&e))?;
+        self.on_every_core(name, StreamOp::SetRetention(retention)).await?;
+        tracing::info!(stream = %name, ?retention, "stream altered");
+        Ok(altered)
+    }
+
+    /// Runs `op` on `stream` on every core of this broker.
+    async fn on_every_core(self: &Rc<Self>, stream: &str, op: StreamOp) -> Result<(), WireError> {
+        for core in 0..self.settings.cores {
+            let shard = ShardId(core as u32);
+            let req = CoreRequest::Manage { stream: stream.to_owned(), core: shard, op };
+            match self.on_owner(shard, req).await? {
+                CoreResponse::Committed(r) => r?,
+                other => {
+                    return Err(WireError::new(
+                        ErrorCode::Internal,
+                        format!("unexpected answer from core {core}: {other:?}"),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// `op` on this core's copy of `stream`.
+    async fn manage_local(&self, stream: &str, op: StreamOp) -> Result<(), WireError> {
+        match op {
+            StreamOp::Drop => {
+                // No open of the stream on this core runs meanwhile.
+                let _guard = self.streams.opening.acquire_permit(1).await.map_err(|_| {
+                    WireError::new(ErrorCode::Internal, "the stream registry is closed")
+                })?;
+                let entry = self.streams.remove(stream);
+                if let Some(shell) = self.replication.get() {
+                    shell.stream_deleted(stream);
+                }
+                drop(entry);
+                self.store.delete_stream(stream).await.map_err(|e| storage_error(&e))?;
+                Ok(())
+            }
+            StreamOp::SetRetention(retention) => {
+                if let Some(e) = self.streams.get(stream) {
+                    e.retention.set(retention);
+                    if let Some(log) = &e.log {
+                        log.set_retention(RetentionConfig {
+                            bytes_max: retention.bytes_max,
+                            age_ms_max: retention.age_max_ms,
+                        });
+                    }
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// In a cluster, every [`RECONCILE_MS`]: this core's copies of deleted streams are
+    /// deleted, and a retention altered on another broker is applied to them.
+    pub async fn reconcile(self: Rc<Self>) {
+        let Some(link) = self.cluster.clone() else { return };
+        while !self.stopping.get() {
+            glommio::timer::sleep(Duration::from_millis(RECONCILE_MS)).await;
+            for entry in self.streams.all() {
+                let name = entry.meta.name.as_str();
+                if link.is_deleted_copy(name, entry.incarnation) {
+                    let data_dir = &self.settings.data_dir;
+                    if let Err(e) = self.settings.quota.remove(data_dir, &entry.meta.name) {
+                        tracing::warn!(stream = %name, error = %e, "removing a deleted stream");
+                        continue;
+                    }
+                    match self.manage_local(name, StreamOp::Drop).await {
+                        Ok(()) => tracing::info!(stream = %name, core = self.core.0,
+                            "deleted this core's copy of a stream deleted in the cluster"),
+                        Err(e) => tracing::warn!(stream = %name, error = %e.message,
+                            "deleting a stream deleted in the cluster"),
+                    }
+                    continue;
+                }
+                let Some(def) = link.view().streams.get(name).copied() else { continue };
+                let retention = retention_of(def);
+                if entry.retention.get() != retention {
+                    if self.core.0 == 0 {
+                        let m = StreamMeta { retention, ..entry.meta.clone() };
+                        if let Err(e) = meta::replace(&self.settings.data_dir, &m) {
+                            tracing::warn!(stream = %name, error = %e, "recording a retention");
+                        }
+                    }
+                    let _ = self.manage_local(name, StreamOp::SetRetention(retention)).await;
+                    tracing::info!(stream = %name, ?retention, "retention altered in the cluster");
+                }
+            }
+        }
     }
 
     async fn register(&self, m: StreamMeta) -> Result<Rc<StreamEntry>, WireError> {
@@ -399,11 +604,22 @@ impl CoreApp {
             }
             Some(log)
         };
+        let incarnation = match &self.cluster {
+            // Read a moment ago with the definition; a failure now reads as "not recorded".
+            Some(_) => meta::incarnation(&self.settings.data_dir, &m.name).unwrap_or_else(|e| {
+                tracing::warn!(stream = %m.name, error = %e, "reading the stream's incarnation");
+                None
+            }),
+            None => None,
+        };
         let entry = Rc::new(StreamEntry {
+            retention: Cell::new(m.retention),
             meta: m,
             log,
             tails: Default::default(),
             unkeyed_next: Cell::new(0),
+            incarnation,
+            appended: RefCell::default(),
         });
         self.streams.insert(entry.clone());
         Ok(entry)
@@ -452,6 +668,9 @@ impl CoreApp {
             }
             CoreRequest::Commit { stream, group, shard, offset } => {
                 CoreResponse::Committed(self.commit_local(&stream, &group, shard, offset).await)
+            }
+            CoreRequest::Manage { stream, op, .. } => {
+                CoreResponse::Committed(self.manage_local(&stream, op).await)
             }
         }
     }
@@ -723,6 +942,7 @@ impl CoreApp {
         stats::set(&c.storage_read_cache_evictions, cache.evictions);
         stats::set(&c.storage_read_cache_bytes, cache.bytes);
         stats::set(&c.storage_below_floor, u64::from(self.disk.is_low()));
+        self.publish_stream_series();
         stats::publish_histogram(&self.stats.flush_latency_us, &flush_h);
         stats::publish_histogram(&self.stats.write_latency_us, &write_h);
         stats::publish_histogram(&self.stats.fan_in, &fan_in);
@@ -732,6 +952,55 @@ impl CoreApp {
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
         // Release: a reader that sees this time sees the histograms copied before it.
         self.stats.histograms_published_unix_ms.store(now, std::sync::atomic::Ordering::Release);
+    }
+}
+
+impl CoreApp {
+    /// Copies the per-shard series (bytes and records in, end offset) of the shards this core
+    /// owns (in a cluster: those this broker owns or leads) into the shared slot, at most
+    /// [`stats::SHARD_SERIES_MAX_PER_CORE`].
+    fn publish_stream_series(&self) {
+        let committed: HashMap<(String, u32), (bool, u64)> = match self.stats.replicas.lock() {
+            Ok(r) => {
+                r.iter().map(|r| ((r.stream.clone(), r.shard), (r.leader, r.committed))).collect()
+            }
+            Err(_) => HashMap::new(),
+        };
+        let mut series = Vec::new();
+        let mut dropped = 0u64;
+        let mut entries = self.entries();
+        entries.sort_by(|a, b| a.meta.name.cmp(&b.meta.name));
+        for e in entries {
+            let Some(log) = &e.log else { continue };
+            let name = e.meta.name.as_str();
+            let shards: Vec<ShardId> = match &self.cluster {
+                Some(link) => link.owned(name, e.meta.shards),
+                None => (0..e.meta.shards).map(ShardId).collect(),
+            };
+            for shard in shards.into_iter().filter(|s| self.owner(*s) == self.core) {
+                let end = match committed.get(&(name.to_owned(), shard.0)) {
+                    Some((true, committed)) => *committed,
+                    Some((false, _)) => continue,
+                    None => log.next_offset(shard).map_or(0, |o| o.0),
+                };
+                if series.len() >= stats::SHARD_SERIES_MAX_PER_CORE {
+                    dropped += 1;
+                    continue;
+                }
+                let (bytes_in, records_in) = e.appended(shard);
+                series.push(stats::ShardSeries {
+                    stream: name.to_owned(),
+                    shard: shard.0,
+                    bytes_in,
+                    records_in,
+                    end_offset: end,
+                });
+            }
+        }
+        stats::set(&self.stats.counters.stream_series_dropped, dropped);
+        if let Ok(mut slot) = self.stats.streams.lock() {
+            *slot = series;
+        }
     }
 }
 

@@ -89,6 +89,25 @@ pub enum CoreRequest {
         /// Next offset to read.
         offset: Offset,
     },
+    /// Change a stream on core `core` (sent to every core; the core is named by a shard it
+    /// owns, `ShardId(core)`).
+    Manage {
+        /// Stream name.
+        stream: String,
+        /// The core, as the shard that routes to it.
+        core: ShardId,
+        /// What to do.
+        op: StreamOp,
+    },
+}
+
+/// A change to one stream on one core.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamOp {
+    /// The stream was deleted: close it here and delete this core's log of it.
+    Drop,
+    /// Its retention changed.
+    SetRetention(felix_proto::Retention),
 }
 
 impl CoreRequest {
@@ -98,7 +117,8 @@ impl CoreRequest {
             Self::Append(AppendBatch { shard, .. })
             | Self::Read { shard, .. }
             | Self::Resolve { shard, .. }
-            | Self::Commit { shard, .. } => *shard,
+            | Self::Commit { shard, .. }
+            | Self::Manage { core: shard, .. } => *shard,
         }
     }
 }
@@ -112,7 +132,7 @@ pub enum CoreResponse {
     Batches(Result<Vec<EncodedBatch>, WireError>),
     /// Answers Resolve.
     Position(Result<Offset, WireError>),
-    /// Answers Commit.
+    /// Answers Commit and Manage.
     Committed(Result<(), WireError>),
 }
 

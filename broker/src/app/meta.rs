@@ -1,7 +1,8 @@
 //! Stream metadata and the data directory's layout file.
 //!
 //! Each stream has `<data>/streams/<hex of name>.meta`, a few `key = value` lines (shards,
-//! retention). Creation is atomic create-if-absent (write a temporary file, fsync, hard-link it
+//! retention; in a cluster also `incarnation`, the etcd create revision of the definition it
+//! copies, so that a copy of a deleted stream is told from a new stream of the same name). Creation is atomic create-if-absent (write a temporary file, fsync, hard-link it
 //! to the final name, fsync the directory), so two cores auto-creating the same stream agree on
 //! one definition. These are rare control-path operations done with blocking std::fs calls on
 //! small files; the hot path never touches them.
@@ -97,6 +98,7 @@ impl TenantQuota {
         &self,
         data_dir: &Path,
         meta: &StreamMeta,
+        incarnation: Option<i64>,
     ) -> Result<(StreamMeta, bool), MetaError> {
         // A panic elsewhere while holding the lock leaves the counts as they were: still valid.
         let mut guard = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
@@ -115,11 +117,24 @@ impl TenantQuota {
                 limit: self.max_streams,
             });
         }
-        let (found, created) = create(data_dir, meta)?;
+        let (found, created) = create(data_dir, meta, incarnation)?;
         if created {
             *counts.entry(tenant.to_owned()).or_default() += 1;
         }
         Ok((found, created))
+    }
+
+    /// Removes `name`'s definition (as [`remove`] does) and gives its tenant the slot back.
+    /// Returns whether it existed.
+    pub fn remove(&self, data_dir: &Path, name: &StreamName) -> Result<bool, MetaError> {
+        let mut guard = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let removed = remove(data_dir, name)?;
+        if let (true, Some(counts)) = (removed, &mut *guard) {
+            if let Some(n) = counts.get_mut(name.tenant()) {
+                *n = n.saturating_sub(1);
+            }
+        }
+        Ok(removed)
     }
 }
 
@@ -185,17 +200,69 @@ pub fn load(data_dir: &Path, name: &StreamName) -> Result<Option<StreamMeta>, Me
     }
 }
 
-/// Creates `meta` unless the stream exists; returns the definition in force.
-pub fn create(data_dir: &Path, meta: &StreamMeta) -> Result<(StreamMeta, bool), MetaError> {
+/// The incarnation recorded in `name`'s definition (a cluster's copy), if any.
+pub fn incarnation(data_dir: &Path, name: &StreamName) -> Result<Option<i64>, MetaError> {
+    let path = meta_path(data_dir, name)?;
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Ok(text
+            .lines()
+            .find_map(|l| l.strip_prefix("incarnation = "))
+            .and_then(|v| v.trim().parse().ok())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(MetaError::Io { path, source: e }),
+    }
+}
+
+/// Removes `name`'s definition; `false` when there was none.
+pub fn remove(data_dir: &Path, name: &StreamName) -> Result<bool, MetaError> {
+    let path = meta_path(data_dir, name)?;
+    match std::fs::remove_file(&path) {
+        Ok(()) => {
+            sync_dir(path.parent().unwrap_or(data_dir))?;
+            Ok(true)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(MetaError::Io { path, source: e }),
+    }
+}
+
+/// Replaces an existing definition by `meta` (an altered retention), keeping its
+/// incarnation: a temporary file, fsynced, renamed over it, the directory fsynced.
+pub fn replace(data_dir: &Path, meta: &StreamMeta) -> Result<(), MetaError> {
+    let incarnation = incarnation(data_dir, &meta.name)?;
     let path = meta_path(data_dir, &meta.name)?;
     let tmp = path.with_extension(format!("tmp{}", std::process::id() ^ rand::random::<u32>()));
-    let text = format!(
+    if let Err(e) = write_file(&tmp, meta_text(meta, incarnation).as_bytes()) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, &path).map_err(io_err(&path))?;
+    sync_dir(path.parent().unwrap_or(data_dir))
+}
+
+fn meta_text(meta: &StreamMeta, incarnation: Option<i64>) -> String {
+    let mut text = format!(
         "name = {}\nshards = {}\nretention_bytes = {}\nretention_ms = {}\n",
         meta.name,
         meta.shards,
         meta.retention.bytes_max.unwrap_or(0),
         meta.retention.age_max_ms.unwrap_or(0)
     );
+    if let Some(i) = incarnation {
+        text.push_str(&format!("incarnation = {i}\n"));
+    }
+    text
+}
+
+/// Creates `meta` unless the stream exists; returns the definition in force.
+pub fn create(
+    data_dir: &Path,
+    meta: &StreamMeta,
+    incarnation: Option<i64>,
+) -> Result<(StreamMeta, bool), MetaError> {
+    let path = meta_path(data_dir, &meta.name)?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id() ^ rand::random::<u32>()));
+    let text = meta_text(meta, incarnation);
     if let Err(e) = write_file(&tmp, text.as_bytes()) {
         // A full disk fails here: leave no temporary file behind.
         let _ = std::fs::remove_file(&tmp);
@@ -294,9 +361,9 @@ mod tests {
     fn create_is_create_if_absent() {
         let dir = tempfile::tempdir().unwrap();
         check_layout(dir.path(), 2).unwrap();
-        assert_eq!(create(dir.path(), &meta(4)).unwrap(), (meta(4), true));
+        assert_eq!(create(dir.path(), &meta(4), None).unwrap(), (meta(4), true));
         // A second create with other settings gets the first definition back.
-        assert_eq!(create(dir.path(), &meta(8)).unwrap(), (meta(4), false));
+        assert_eq!(create(dir.path(), &meta(8), None).unwrap(), (meta(4), false));
         assert_eq!(load_all(dir.path()).unwrap(), vec![meta(4)]);
         assert_eq!(load(dir.path(), &meta(4).name).unwrap(), Some(meta(4)));
     }
@@ -307,21 +374,60 @@ mod tests {
         check_layout(dir.path(), 1).unwrap();
         let named = |n: &str| StreamMeta { name: StreamName::parse(n).unwrap(), ..meta(1) };
         // One stream of tenant t exists before the quota is first used.
-        create(dir.path(), &named("t/n/a")).unwrap();
+        create(dir.path(), &named("t/n/a"), None).unwrap();
         let quota = TenantQuota::new(2);
-        assert!(quota.create(dir.path(), &named("t/n/b")).unwrap().1);
-        match quota.create(dir.path(), &named("t/n/c")) {
+        assert!(quota.create(dir.path(), &named("t/n/b"), None).unwrap().1);
+        match quota.create(dir.path(), &named("t/n/c"), None) {
             Err(MetaError::TooManyStreams { tenant, limit: 2 }) => assert_eq!(tenant, "t"),
             other => panic!("expected TooManyStreams, got {other:?}"),
         }
         // An existing stream is found, not counted; other tenants have their own quota.
-        assert_eq!(quota.create(dir.path(), &named("t/n/a")).unwrap(), (named("t/n/a"), false));
-        assert!(quota.create(dir.path(), &named("u/n/a")).unwrap().1);
-        assert!(quota.create(dir.path(), &named("u/n/b")).unwrap().1);
-        assert!(quota.create(dir.path(), &named("u/n/c")).is_err());
+        assert_eq!(
+            quota.create(dir.path(), &named("t/n/a"), None).unwrap(),
+            (named("t/n/a"), false)
+        );
+        assert!(quota.create(dir.path(), &named("u/n/a"), None).unwrap().1);
+        assert!(quota.create(dir.path(), &named("u/n/b"), None).unwrap().1);
+        assert!(quota.create(dir.path(), &named("u/n/c"), None).is_err());
         // A fresh quota (a restart) counts the streams on disk.
-        assert!(TenantQuota::new(2).create(dir.path(), &named("t/x/y")).is_err());
-        assert!(TenantQuota::new(3).create(dir.path(), &named("t/x/y")).unwrap().1);
+        assert!(TenantQuota::new(2).create(dir.path(), &named("t/x/y"), None).is_err());
+        assert!(TenantQuota::new(3).create(dir.path(), &named("t/x/y"), None).unwrap().1);
+    }
+
+    #[test]
+    fn remove_replace_and_incarnation() {
+        let dir = tempfile::tempdir().unwrap();
+        check_layout(dir.path(), 1).unwrap();
+        let quota = TenantQuota::new(1);
+        assert!(quota.create(dir.path(), &meta(4), Some(17)).unwrap().1);
+        assert_eq!(incarnation(dir.path(), &meta(4).name).unwrap(), Some(17));
+        // An altered retention keeps the incarnation.
+        let altered = StreamMeta { retention: Retention::default(), ..meta(4) };
+        replace(dir.path(), &altered).unwrap();
+        assert_eq!(load(dir.path(), &altered.name).unwrap(), Some(altered.clone()));
+        assert_eq!(incarnation(dir.path(), &altered.name).unwrap(), Some(17));
+        // Removing gives the tenant its slot back; a second remove finds nothing.
+        assert!(quota
+            .create(
+                dir.path(),
+                &StreamMeta { name: StreamName::parse("t/n/x").unwrap(), ..meta(1) },
+                None
+            )
+            .is_err());
+        assert!(quota.remove(dir.path(), &altered.name).unwrap());
+        assert!(!quota.remove(dir.path(), &altered.name).unwrap());
+        assert_eq!(load(dir.path(), &altered.name).unwrap(), None);
+        assert_eq!(incarnation(dir.path(), &altered.name).unwrap(), None);
+        assert!(
+            quota
+                .create(
+                    dir.path(),
+                    &StreamMeta { name: StreamName::parse("t/n/x").unwrap(), ..meta(1) },
+                    None
+                )
+                .unwrap()
+                .1
+        );
     }
 
     #[test]

@@ -86,6 +86,8 @@ pub struct Broker {
     pub ready: Arc<AtomicBool>,
     /// The cluster agent (`--cluster-etcd`), stopped last at shutdown.
     agent: Option<felix_cluster::AgentHandle>,
+    /// The cluster's name (`--cluster-name`).
+    cluster_name: String,
     /// The data directory's lock, held until the broker is dropped (after its cores stopped).
     _lock: crate::sys::lock::DataDirLock,
 }
@@ -129,6 +131,7 @@ impl Broker {
             net: Arc::new(Mutex::new(Vec::new())),
             ready: Arc::new(AtomicBool::new(true)),
             agent,
+            cluster_name: args.cluster_name.clone(),
             _lock: lock,
         };
         broker.refresh();
@@ -180,6 +183,7 @@ impl Broker {
     pub fn readiness(&self) -> crate::ready::Readiness {
         let views = self.agent.as_ref().map(felix_cluster::AgentHandle::views);
         crate::ready::Readiness::new(self.ready.clone(), self.stats.clone(), views)
+            .named(&self.cluster_name)
     }
 
     /// The cluster agent's newest view, for a broker in a cluster.

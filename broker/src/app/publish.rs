@@ -261,6 +261,7 @@ impl CoreApp {
                 let base = replicated.await?;
                 stats::add(&app.stats().counters.storage_append_bytes, bytes);
                 stats::add(&app.stats().counters.storage_appends, 1);
+                entry.count_append(shard, bytes, records.len() as u64);
                 let record_count = records.len() as u32;
                 Ok(AppendOutcome { base_offset: base, record_count, duplicate: false })
             }));
@@ -287,6 +288,7 @@ impl CoreApp {
             );
             stats::add(&app.stats().counters.storage_append_bytes, bytes);
             stats::add(&app.stats().counters.storage_appends, 1);
+            entry.count_append(shard, bytes, records.len() as u64);
             entry.tails.with(shard, |t| {
                 t.handle_append(Instant::now(), shard, out.base_offset, timestamp_ms, records)
             });

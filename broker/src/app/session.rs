@@ -227,8 +227,16 @@ impl Session {
             Frame::Subscribe(s) => self.handle_subscribe(s),
             Frame::CreateStream(c) => self.handle_create_stream(c).await,
             Frame::DescribeStream(d) => match self.app.stream(&d.stream, false).await {
-                Ok(entry) => ready(Some(stream_info(d.request_id, &entry.meta))),
+                Ok(entry) => ready(Some(stream_info(d.request_id, &entry.current_meta()))),
                 Err(e) => ready(error_frame(d.request_id, e)),
+            },
+            Frame::DeleteStream(d) => match self.app.delete_stream(&d.stream).await {
+                Ok(m) => ready(Some(stream_info(d.request_id, &m))),
+                Err(e) => ready(error_frame(d.request_id, e)),
+            },
+            Frame::AlterStream(a) => match self.app.alter_stream(&a.stream, a.changes).await {
+                Ok(m) => ready(Some(stream_info(a.request_id, &m))),
+                Err(e) => ready(error_frame(a.request_id, e)),
             },
             Frame::ListStreams(l) => self.handle_list_streams(l),
             Frame::CommitOffset(c) => self.handle_commit_offset(c),
@@ -576,6 +584,8 @@ fn needs(frame: &Frame) -> Option<(Action, &str)> {
     match frame {
         Frame::Publish(p) => Some((Action::Publish, &p.stream)),
         Frame::CreateStream(c) => Some((Action::Publish, &c.stream)),
+        Frame::DeleteStream(d) => Some((Action::Publish, &d.stream)),
+        Frame::AlterStream(a) => Some((Action::Publish, &a.stream)),
         Frame::DescribeStream(d) => Some((Action::Read, &d.stream)),
         Frame::Subscribe(s) => Some((Action::Subscribe, &s.stream)),
         Frame::CommitOffset(c) => Some((Action::Subscribe, &c.stream)),

@@ -101,10 +101,12 @@ counters! {
     replication_lag_records: "Largest lag, in records, of a follower of a shard this core leads (gauge).",
     replication_lag_bytes: "Largest lag, in payload bytes, of a follower of a shard this core leads (gauge).",
     replication_peers_unreachable: "Live brokers of the cluster this core's replication links cannot connect to (gauge).",
+    stream_series_dropped: "Shards this core owns that the per-stream series leave out (past 10,000 per core; gauge).",
 }
 
 /// The counters exported as gauges.
-const GAUGES: [&str; 14] = [
+const GAUGES: [&str; 15] = [
+    "stream_series_dropped",
     "replication_producers",
     "replication_producers_expired",
     "replication_index_bytes",
@@ -140,6 +142,26 @@ pub struct ReplicaStatus {
     pub followers: Vec<(String, u64, u64, bool)>,
 }
 
+/// One shard this core owns (leads, when replicated), for the per-stream series of the metrics
+/// page (published with the histograms).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardSeries {
+    /// The stream.
+    pub stream: String,
+    /// The shard.
+    pub shard: u32,
+    /// Payload bytes (keys and values) appended to it through this broker since it started.
+    pub bytes_in: u64,
+    /// Records appended to it through this broker since it started.
+    pub records_in: u64,
+    /// Its end offset (the next offset; a replicated shard's commit point).
+    pub end_offset: u64,
+}
+
+/// The most per-shard series one core publishes; the shards past it are counted in
+/// `stream_series_dropped`.
+pub const SHARD_SERIES_MAX_PER_CORE: usize = 10_000;
+
 /// One core's statistics.
 #[derive(Debug)]
 pub struct AppStats {
@@ -162,6 +184,8 @@ pub struct AppStats {
     pub fan_in: Mutex<Histogram<u64>>,
     /// The replicated shards on this core (published copy).
     pub replicas: Mutex<Vec<ReplicaStatus>>,
+    /// The shards this core owns, per stream (published copy).
+    pub streams: Mutex<Vec<ShardSeries>>,
     /// When the core last published its histograms, Unix milliseconds (0: not yet).
     pub histograms_published_unix_ms: AtomicU64,
 }
@@ -177,6 +201,7 @@ impl Default for AppStats {
             write_latency_us: Mutex::new(new_histogram()),
             fan_in: Mutex::new(new_histogram()),
             replicas: Mutex::new(Vec::new()),
+            streams: Mutex::new(Vec::new()),
             histograms_published_unix_ms: AtomicU64::new(0),
         }
     }
@@ -283,6 +308,7 @@ pub fn render(cores: &[std::sync::Arc<AppStats>], net: &[Vec<(&'static str, u64)
     let _ = text::encode_registry(&mut out, &registry);
     render_summaries(&mut out, cores);
     render_replicas(&mut out, cores);
+    render_streams(&mut out, cores);
     let _ = text::encode_eof(&mut out);
     out
 }
@@ -317,6 +343,49 @@ fn render_replicas(out: &mut String, cores: &[std::sync::Arc<AppStats>]) {
                         pick(f)
                     );
                 }
+            }
+        }
+    }
+}
+
+/// The per-stream series, by hand (labels per stream and shard), from the core that owns (leads)
+/// each shard: `felix_stream_bytes_in`, `felix_stream_records_in` (counters) and
+/// `felix_stream_end_offset` (gauge).
+fn render_streams(out: &mut String, cores: &[std::sync::Arc<AppStats>]) {
+    type Pick = fn(&ShardSeries) -> u64;
+    for (metric, kind, help, pick) in [
+        (
+            "felix_stream_bytes_in",
+            "counter",
+            "Payload bytes (keys and values) appended to a shard through this broker since it started.",
+            (|s: &ShardSeries| s.bytes_in) as Pick,
+        ),
+        (
+            "felix_stream_records_in",
+            "counter",
+            "Records appended to a shard through this broker since it started.",
+            |s: &ShardSeries| s.records_in,
+        ),
+        (
+            "felix_stream_end_offset",
+            "gauge",
+            "A shard's end offset (the next offset; a replicated shard's commit point), on its owner.",
+            |s: &ShardSeries| s.end_offset,
+        ),
+    ] {
+        let _ = writeln!(out, "# HELP {metric} {help}");
+        let _ = writeln!(out, "# TYPE {metric} {kind}");
+        let suffix = if kind == "counter" { "_total" } else { "" };
+        for (core, s) in cores.iter().enumerate() {
+            let Ok(series) = s.streams.lock() else { continue };
+            for x in series.iter() {
+                let _ = writeln!(
+                    out,
+                    "{metric}{suffix}{{core=\"{core}\",stream=\"{}\",shard=\"{}\"}} {}",
+                    x.stream,
+                    x.shard,
+                    pick(x)
+                );
             }
         }
     }

@@ -60,9 +60,9 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
             ));
         }
     }
-    // Subscribing creates a missing stream only for a client that may publish to it.
-    let create = session.may(super::auth::Action::Publish, &s.stream);
-    let entry = app.stream(&s.stream, create).await?;
+    // Subscribing never creates a stream: a mistyped name is `StreamNotFound`, not a new
+    // stream kept for ever.
+    let entry = app.stream(&s.stream, false).await?;
     let shards: Vec<ShardId> = match &s.shards {
         None => (0..entry.meta.shards).map(ShardId).collect(),
         Some(list) => {
@@ -106,11 +106,13 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
     let writer_app = app.clone();
     let cancelled = Rc::new(std::cell::Cell::new(false));
     let writer_cancel = cancelled.clone();
+    let deleted = Rc::new(std::cell::Cell::new(false));
+    let writer_deleted = deleted.clone();
     app.tasks().spawn(async move {
         // However the writer ends, its pumps stop and the connection's slot is freed.
         let _slot = slot;
         let _guard = OnDrop(move || writer_cancel.set(true));
-        write_subscription(&writer_app, rx, send).await;
+        write_subscription(&writer_app, rx, send, &writer_deleted).await;
     });
     let tx = Rc::new(tx);
     let read_bytes = read_bytes(positions.len());
@@ -120,7 +122,8 @@ pub async fn start(session: Rc<Session>, s: Subscribe) -> Result<SubscribeOk, Wi
         .then(|| positions.iter().map(|(_, pos)| *pos).collect());
     for (shard, pos) in positions {
         let (session, stream, tx) = (session.clone(), s.stream.clone(), tx.clone());
-        let pump = pump(session, stream, shard, pos, read_bytes, tx, cancelled.clone());
+        let ends = Ends { cancelled: cancelled.clone(), deleted: deleted.clone() };
+        let pump = pump(session, stream, shard, pos, read_bytes, tx, ends);
         app.tasks().spawn(pump);
     }
     Ok(SubscribeOk { request_id: s.request_id, subscription_id: id, shards, positions: starts })
@@ -184,6 +187,14 @@ fn read_bytes(shards: usize) -> usize {
     (SUBSCRIPTION_READ_BYTES / shards.max(1)).clamp(READ_BYTES_MIN, READ_BYTES_MAX)
 }
 
+/// What ends a subscription's pumps, shared with its writer.
+struct Ends {
+    /// Set when the writer ended: the pumps stop.
+    cancelled: Rc<std::cell::Cell<bool>>,
+    /// Set by a pump that found its stream deleted: the writer resets with `StreamNotFound`.
+    deleted: Rc<std::cell::Cell<bool>>,
+}
+
 async fn pump(
     session: Rc<Session>,
     stream: String,
@@ -191,10 +202,10 @@ async fn pump(
     mut next: Offset,
     read_bytes: usize,
     tx: Rc<LocalSender<Queued>>,
-    cancelled: Rc<std::cell::Cell<bool>>,
+    ends: Ends,
 ) {
     let app = session.app.clone();
-    while !session.closed.get() && !app.is_stopping() && !cancelled.get() {
+    while !session.closed.get() && !app.is_stopping() && !ends.cancelled.get() {
         let req = CoreRequest::Read {
             stream: stream.clone(),
             shard,
@@ -204,6 +215,11 @@ async fn pump(
         };
         let batches = match app.on_owner(shard, req).await {
             Ok(CoreResponse::Batches(Ok(b))) => b,
+            Ok(CoreResponse::Batches(Err(e))) if e.code == ErrorCode::StreamNotFound => {
+                // The stream was deleted: this pump ends, and with the others the subscription.
+                ends.deleted.set(true);
+                return;
+            }
             Ok(CoreResponse::Batches(Err(e))) if e.code == ErrorCode::OffsetOutOfRange => {
                 // Retention removed what we were about to read: jump to the oldest retained.
                 match app
@@ -255,7 +271,12 @@ async fn pump(
 /// - every pump has ended: when the broker is stopping, the stream is reset with
 ///   `ShuttingDown`, so that the subscriber resumes elsewhere instead of reading a clean end
 ///   (which means the broker finished the subscription); otherwise it is finished.
-async fn write_subscription(app: &CoreApp, rx: QueueReceiver, mut send: SendStream) {
+async fn write_subscription(
+    app: &CoreApp,
+    rx: QueueReceiver,
+    mut send: SendStream,
+    deleted: &std::cell::Cell<bool>,
+) {
     let c = &app.stats().counters;
     loop {
         let next = futures_lite::future::or(async { Next::Queued(rx.recv().await) }, async {
@@ -291,6 +312,8 @@ async fn write_subscription(app: &CoreApp, rx: QueueReceiver, mut send: SendStre
     }
     if app.is_stopping() {
         send.reset(ErrorCode::ShuttingDown as u32);
+    } else if deleted.get() {
+        send.reset(ErrorCode::StreamNotFound as u32);
     }
 }
 

@@ -371,6 +371,28 @@ pub fn status(etcd: &str) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).expect("status is JSON")
 }
 
+/// `felix cluster status --json --addr` through `node`'s admin endpoint (no etcd).
+pub fn status_via(node: &Node) -> serde_json::Value {
+    let out = Command::new(env!("CARGO_BIN_EXE_felix"))
+        .args(["cluster", "status", "--json", "--addr", &node.metrics])
+        .env_remove("FELIX_CLUSTER_ETCD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("status is JSON")
+}
+
+/// `felix cluster status --addr` (the table) through `node`'s admin endpoint.
+pub fn status_text_via(node: &Node) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_felix"))
+        .args(["cluster", "status", "--addr", &node.metrics])
+        .env_remove("FELIX_CLUSTER_ETCD")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// A client of the whole cluster through one seed, trusting every broker's certificate.
 pub async fn cluster_client(
     nodes: &[Node],

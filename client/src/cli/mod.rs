@@ -152,7 +152,7 @@ pub struct StreamsArgs {
     pub connect: ConnectArgs,
 }
 
-/// `felix streams create|list|describe`.
+/// `felix streams create|list|describe|delete|alter`.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum StreamsCommand {
     /// Create a stream.
@@ -185,6 +185,27 @@ pub enum StreamsCommand {
         /// Stream, tenant/namespace/stream.
         #[arg(long, short = 's')]
         stream: String,
+    },
+    /// Delete a stream and its records (on every broker of a cluster).
+    Delete {
+        /// Stream, tenant/namespace/stream.
+        #[arg(long, short = 's')]
+        stream: String,
+    },
+    /// Change a stream's settings; what is not given stays as it is.
+    Alter {
+        /// Stream, tenant/namespace/stream.
+        #[arg(long, short = 's')]
+        stream: String,
+        /// Retention in bytes per shard (0: unlimited).
+        #[arg(long)]
+        retention_bytes: Option<u64>,
+        /// Retention in milliseconds (0: unlimited).
+        #[arg(long)]
+        retention_ms: Option<u64>,
+        /// Replication factor (changing it is not supported yet; the stream's own is accepted).
+        #[arg(long)]
+        replicas: Option<u8>,
     },
 }
 
@@ -450,6 +471,18 @@ async fn streams<W: AsyncWrite + Unpin>(
         }
         StreamsCommand::Describe { stream } => {
             describe_text(&client.describe_stream(&stream).await?, args.json)
+        }
+        StreamsCommand::Delete { stream } => {
+            describe_text(&client.delete_stream(&stream).await?, args.json)
+        }
+        StreamsCommand::Alter { stream, retention_bytes, retention_ms, replicas } => {
+            let changes = felix_proto::StreamChanges { retention_bytes, retention_ms, replicas };
+            if changes.is_empty() {
+                anyhow::bail!(
+                    "nothing to alter: give --retention-bytes, --retention-ms or --replicas"
+                );
+            }
+            describe_text(&client.alter_stream(&stream, changes).await?, args.json)
         }
         StreamsCommand::List { prefix } => {
             let names = client.list_streams(&prefix).await?;

@@ -113,6 +113,23 @@ pub fn frame() -> impl Strategy<Value = Frame> {
         (request_id(), name()).prop_map(|(request_id, stream)| Frame::DescribeStream(
             DescribeStream { request_id, stream }
         )),
+        (request_id(), name()).prop_map(|(request_id, stream)| Frame::DeleteStream(
+            DescribeStream { request_id, stream }
+        )),
+        (
+            request_id(),
+            name(),
+            proptest::option::of(any::<u64>()),
+            proptest::option::of(any::<u64>()),
+            proptest::option::of(any::<u8>())
+        )
+            .prop_map(|(request_id, stream, retention_bytes, retention_ms, replicas)| {
+                Frame::AlterStream(AlterStream {
+                    request_id,
+                    stream,
+                    changes: StreamChanges { retention_bytes, retention_ms, replicas },
+                })
+            }),
         (request_id(), name(), any::<u32>(), retention()).prop_map(
             |(request_id, stream, shards, retention)| {
                 Frame::StreamInfo(StreamInfo { request_id, stream, shards, retention })

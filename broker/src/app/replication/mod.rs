@@ -527,6 +527,9 @@ impl ReplicationShell {
                 tracing::warn!(%stream, shard,
                     "the group's replicas changed: the replica (its log empty) is opened again");
             }
+            StopReason::Deleted => {
+                tracing::debug!(%stream, shard, "replica stopped: stream deleted")
+            }
         }
         let Some(shell) = shell else {
             if reason == StopReason::Reopen {
@@ -543,6 +546,12 @@ impl ReplicationShell {
             })
             .detach();
         }
+    }
+
+    /// `stream` was deleted: its replicas on this core stop (before the core deletes its log).
+    pub fn stream_deleted(self: &Rc<Self>, stream: &str) {
+        self.driver.borrow_mut().handle_deleted(stream);
+        self.run_actions();
     }
 
     /// Feeds the cluster view to the driver every [`TICK_MS`], until the core stops.

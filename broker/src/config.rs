@@ -297,8 +297,8 @@ pub struct ServeArgs {
     /// Handshakes a core completes per second before it answers with stateless retry.
     #[arg(long, env = "FELIX_HANDSHAKES_PER_SEC_PER_CORE", default_value_t = crate::net::config::DEFAULT_HANDSHAKES_PER_SEC_PER_CORE)]
     pub handshakes_per_sec_per_core: u32,
-    /// Create a stream on first publish or subscribe. Default: true without --auth-keys, false
-    /// with them (then streams are created with CreateStream only).
+    /// Create a stream on first publish (a subscribe never creates one). Default: true without
+    /// --auth-keys, false with them (then streams are created with CreateStream only).
     #[arg(long, env = "FELIX_AUTO_CREATE", default_value_t = true, hide_default_value = true, action = clap::ArgAction::Set)]
     pub auto_create: bool,
     /// Most streams one tenant may have; creating (or auto-creating) one more gets LimitReached.
@@ -403,6 +403,11 @@ pub struct ServeArgs {
     /// forgotten first. Same on every broker of a cluster.
     #[arg(long, env = "FELIX_MAX_PRODUCERS_PER_SHARD", default_value_t = felix_storage::PRODUCERS_PER_SHARD_MAX)]
     pub max_producers_per_shard: usize,
+    /// Leader balance: a broker leading a replicated shard whose preferred replica (the first
+    /// of its replicas) is another, live and in sync, hands the leadership back to it after
+    /// leading 5 s, so that every broker leads its share again after restarts.
+    #[arg(long, env = "FELIX_LEADER_BALANCE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub leader_balance: bool,
     /// Certificates (PEM) the other brokers' certificates are verified against for
     /// replication, both when this broker connects to them and when they connect to it with
     /// their certificate as a TLS client certificate (mutual TLS). Default: this broker's own
@@ -466,6 +471,7 @@ struct FileConfig {
     replica_resident_bytes: Option<TomlBytes>,
     producer_expiry: Option<DurationMs>,
     max_producers_per_shard: Option<usize>,
+    leader_balance: Option<bool>,
     peer_ca: Option<PathBuf>,
     peer_server_name: Option<String>,
 }
@@ -605,6 +611,7 @@ impl ServeArgs {
             replica_resident_bytes,
             producer_expiry,
             max_producers_per_shard,
+            leader_balance,
             peer_server_name
         );
         if f.peer_ca.is_some() && unset("peer_ca") {
@@ -782,6 +789,7 @@ impl ServeArgs {
             format!("replica_resident_bytes = {}", self.replica_resident_bytes),
             format!("producer_expiry = \"{}\"", self.producer_expiry),
             format!("max_producers_per_shard = {}", self.max_producers_per_shard),
+            format!("leader_balance = {}", self.leader_balance),
             match &self.peer_ca {
                 Some(p) => format!("peer_ca = {:?}", p.display().to_string()),
                 None => "# peer_ca: this broker's own certificate".to_owned(),

@@ -959,3 +959,123 @@ async fn a_deleted_replicated_stream_leaves_no_copy_and_its_name_starts_empty() 
     drop(nodes);
     drop(etcd);
 }
+
+/// Each broker's count of the shards of `stream` it leads (with a live lease), and whether
+/// every shard has a leader and its full in-sync set.
+async fn leaders_of(etcd: &str, stream: &str) -> (std::collections::BTreeMap<String, usize>, bool) {
+    let cluster = felix_broker::config::DEFAULT_CLUSTER_NAME;
+    let mut by = std::collections::BTreeMap::new();
+    let Ok(st) = felix_cluster::cluster_status(&[etcd.to_owned()], cluster).await else {
+        return (by, false);
+    };
+    let Some(s) = st.streams.iter().find(|s| s.name == stream) else { return (by, false) };
+    let mut healthy = !s.groups.is_empty();
+    for g in &s.groups {
+        match (&g.leader, g.leader_live) {
+            (Some(l), true) => *by.entry(l.to_string()).or_default() += 1,
+            _ => healthy = false,
+        }
+        healthy &= g.isr.len() == g.replicas.len();
+    }
+    (by, healthy)
+}
+
+/// Leader balance: after each of the three brokers is restarted in turn (kill -9, its shards
+/// led elsewhere meanwhile), leadership returns to each shard's preferred replica, so each
+/// broker leads its third of the shards again, while an idempotent publisher's every record
+/// is acked (the largest gap between acks is printed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_returns_to_the_preferred_replicas_after_restarts() {
+    const BALANCED: &str = "acme/app/balanced";
+    const SHARDS_12: u32 = 12;
+    let hosts = std::rc::Rc::new(Hosts::new(3));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let url = etcd.client_url.clone();
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = start_brokers(&hosts, root.path(), &url);
+    let client = connect(&nodes).await;
+    let deadline = Instant::now() + WAIT;
+    while let Err(e) =
+        client.create_stream_with(BALANCED, SHARDS_12, Default::default(), Some(3)).await
+    {
+        assert!(Instant::now() < deadline, "create: {e}; {}", status(&url));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let balanced = |by: &std::collections::BTreeMap<String, usize>| {
+        by.len() == 3 && by.values().all(|&n| (3..=5).contains(&n))
+    };
+    let wait_balanced = |what: String| {
+        let url = url.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                let (by, healthy) = leaders_of(&url, BALANCED).await;
+                if healthy && balanced(&by) {
+                    return by;
+                }
+                assert!(Instant::now() < deadline, "{what}: leaders {by:?}, healthy {healthy}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let logs = |nodes: &[Node]| {
+        nodes
+            .iter()
+            .flat_map(|n| {
+                n.log_text()
+                    .lines()
+                    .filter(|l| l.contains("handed") || l.contains("refused") || l.contains("role"))
+                    .map(|l| format!("{}: {l}", n.id))
+                    .collect::<Vec<_>>()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let _ = &logs;
+    let first = wait_balanced("after creation".into()).await;
+    println!("leaders after creation: {first:?}");
+
+    // A publisher the whole time: every record acked, none failed.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let publisher = client.publisher(BALANCED).await.unwrap();
+    let (stop2, publisher2) = (stop.clone(), publisher.clone());
+    let producing = tokio::spawn(async move {
+        let (mut acked, mut gap, mut last) = (0u64, Duration::ZERO, Instant::now());
+        let mut i = 0u64;
+        while !stop2.load(std::sync::atomic::Ordering::Relaxed) {
+            let key = format!("k{}", i % 24);
+            publisher2.publish(Record::keyed(key, format!("v{i}"))).await.expect("acked");
+            gap = gap.max(last.elapsed());
+            last = Instant::now();
+            acked += 1;
+            i += 1;
+        }
+        (acked, gap)
+    });
+    for i in 0..3 {
+        nodes[i].kill9();
+        // Its shards are led elsewhere once its lease is gone.
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let (by, _) = leaders_of(&url, BALANCED).await;
+            if !by.contains_key(&nodes[i].id) && by.values().sum::<usize>() == SHARDS_12 as usize {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{} still leads: {by:?}", nodes[i].id);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        nodes[i].spawn();
+        let by = wait_balanced(format!("after restarting {}", nodes[i].id)).await;
+        if std::env::var_os("FELIX_TEST_LOGS").is_some() {
+            println!("{}", logs(&nodes));
+        }
+        println!("leaders after restarting {}: {by:?}", nodes[i].id);
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (acked, gap) = producing.await.unwrap();
+    println!("{acked} records acked through three restarts; largest gap between acks {gap:?}");
+    assert!(acked > 0);
+    client.close();
+    drop(nodes);
+    drop(etcd);
+}

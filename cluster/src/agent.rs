@@ -205,6 +205,32 @@ impl AgentClient {
         rx.await.map_err(|_| ClusterError::Stopped)?
     }
 
+    /// As the leader of `epoch` of the group of `shard` of `stream`, hands the next epoch to
+    /// `target`, an in-sync replica ([`groups::transfer_leadership`]; leader balance), based on
+    /// version `expected_version` and the in-sync set `isr` as read. Returns the new record.
+    pub async fn transfer_leadership(
+        &self,
+        stream: &str,
+        shard: u32,
+        expected_version: i64,
+        epoch: u64,
+        isr: Vec<NodeId>,
+        target: NodeId,
+    ) -> Result<ShardGroup, ClusterError> {
+        let (reply, rx) = oneshot::channel();
+        let cmd = Command::TransferLeadership {
+            stream: stream.to_owned(),
+            shard,
+            expected_version,
+            epoch,
+            isr,
+            target,
+            reply,
+        };
+        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
+        rx.await.map_err(|_| ClusterError::Stopped)?
+    }
+
     /// See [`AgentHandle::mark_peers_verified`].
     pub async fn mark_peers_verified(&self) -> Result<(), ClusterError> {
         let (reply, rx) = oneshot::channel();
@@ -273,6 +299,15 @@ enum Command {
     },
     MarkPeersVerified {
         reply: oneshot::Sender<Result<(), ClusterError>>,
+    },
+    TransferLeadership {
+        stream: String,
+        shard: u32,
+        expected_version: i64,
+        epoch: u64,
+        isr: Vec<NodeId>,
+        target: NodeId,
+        reply: oneshot::Sender<Result<ShardGroup, ClusterError>>,
     },
     DeleteStream {
         name: String,
@@ -582,6 +617,40 @@ async fn session(
                         let r = propose_isr(st, &mut client, &at.0, at.1, base, epoch, &isr).await;
                         if let Ok(g) = &r {
                             st.view.groups.insert(at, g.clone());
+                            st.publish();
+                        }
+                        let _ = reply.send(r);
+                    }
+                    Command::TransferLeadership {
+                        stream,
+                        shard,
+                        expected_version,
+                        epoch,
+                        isr,
+                        target,
+                        reply,
+                    } => {
+                        let r = match st.lease {
+                            None => Err(ClusterError::Fenced),
+                            Some(lease) => {
+                                groups::transfer_leadership(
+                                    &mut client,
+                                    &st.config.cluster,
+                                    &stream,
+                                    shard,
+                                    &st.config.member.node,
+                                    lease,
+                                    expected_version,
+                                    epoch,
+                                    &isr,
+                                    &target,
+                                )
+                                .await
+                            }
+                        };
+                        if let Ok(g) = &r {
+                            tracing::info!(%stream, shard, %target, epoch = g.epoch, "leadership handed to the preferred replica");
+                            st.view.groups.insert((stream, shard), g.clone());
                             st.publish();
                         }
                         let _ = reply.send(r);

@@ -170,8 +170,45 @@ pub fn isr_change(
         leader,
         epoch: Epoch(epoch),
         isr,
+        transfer_to: None,
     };
     state.apply_isr(&proposal)?;
+    if group.leader_lease != Some(lease) {
+        return Err(ClusterError::Fenced);
+    }
+    Ok(group.with_state(&state))
+}
+
+/// The pure leadership-transfer rule: `proposer` (the leader of `epoch`, holding `lease`)
+/// hands the next epoch to `target`, an in-sync replica holding `target_lease`, based on
+/// version `expected_version` with the in-sync set `isr` unchanged
+/// ([`GroupState::apply_transfer`]); fenced unless the proposer's lease is the one it was
+/// elected on. Returns the changed record (its version still the old one).
+#[allow(clippy::too_many_arguments)]
+pub fn leadership_transfer(
+    group: &ShardGroup,
+    proposer: &NodeId,
+    lease: i64,
+    expected_version: i64,
+    epoch: u64,
+    isr: &[NodeId],
+    target: &NodeId,
+    target_lease: i64,
+) -> Result<ShardGroup, ClusterError> {
+    let mut state = group.state()?;
+    let number = |n: &NodeId| group.number(n).ok_or_else(|| ClusterError::NotReplica(n.clone()));
+    let isr = isr
+        .iter()
+        .map(|n| group.number(n).ok_or(ClusterError::Cas(CasError::InvalidIsr)))
+        .collect::<Result<BTreeSet<_>, _>>()?;
+    let proposal = IsrProposal {
+        expected_version: u64::try_from(expected_version).unwrap_or(0),
+        leader: number(proposer)?,
+        epoch: Epoch(epoch),
+        isr,
+        transfer_to: Some(number(target)?),
+    };
+    state.apply_transfer(&proposal, LeaseId(target_lease as u64))?;
     if group.leader_lease != Some(lease) {
         return Err(ClusterError::Fenced);
     }
@@ -237,6 +274,64 @@ pub async fn propose_isr(
         .when([
             Compare::mod_revision(key.as_str(), CompareOp::Equal, expected_version),
             Compare::lease(member.as_str(), CompareOp::Equal, lease),
+        ])
+        .and_then([TxnOp::put(key.as_str(), next.to_json(), None)]);
+    let resp = client.txn(txn).await?;
+    if resp.succeeded() {
+        next.version = resp.header().map_or(0, |h| h.revision());
+        return Ok(next);
+    }
+    let now = read(client, cluster, stream, shard).await?;
+    if now.version != expected_version {
+        return Err(stale(expected_version, now.version));
+    }
+    Err(ClusterError::Fenced)
+}
+
+/// `proposer` (holding etcd lease `lease`, the leader of `epoch`) hands the leadership of
+/// `shard` of `stream` to `target` ([`leadership_transfer`] on the record as etcd holds it,
+/// with the lease `target`'s member key is on now), by a transaction conditional on the mod
+/// revision, the proposer's member key being on `lease` and the target's on that lease.
+/// Returns the new record.
+///
+/// Errors: those of [`propose_isr`], and `Cas(NoCandidate)` (the target is not in sync, or
+/// the set changed), `NotReplica`, `Fenced` (also when the target holds no lease).
+#[allow(clippy::too_many_arguments)]
+pub async fn transfer_leadership(
+    client: &mut Client,
+    cluster: &str,
+    stream: &str,
+    shard: u32,
+    proposer: &NodeId,
+    lease: i64,
+    expected_version: i64,
+    epoch: u64,
+    isr: &[NodeId],
+    target: &NodeId,
+) -> Result<ShardGroup, ClusterError> {
+    let key = keys::group(cluster, stream, shard);
+    let current = read(client, cluster, stream, shard).await?;
+    let target_member = keys::member(cluster, target.as_str());
+    let target_lease = match client.get(target_member.as_str(), None).await?.kvs().first() {
+        Some(kv) if kv.lease() != 0 => kv.lease(),
+        _ => return Err(ClusterError::Fenced),
+    };
+    let mut next = leadership_transfer(
+        &current,
+        proposer,
+        lease,
+        expected_version,
+        epoch,
+        isr,
+        target,
+        target_lease,
+    )?;
+    let member = keys::member(cluster, proposer.as_str());
+    let txn = Txn::new()
+        .when([
+            Compare::mod_revision(key.as_str(), CompareOp::Equal, expected_version),
+            Compare::lease(member.as_str(), CompareOp::Equal, lease),
+            Compare::lease(target_member.as_str(), CompareOp::Equal, target_lease),
         ])
         .and_then([TxnOp::put(key.as_str(), next.to_json(), None)]);
     let resp = client.txn(txn).await?;

@@ -45,7 +45,17 @@ pub struct ReplicaConfig {
     /// How long and how many idempotent producers the shard remembers
     /// ([`crate::ProducerLimits`]); the same on every replica of a shard.
     pub producers: crate::ProducerLimits,
+    /// Leader balance: a leader that is not its shard's preferred replica (the first of its
+    /// replicas) hands its leadership to it once it has led this long and the preferred
+    /// replica is in sync and caught up ([`crate::GroupState::apply_transfer`]). `None`:
+    /// never.
+    pub preferred_leader_after_ms: Option<u64>,
 }
+
+/// How long a leader that is not its shard's preferred replica leads before it hands the
+/// shard back (the default of [`ReplicaConfig::preferred_leader_after_ms`]): a broker that
+/// rejoined is caught up and has been in sync a while before it leads again.
+pub const PREFERRED_LEADER_AFTER_MS: u64 = 5_000;
 
 impl ReplicaConfig {
     /// The defaults for a replication factor of `replicas`: `min_insync` is a majority.
@@ -61,6 +71,7 @@ impl ReplicaConfig {
             follower_unwritten_bytes_max: 8 * 1024 * 1024,
             archive_min_batches: 1024,
             producers: crate::ProducerLimits::default(),
+            preferred_leader_after_ms: Some(PREFERRED_LEADER_AFTER_MS),
         }
     }
 }
@@ -100,12 +111,17 @@ pub struct InjectedBugs {
     /// The driver starts replicas for groups of streams not placed yet and keeps one whose
     /// group's replicas changed (fa9b380).
     pub open_unplaced: bool,
+    /// A leader hands its leadership to the preferred replica whether or not it is in sync or
+    /// caught up, and the controller (the simulator's etcd) takes the transfer without its
+    /// in-sync check.
+    pub transfer_out_of_sync: bool,
 }
 
 impl InjectedBugs {
     /// Parses a comma-separated list of flag names (`commit_without_quorum`, `skip_truncation`,
     /// `skip_dedup`, `ignore_lease`, `visible_past_written`, `tail_past_written`,
-    /// `truncate_below_fed`, `propose_unbounded`, `open_unplaced`); the empty string is no bug.
+    /// `truncate_below_fed`, `propose_unbounded`, `open_unplaced`, `transfer_out_of_sync`); the
+    /// empty string is no bug.
     pub fn parse(names: &str) -> Result<InjectedBugs, String> {
         let mut bugs = InjectedBugs::default();
         for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
@@ -119,6 +135,7 @@ impl InjectedBugs {
                 "truncate_below_fed" => bugs.truncate_below_fed = true,
                 "propose_unbounded" => bugs.propose_unbounded = true,
                 "open_unplaced" => bugs.open_unplaced = true,
+                "transfer_out_of_sync" => bugs.transfer_out_of_sync = true,
                 other => return Err(format!("unknown injected bug {other:?}")),
             }
         }

@@ -207,7 +207,7 @@ pub enum Action<N> {
         /// Why.
         error: AppendError,
     },
-    /// Hand this in-sync-set proposal to the controller, then call
+    /// Hand this in-sync-set proposal (or leadership transfer) to the controller, then call
     /// [`Driver::proposal_done`] once it is answered (or given up).
     Propose {
         /// The shard.
@@ -218,6 +218,9 @@ pub enum Action<N> {
         epoch: Epoch,
         /// The in-sync set it proposes, as brokers.
         isr: Vec<N>,
+        /// A leadership transfer to this broker instead ([`crate::GroupState::apply_transfer`]):
+        /// `isr` is then the current in-sync set.
+        transfer_to: Option<N>,
     },
     /// Give the subscribers' tail these committed batches (in order, each once; released
     /// payloads are skipped: readers read them from storage).
@@ -426,6 +429,7 @@ impl<N: Clone + PartialEq + Debug> ShardDriver<N> {
                         expected_version: p.expected_version,
                         epoch: p.epoch,
                         isr: p.isr.iter().filter_map(|n| self.node(*n)).collect(),
+                        transfer_to: p.transfer_to.and_then(|n| self.node(n)),
                     });
                 }
                 Output::Failed(error) => {

@@ -19,6 +19,11 @@ pub struct Etcd {
     pub deposed: Option<(GroupState, Vec<ReplicaNumber>)>,
     /// When the stream's placement is written.
     pub placed_at: Time,
+    /// The placed group's epochs begun by a leadership transfer, each with the leader that
+    /// handed it on (the epochs not named here began with an election).
+    pub handed_on: BTreeMap<felix_replication::types::Epoch, ReplicaNumber>,
+    /// Leadership transfers applied.
+    pub transfers: u64,
     /// Live leases: holder and expiry.
     leases: BTreeMap<LeaseId, (ReplicaNumber, Time)>,
     next_lease: u64,
@@ -32,6 +37,8 @@ impl Etcd {
             group: GroupState::new(replicas),
             deposed: None,
             placed_at: Time(0),
+            handed_on: BTreeMap::new(),
+            transfers: 0,
             leases: BTreeMap::new(),
             next_lease: 1,
             lease_ttl_ms,
@@ -125,12 +132,43 @@ impl Etcd {
 
     /// A leader's in-sync-set proposal, applied to the record the nodes see at `now`. Returns
     /// whether the record changed.
-    pub fn propose(&mut self, now: Time, proposal: &IsrProposal) -> bool {
+    /// A leadership transfer takes the target's newest live lease, as the broker's agent reads
+    /// the target's member key.
+    /// `unchecked` (the injected bug `transfer_out_of_sync`) takes a transfer from the leader
+    /// without the in-sync check.
+    pub fn propose(&mut self, now: Time, proposal: &IsrProposal, unchecked: bool) -> bool {
         let placed = self.placed(now);
-        match &mut self.deposed {
-            Some((state, _)) if !placed => state.apply_isr(proposal).is_ok(),
-            _ => self.group.apply_isr(proposal).is_ok(),
+        let lease = proposal.transfer_to.and_then(|t| self.newest_lease_of(t));
+        let (state, is_placed_group) = match &mut self.deposed {
+            Some((state, _)) if !placed => (state, false),
+            _ => (&mut self.group, true),
+        };
+        match (proposal.transfer_to, lease) {
+            (None, _) => state.apply_isr(proposal).is_ok(),
+            (Some(target), Some(lease)) => {
+                let applied = if unchecked {
+                    transfer_unchecked(state, proposal, target, lease)
+                } else {
+                    state.apply_transfer(proposal, lease).is_ok()
+                };
+                if applied && is_placed_group {
+                    self.handed_on.insert(self.group.epoch, proposal.leader);
+                    self.transfers += 1;
+                }
+                applied
+            }
+            (Some(_), None) => false,
         }
+    }
+
+    /// Whether `leader` handed `epoch` on by a leadership transfer (the next epoch began with
+    /// it): then it may still ack in `epoch` until it learns, whatever came after. Its commits
+    /// need every replica of its in-sync set, the new leader among them, which keeps them
+    /// (below the log end it leads from); a replica added to the in-sync set later holds that
+    /// end. Invariants 4-6 check that this holds.
+    pub fn handed_on(&self, epoch: felix_replication::types::Epoch, leader: ReplicaNumber) -> bool {
+        let after = felix_replication::types::Epoch(epoch.0 + 1);
+        self.group.epoch > epoch && self.handed_on.get(&after) == Some(&leader)
     }
 
     /// Whether `lease` is live now.
@@ -141,4 +179,25 @@ impl Etcd {
     fn newest_lease_of(&self, node: ReplicaNumber) -> Option<LeaseId> {
         self.leases.iter().rev().find(|(_, (n, _))| *n == node).map(|(l, _)| *l)
     }
+}
+
+/// The injected bug `transfer_out_of_sync`'s controller: a transfer from the leader of the
+/// current version and epoch, to any other replica, in-sync or not.
+fn transfer_unchecked(
+    state: &mut GroupState,
+    proposal: &IsrProposal,
+    target: ReplicaNumber,
+    lease: LeaseId,
+) -> bool {
+    let current = proposal.expected_version == state.version
+        && state.leader == Some(proposal.leader)
+        && state.epoch == proposal.epoch;
+    if !current || target == proposal.leader {
+        return false;
+    }
+    state.epoch = felix_replication::types::Epoch(state.epoch.0 + 1);
+    state.leader = Some(target);
+    state.leader_lease = Some(lease);
+    state.version += 1;
+    true
 }

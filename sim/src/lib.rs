@@ -91,6 +91,8 @@ pub struct SeedReport {
     pub checkpoint_restarts: u64,
     /// Sessions the nodes' cluster agents gave up (a silent etcd connection).
     pub agent_giveups: u64,
+    /// Leaderships handed to the preferred replica (leader balance).
+    pub transfers: u64,
 }
 
 /// A seed that broke an invariant (or did not finish after healing).
@@ -143,6 +145,8 @@ pub struct SweepReport {
     pub checkpoint_restarts: u64,
     /// Sessions the nodes' cluster agents gave up (a silent etcd connection).
     pub agent_giveups: u64,
+    /// Leaderships handed to the preferred replica (leader balance).
+    pub transfers: u64,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -231,6 +235,7 @@ impl SweepReport {
         self.seeds_with_expiry += u64::from(report.producers_expired > 0);
         self.checkpoint_restarts += report.checkpoint_restarts;
         self.agent_giveups += report.agent_giveups;
+        self.transfers += report.transfers;
     }
 
     fn add(&mut self, other: &SweepReport) {
@@ -246,6 +251,7 @@ impl SweepReport {
         self.seeds_with_expiry += other.seeds_with_expiry;
         self.checkpoint_restarts += other.checkpoint_restarts;
         self.agent_giveups += other.agent_giveups;
+        self.transfers += other.transfers;
     }
 }
 
@@ -256,7 +262,8 @@ impl fmt::Display for SweepReport {
             f,
             "{} seeds in {secs:.1} s ({:.0} seeds/s): {} events, {} durable acks, {} epochs, {} \
              crashes, {:.1} h simulated, {} ended unavailable (every in-sync replica lost), {} \
-             producers expired in {} seeds, {} restarts from a checkpoint, {} agent sessions given up; {:?}",
+             producers expired in {} seeds, {} restarts from a checkpoint, {} agent sessions given up, \
+             {} leaderships handed to the preferred replica; {:?}",
             self.seeds,
             self.seeds as f64 / secs.max(1e-9),
             self.events,
@@ -269,6 +276,7 @@ impl fmt::Display for SweepReport {
             self.seeds_with_expiry,
             self.checkpoint_restarts,
             self.agent_giveups,
+            self.transfers,
             self.stats
         )
     }
@@ -286,6 +294,7 @@ fn bug_env(bugs: InjectedBugs) -> String {
         (bugs.truncate_below_fed, "truncate_below_fed"),
         (bugs.propose_unbounded, "propose_unbounded"),
         (bugs.open_unplaced, "open_unplaced"),
+        (bugs.transfer_out_of_sync, "transfer_out_of_sync"),
     ];
     let names: Vec<&str> = flags.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
     if names.is_empty() {

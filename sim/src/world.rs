@@ -259,6 +259,7 @@ impl World {
             crashes: self.crashes,
             checkpoint_restarts: self.checkpoint_restarts,
             agent_giveups: self.agent_giveups,
+            transfers: self.etcd.transfers,
             unavailable: false,
             producers_expired: (0..self.nodes.len())
                 .filter_map(|n| self.replica(n).map(|r| r.log().producers_forgotten().0))
@@ -548,7 +549,7 @@ impl World {
                     let incarnation = self.nodes[n].incarnation;
                     self.schedule(at, Event::DiskDone { node: n, incarnation });
                 }
-                Action::Propose { expected_version, epoch, isr, .. } => {
+                Action::Propose { expected_version, epoch, isr, transfer_to, .. } => {
                     let Some(leader) = self.replica(n).map(Replica::id) else { continue };
                     self.propose(
                         n,
@@ -557,6 +558,7 @@ impl World {
                             leader,
                             epoch,
                             isr: isr.into_iter().collect(),
+                            transfer_to,
                         },
                     )?;
                 }
@@ -730,13 +732,16 @@ impl World {
         Ok(())
     }
 
-    /// A node acks only while etcd still holds its lease and names it leader of `epoch`: a
-    /// leader whose lease or epoch is gone has stopped acking.
+    /// A node acks only while etcd still holds its lease and names it leader of `epoch` (or
+    /// it handed `epoch` on by a leadership transfer and has not learned yet: what it commits
+    /// the new leader holds): a leader whose lease is gone, or replaced by an election, has
+    /// stopped acking.
     fn check_fenced_in_time(&self, n: usize, epoch: Epoch) -> Result<(), String> {
         let node = &self.nodes[n];
         let group = &self.etcd.group;
         let live = node.lease.is_some_and(|l| self.etcd.lease_live(l, self.now));
-        if !live || group.leader != Some(node.id) || group.epoch != epoch {
+        let current = group.leader == Some(node.id) && group.epoch == epoch;
+        if !live || !(current || self.etcd.handed_on(epoch, node.id)) {
             return Err(format!(
                 "{} acked in {epoch} at t={} ms but etcd has lease live {live}, leader {:?} in {}",
                 node.id, self.now.0, group.leader, group.epoch
@@ -822,7 +827,7 @@ impl World {
                 self.reply(from, incarnation, Packet::Lease { lease, sent_at });
             }
             Packet::Propose { proposal, token } => {
-                if self.etcd.propose(self.now, &proposal) {
+                if self.etcd.propose(self.now, &proposal, self.opts.bugs.transfer_out_of_sync) {
                     self.broadcast_group();
                 } else {
                     self.reply(from, incarnation, self.group_packet());
@@ -1131,6 +1136,9 @@ fn sim_config(replicas: usize) -> ReplicaConfig {
             expiry_ms: SIM_PRODUCER_EXPIRY_MS,
             ..ProducerLimits::default()
         },
+        // Leader balance on the simulation's time scale: a leader hands a shard back to its
+        // preferred replica after 300 ms, many times per seed.
+        preferred_leader_after_ms: Some(300),
         ..ReplicaConfig::for_replicas(replicas)
     }
 }

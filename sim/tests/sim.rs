@@ -124,6 +124,12 @@ fn checker_catches_proposals_piling_up() {
 }
 
 #[test]
+fn checker_catches_a_leadership_handed_to_a_replica_out_of_sync() {
+    // Leader balance without its in-sync condition: the new leader lacks committed batches.
+    find_violation(InjectedBugs { transfer_out_of_sync: true, ..InjectedBugs::default() }, 2_000);
+}
+
+#[test]
 fn checker_catches_replicas_opened_before_the_placement() {
     // fa9b380: replicas started from a deposed controller's record and kept when the placed
     // record names other replicas.

@@ -301,6 +301,7 @@ fn core_settings(
                 expiry_ms: args.producer_expiry.0,
                 max: args.max_producers_per_shard,
             },
+            leader_balance: args.leader_balance,
         }),
         data_dir: args.data_dir.clone(),
         cores: args.cores,

@@ -15,6 +15,8 @@ pub(super) struct LeaderState {
     pub(super) epoch: Epoch,
     /// The log end when it became leader: every batch committed before this epoch lies below.
     epoch_start: Offset,
+    /// When it became leader.
+    led_since: Time,
     followers: BTreeMap<ReplicaNumber, Progress>,
     pub(super) waiters: Vec<Waiter>,
 }
@@ -95,8 +97,13 @@ impl Replica {
             .filter(|&&n| n != self.id)
             .map(|&n| (n, Progress::new(now, end)))
             .collect();
-        let state =
-            LeaderState { epoch: group.epoch, epoch_start: end, followers, waiters: Vec::new() };
+        let state = LeaderState {
+            epoch: group.epoch,
+            epoch_start: end,
+            led_since: now,
+            followers,
+            waiters: Vec::new(),
+        };
         self.step_down(Role::Leader(state));
         self.committed = self.committed.min(end);
         self.stats.leaderships += 1;
@@ -296,6 +303,11 @@ impl Replica {
 
     /// Acknowledges every waiter whose mode is met, while the lease holds.
     pub(super) fn process_waiters(&mut self, now: Time) {
+        // While it hands its leadership on, a leader acks nothing: the next record names
+        // another leader, and appends waiting then are answered `OutcomeUnknown`.
+        if self.proposal.as_ref().is_some_and(|(p, _)| p.transfer_to.is_some()) {
+            return;
+        }
         let lease_holds = self.lease_holds(now);
         let insync_ok = self.quorum().len() >= self.config.min_insync;
         let (committed, written) = (self.committed, self.disk.written_end());
@@ -338,6 +350,7 @@ impl Replica {
             self.send_fetch_reply(now, node, from);
         }
         self.maybe_shrink_isr(now);
+        self.maybe_hand_to_preferred(now);
         self.retry_proposal(now);
         self.process_waiters(now);
     }
@@ -382,8 +395,49 @@ impl Replica {
         }
     }
 
+    /// Leader balance: hands the leadership to the shard's preferred replica (the first of its
+    /// replicas) once this replica has led for `preferred_leader_after_ms` and the preferred
+    /// one is in sync, answering, durably holds everything committed and was caught up with
+    /// the log end within a long poll and a silence (`fetch_park_max_ms` +
+    /// `follower_silence_ms`: an idle shard's follower fetches that often), so that few
+    /// appends in flight are lost to the change (those are refused `OutcomeUnknown` and sent
+    /// again by their clients).
+    fn maybe_hand_to_preferred(&mut self, now: Time) {
+        let Some(after_ms) = self.config.preferred_leader_after_ms else { return };
+        let recent_ms = self.config.fetch_park_max_ms + self.config.follower_silence_ms;
+        let Some(group) = &self.group else { return };
+        let Role::Leader(state) = &self.role else { return };
+        let Some(&preferred) = group.replicas.first() else { return };
+        if preferred == self.id || now.since_ms(state.led_since) < after_ms {
+            return;
+        }
+        let Some(p) = state.followers.get(&preferred) else { return };
+        let silent =
+            p.answered_at.is_some_and(|t| now.since_ms(t) > self.config.follower_silence_ms);
+        let ready = group.isr.contains(&preferred)
+            && !silent
+            && p.durable_end >= self.committed
+            && now.since_ms(p.caught_up_at) <= recent_ms;
+        if !ready && !self.bugs.transfer_out_of_sync {
+            return;
+        }
+        let isr = group.isr.clone();
+        self.propose_change(now, isr, Some(preferred));
+    }
+
     /// Sends an in-sync-set proposal unless one is pending.
     fn propose(&mut self, now: Time, isr: BTreeSet<ReplicaNumber>) {
+        self.propose_change(now, isr, None);
+    }
+
+    /// Sends an in-sync-set proposal, or with `transfer_to` a leadership transfer, unless a
+    /// proposal is pending.
+    fn propose_change(
+        &mut self,
+        now: Time,
+        isr: BTreeSet<ReplicaNumber>,
+        transfer_to: Option<ReplicaNumber>,
+    ) {
         let Some(group) = &self.group else { return };
         let Role::Leader(state) = &self.role else { return };
         if self.proposal.is_some() {
@@ -394,6 +448,7 @@ impl Replica {
             leader: self.id,
             epoch: state.epoch,
             isr,
+            transfer_to,
         };
         self.proposal = Some((proposal.clone(), now));
         self.stats.isr_proposals += 1;
@@ -406,11 +461,22 @@ impl Replica {
             return;
         }
         let Some((p, sent)) = &mut self.proposal else { return };
-        if now.since_ms(*sent) >= retry_ms {
-            *sent = now;
-            let again = p.clone();
-            self.outbox.push_back(Output::Propose(again));
+        if now.since_ms(*sent) < retry_ms {
+            return;
         }
+        if p.transfer_to.is_some() {
+            // A transfer unanswered for that long is given up (the target's lease may have
+            // changed): the leader acks again and tries later.
+            self.proposal = None;
+            if let Role::Leader(state) = &mut self.role {
+                state.led_since = now;
+            }
+            self.process_waiters(now);
+            return;
+        }
+        *sent = now;
+        let again = p.clone();
+        self.outbox.push_back(Output::Propose(again));
     }
 }
 

@@ -72,6 +72,8 @@ pub struct ReplicationSettings {
     /// How long and how many idempotent producers each replicated shard remembers
     /// (`--producer-expiry`, `--max-producers-per-shard`).
     pub producers: felix_replication::ProducerLimits,
+    /// Leader balance (`--leader-balance`): leaderships go back to the preferred replicas.
+    pub leader_balance: bool,
 }
 
 /// What the shell needs of its core, and nothing more: a replicated stream's stored log on
@@ -140,7 +142,14 @@ impl ReplicationShell {
         }
         let mut tls = crate::net::tls::quic_client_config(&settings.peer_ca, Some(&identity))?;
         tls.transport_config(Arc::new(peer::transport()));
-        let config = ReplicaConfig { producers: settings.producers, ..ReplicaConfig::default() };
+        let defaults = ReplicaConfig::default();
+        let config = ReplicaConfig {
+            producers: settings.producers,
+            preferred_leader_after_ms: defaults
+                .preferred_leader_after_ms
+                .filter(|_| settings.leader_balance),
+            ..defaults
+        };
         let limits = Limits {
             resident_bytes: settings.resident_bytes,
             retry_open_ms: REPLICA_RETRY_MS,
@@ -372,8 +381,8 @@ impl ReplicationShell {
                     shell.answer(request, Err(error));
                 }
             }
-            Action::Propose { key, expected_version, epoch, isr } => {
-                self.propose(key, expected_version, epoch, isr)
+            Action::Propose { key, expected_version, epoch, isr, transfer_to } => {
+                self.propose(key, expected_version, epoch, isr, transfer_to)
             }
             Action::Tail { key, batches } => {
                 if let Some(shell) = self.shell(&key.stream, key.shard) {
@@ -453,13 +462,20 @@ impl ReplicationShell {
         expected_version: u64,
         epoch: felix_replication::Epoch,
         isr: Vec<felix_cluster::NodeId>,
+        transfer_to: Option<felix_cluster::NodeId>,
     ) {
         let (host, agent) = (self.clone(), self.agent.clone());
         let version = i64::try_from(expected_version).unwrap_or(i64::MAX);
         glommio::spawn_local(async move {
-            let proposed = agent.propose_isr(&key.stream, key.shard, version, epoch.0, isr).await;
+            let (stream, shard) = (&key.stream, key.shard);
+            let proposed = match transfer_to {
+                None => agent.propose_isr(stream, shard, version, epoch.0, isr).await,
+                Some(to) => {
+                    agent.transfer_leadership(stream, shard, version, epoch.0, isr, to).await
+                }
+            };
             if let Err(e) = proposed {
-                tracing::debug!(stream = %key.stream, shard = key.shard, error = %e, "in-sync set proposal refused");
+                tracing::debug!(%stream, shard, error = %e, "in-sync set proposal refused");
             }
             host.driver.borrow_mut().proposal_done(&key);
         })

@@ -717,3 +717,64 @@ async fn readiness_follows_the_lease_while_health_stays_live() {
     assert!(hosts.unisolate(0));
     until(&nodes[0], "ready again", &|p| p.starts_with("HTTP/1.1 200"));
 }
+
+/// An AlterStream through one broker changes the retention on every broker: its cores' logs
+/// and its local copy of the definition (each within the reconciler's 500 ms), and describing
+/// the stream on any broker shows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_altered_retention_reaches_every_broker() {
+    use felix_proto::{AlterStream, DescribeStream, StreamChanges};
+    let hosts = std::rc::Rc::new(Hosts::new(3));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let root = tempfile::tempdir().unwrap();
+    let (nodes, mut raws) = start_three(&hosts, root.path(), &etcd.client_url).await;
+    let stream = "acme/app/kept";
+    create_and_place(&mut raws, stream, 3).await;
+    let describe = |id: u64| {
+        Frame::DescribeStream(DescribeStream { request_id: RequestId(id), stream: stream.into() })
+    };
+    // Each broker opens the stream (its copy of the definition) before the change.
+    for raw in raws.iter_mut() {
+        match raw.ask(describe(2)).await {
+            Frame::StreamInfo(i) => assert_eq!(i.retention, Retention::default()),
+            other => panic!("{other:?}"),
+        }
+    }
+    let changes = StreamChanges { retention_bytes: Some(64 << 20), ..Default::default() };
+    let alter = Frame::AlterStream(AlterStream {
+        request_id: RequestId(3),
+        stream: stream.into(),
+        changes,
+    });
+    match raws[1].ask(alter).await {
+        Frame::StreamInfo(i) => assert_eq!(i.retention.bytes_max, Some(64 << 20)),
+        other => panic!("{other:?}"),
+    }
+    let deadline = Instant::now() + WAIT;
+    for (raw, node) in raws.iter_mut().zip(&nodes) {
+        loop {
+            let seen = match raw.ask(describe(4)).await {
+                Frame::StreamInfo(i) => i.retention.bytes_max,
+                other => panic!("{other:?}"),
+            };
+            let kept: Vec<String> = std::fs::read_dir(node.dir.join("streams"))
+                .unwrap()
+                .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())
+                .filter(|d| d.contains(stream))
+                .collect();
+            let recorded = kept.iter().any(|d| d.contains("retention_bytes = 67108864"));
+            if seen == Some(64 << 20) && recorded {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{}: describes {seen:?}, local definition {kept:?}",
+                node.id
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    drop(raws);
+    drop(nodes);
+    drop(etcd);
+}

@@ -188,3 +188,36 @@ async fn an_altered_retention_deletes_old_segments_and_survives_a_restart() {
     let altered = client.alter_stream(stream, unlimited).await.unwrap();
     assert_eq!(altered.retention, Retention::default());
 }
+
+/// A delete a stop interrupted (its definition set aside as `.deleting`, its logs still there)
+/// is finished at the next start: the logs go, and a new stream of that name starts empty
+/// instead of opening them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_interrupted_by_a_stop_is_finished_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut broker = TestBroker::start(dir.path(), 2, &[]);
+    let client = broker.client().await;
+    let stream = "acme/app/halfway";
+    client.create_stream(stream, 2, Retention::default()).await.unwrap();
+    publish(&client, stream, 0, 20, 100).await;
+    client.close();
+    broker.stop();
+    // What a crash between the two steps of a delete leaves.
+    let name = storage_name(stream);
+    let definition = dir.path().join("streams").join(format!("{name}.meta"));
+    assert!(definition.exists(), "{definition:?}");
+    let deleting = dir.path().join("streams").join(format!("{name}.meta.deleting"));
+    std::fs::rename(&definition, &deleting).unwrap();
+    let left = paths_named(dir.path(), &name);
+    assert!(left.len() >= 2, "logs are left: {left:?}");
+    let broker = TestBroker::start(dir.path(), 2, &[]);
+    assert_eq!(paths_named(dir.path(), &name), Vec::<PathBuf>::new(), "the delete was finished");
+    let client = broker.client().await;
+    publish(&client, stream, 500, 3, 100).await;
+    let mut sub =
+        client.subscribe(SubscribeOptions::new(stream).start(StartAt::Earliest)).await.unwrap();
+    let mut got: Vec<usize> =
+        read(&mut sub, 3).await.iter().map(|r| value_index(&r.value)).collect();
+    got.sort_unstable();
+    assert_eq!(got, vec![500, 501, 502], "only the new stream's records");
+}

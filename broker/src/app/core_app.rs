@@ -447,9 +447,7 @@ impl CoreApp {
                 WireError::new(ErrorCode::StreamNotFound, format!("no stream {name}"))
             })?,
         };
-        // The definition first, so that no core opens the stream again from it.
-        self.settings.quota.remove(data_dir, &parsed).map_err(|e| meta_error(&e))?;
-        self.on_every_core(name, StreamOp::Drop).await?;
+        self.delete_local_copy(&parsed).await?;
         tracing::info!(stream = %name, "stream deleted");
         Ok(gone)
     }
@@ -535,26 +533,20 @@ impl CoreApp {
         }
     }
 
-    /// In a cluster, every [`RECONCILE_MS`]: this core's copies of deleted streams are
-    /// deleted, and a retention altered on another broker is applied to them.
+    /// In a cluster, every [`RECONCILE_MS`]: core 0 deletes this broker's copies of streams a
+    /// tombstone covers ([`CoreApp::delete_covered_copies`]), and every core applies a
+    /// retention altered on another broker to its logs (core 0 also to the local definition).
     pub async fn reconcile(self: Rc<Self>) {
         let Some(link) = self.cluster.clone() else { return };
+        let mut handled = std::collections::HashSet::new();
         while !self.stopping.get() {
             glommio::timer::sleep(Duration::from_millis(RECONCILE_MS)).await;
+            if self.core.0 == 0 {
+                self.delete_covered_copies(&link, &mut handled).await;
+            }
             for entry in self.streams.all() {
                 let name = entry.meta.name.as_str();
                 if link.is_deleted_copy(name, entry.incarnation) {
-                    let data_dir = &self.settings.data_dir;
-                    if let Err(e) = self.settings.quota.remove(data_dir, &entry.meta.name) {
-                        tracing::warn!(stream = %name, error = %e, "removing a deleted stream");
-                        continue;
-                    }
-                    match self.manage_local(name, StreamOp::Drop).await {
-                        Ok(()) => tracing::info!(stream = %name, core = self.core.0,
-                            "deleted this core's copy of a stream deleted in the cluster"),
-                        Err(e) => tracing::warn!(stream = %name, error = %e.message,
-                            "deleting a stream deleted in the cluster"),
-                    }
                     continue;
                 }
                 let Some(def) = link.view().streams.get(name).copied() else { continue };
@@ -571,6 +563,64 @@ impl CoreApp {
                 }
             }
         }
+    }
+
+    /// Deletes this broker's copy of every stream a tombstone of the view covers (each
+    /// tombstone looked at once, or again after a failure).
+    async fn delete_covered_copies(
+        self: &Rc<Self>,
+        link: &super::cluster::ClusterLink,
+        handled: &mut std::collections::HashSet<(String, i64)>,
+    ) {
+        let tombstones: Vec<(String, i64)> =
+            link.view().deleted.iter().map(|(n, t)| (n.clone(), t.incarnation)).collect();
+        for (name, incarnation) in tombstones {
+            if handled.contains(&(name.clone(), incarnation)) {
+                continue;
+            }
+            let Ok(parsed) = StreamName::parse(&name) else {
+                handled.insert((name, incarnation));
+                continue;
+            };
+            let data_dir = &self.settings.data_dir;
+            let local = match meta::load(data_dir, &parsed) {
+                Ok(Some(_)) => meta::incarnation(data_dir, &parsed),
+                Ok(None) => {
+                    handled.insert((name, incarnation));
+                    continue;
+                }
+                Err(e) => Err(e),
+            };
+            let covered = match local {
+                Ok(local) => link.is_deleted_copy(&name, local),
+                Err(e) => {
+                    tracing::warn!(stream = %name, error = %e, "reading a deleted stream's copy");
+                    continue;
+                }
+            };
+            if !covered {
+                handled.insert((name, incarnation));
+                continue;
+            }
+            match self.delete_local_copy(&parsed).await {
+                Ok(()) => {
+                    tracing::info!(stream = %name, "deleted this broker's copy of a stream deleted in the cluster");
+                    handled.insert((name, incarnation));
+                }
+                Err(e) => tracing::warn!(stream = %name, error = %e.message,
+                    "deleting a stream deleted in the cluster; trying again"),
+            }
+        }
+    }
+
+    /// Deletes this broker's copy of `name`: its definition is set aside first (nothing opens
+    /// the stream again), then every core's log, then the definition
+    /// ([`meta::begin_delete`], [`meta::finish_delete`]).
+    async fn delete_local_copy(self: &Rc<Self>, name: &StreamName) -> Result<(), WireError> {
+        let data_dir = &self.settings.data_dir;
+        self.settings.quota.begin_delete(data_dir, name).map_err(|e| meta_error(&e))?;
+        self.on_every_core(name.as_str(), StreamOp::Drop).await?;
+        meta::finish_delete(data_dir, name).map_err(|e| meta_error(&e))
     }
 
     async fn register(&self, m: StreamMeta) -> Result<Rc<StreamEntry>, WireError> {

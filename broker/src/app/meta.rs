@@ -124,11 +124,11 @@ impl TenantQuota {
         Ok((found, created))
     }
 
-    /// Removes `name`'s definition (as [`remove`] does) and gives its tenant the slot back.
-    /// Returns whether it existed.
-    pub fn remove(&self, data_dir: &Path, name: &StreamName) -> Result<bool, MetaError> {
+    /// Starts deleting `name` (as [`begin_delete`] does) and gives its tenant the slot back.
+    /// Returns whether it was defined.
+    pub fn begin_delete(&self, data_dir: &Path, name: &StreamName) -> Result<bool, MetaError> {
         let mut guard = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
-        let removed = remove(data_dir, name)?;
+        let removed = begin_delete(data_dir, name)?;
         if let (true, Some(counts)) = (removed, &mut *guard) {
             if let Some(n) = counts.get_mut(name.tenant()) {
                 *n = n.saturating_sub(1);
@@ -213,10 +213,19 @@ pub fn incarnation(data_dir: &Path, name: &StreamName) -> Result<Option<i64>, Me
     }
 }
 
-/// Removes `name`'s definition; `false` when there was none.
-pub fn remove(data_dir: &Path, name: &StreamName) -> Result<bool, MetaError> {
+/// Suffix of a definition whose stream is being deleted.
+const DELETING_SUFFIX: &str = ".deleting";
+
+/// The first step of deleting `name`: its definition is renamed `<definition>.deleting`
+/// (durably), so that nothing opens the stream again, while its logs are deleted; then
+/// [`finish_delete`]. A start-up that finds such a file finishes the delete
+/// ([`interrupted_deletes`]): a crash in between leaves no log directory without a
+/// definition, which a new stream of that name would otherwise open. `false` when `name` was
+/// not defined.
+pub fn begin_delete(data_dir: &Path, name: &StreamName) -> Result<bool, MetaError> {
     let path = meta_path(data_dir, name)?;
-    match std::fs::remove_file(&path) {
+    let deleting = deleting_path(&path);
+    match std::fs::rename(&path, &deleting) {
         Ok(()) => {
             sync_dir(path.parent().unwrap_or(data_dir))?;
             Ok(true)
@@ -224,6 +233,36 @@ pub fn remove(data_dir: &Path, name: &StreamName) -> Result<bool, MetaError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(MetaError::Io { path, source: e }),
     }
+}
+
+/// The last step of deleting `name`, once its logs are gone: its `.deleting` definition
+/// goes.
+pub fn finish_delete(data_dir: &Path, name: &StreamName) -> Result<(), MetaError> {
+    let deleting = deleting_path(&meta_path(data_dir, name)?);
+    match std::fs::remove_file(&deleting) {
+        Ok(()) => sync_dir(deleting.parent().unwrap_or(data_dir)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(MetaError::Io { path: deleting, source: e }),
+    }
+}
+
+/// The streams whose delete was interrupted (a `.deleting` definition is left).
+pub fn interrupted_deletes(data_dir: &Path) -> Result<Vec<StreamMeta>, MetaError> {
+    let dir = data_dir.join("streams");
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(&dir).map_err(io_err(&dir))? {
+        let path = entry.map_err(io_err(&dir))?.path();
+        if path.to_string_lossy().ends_with(DELETING_SUFFIX) {
+            out.push(read(&path)?);
+        }
+    }
+    Ok(out)
+}
+
+fn deleting_path(meta: &Path) -> PathBuf {
+    let mut s = meta.as_os_str().to_owned();
+    s.push(DELETING_SUFFIX);
+    PathBuf::from(s)
 }
 
 /// Replaces an existing definition by `meta` (an altered retention), keeping its
@@ -414,10 +453,19 @@ mod tests {
                 None
             )
             .is_err());
-        assert!(quota.remove(dir.path(), &altered.name).unwrap());
-        assert!(!quota.remove(dir.path(), &altered.name).unwrap());
+        assert!(quota.begin_delete(dir.path(), &altered.name).unwrap());
+        assert!(!quota.begin_delete(dir.path(), &altered.name).unwrap());
         assert_eq!(load(dir.path(), &altered.name).unwrap(), None);
+        assert_eq!(
+            load_all(dir.path()).unwrap(),
+            Vec::new(),
+            "a stream being deleted is not listed"
+        );
         assert_eq!(incarnation(dir.path(), &altered.name).unwrap(), None);
+        // Until its logs are gone, a start-up finds the delete to finish.
+        assert_eq!(interrupted_deletes(dir.path()).unwrap(), vec![altered.clone()]);
+        finish_delete(dir.path(), &altered.name).unwrap();
+        assert_eq!(interrupted_deletes(dir.path()).unwrap(), Vec::new());
         assert!(
             quota
                 .create(

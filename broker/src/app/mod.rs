@@ -266,6 +266,7 @@ fn check_startup(args: &ServeArgs) -> Result<crate::sys::lock::DataDirLock, Star
     check_port_free(args.listen)?;
     check_io_uring()?;
     meta::check_layout(&args.data_dir, args.cores).map_err(StartError::Layout)?;
+    finish_interrupted_deletes(&args.data_dir, args.cores).map_err(StartError::Layout)?;
     let max = core_app::max_shards(args.cores);
     if args.default_shards > max {
         return Err(StartError::DefaultShards {
@@ -275,6 +276,30 @@ fn check_startup(args: &ServeArgs) -> Result<crate::sys::lock::DataDirLock, Star
         });
     }
     Ok(lock)
+}
+
+/// Finishes the stream deletes a stop interrupted ([`meta::begin_delete`]): each core's log
+/// directory of the stream, then its set-aside definition, go.
+fn finish_interrupted_deletes(
+    data_dir: &std::path::Path,
+    cores: usize,
+) -> Result<(), meta::MetaError> {
+    for m in meta::interrupted_deletes(data_dir)? {
+        let dir_name = felix_storage::stream_dir_name(m.name.as_str()).map_err(|e| {
+            meta::MetaError::Corrupt { path: data_dir.join("streams"), why: e.to_string() }
+        })?;
+        for core in 0..cores {
+            let dir = data_dir.join(format!("core-{core}")).join(&dir_name);
+            match std::fs::remove_dir_all(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => return Err(meta::MetaError::Io { path: dir, source }),
+            }
+        }
+        meta::finish_delete(data_dir, &m.name)?;
+        eprintln!("felix: finished deleting stream {} (a stop interrupted its delete)", m.name);
+    }
+    Ok(())
 }
 
 /// What every core is told: limits, budgets, retention, tokens, the cluster agent.

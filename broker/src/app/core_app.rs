@@ -619,8 +619,12 @@ impl CoreApp {
     async fn delete_local_copy(self: &Rc<Self>, name: &StreamName) -> Result<(), WireError> {
         let data_dir = &self.settings.data_dir;
         self.settings.quota.begin_delete(data_dir, name).map_err(|e| meta_error(&e))?;
-        self.on_every_core(name.as_str(), StreamOp::Drop).await?;
-        meta::finish_delete(data_dir, name).map_err(|e| meta_error(&e))
+        let dropped = self.on_every_core(name.as_str(), StreamOp::Drop).await;
+        if dropped.is_err() {
+            // Set aside until a retry (or the next start) finishes it; the name stays taken.
+            return dropped;
+        }
+        self.settings.quota.finish_delete(data_dir, name).map_err(|e| meta_error(&e))
     }
 
     async fn register(&self, m: StreamMeta) -> Result<Rc<StreamEntry>, WireError> {

@@ -277,6 +277,10 @@ pub fn storage_error(e: &StorageError) -> WireError {
 pub fn meta_error(e: &MetaError) -> WireError {
     match e {
         MetaError::TooManyStreams { .. } => WireError::new(ErrorCode::LimitReached, e.to_string()),
+        // Transient: the name is free once the delete is done.
+        MetaError::BeingDeleted { .. } => {
+            WireError::new(ErrorCode::ShardUnavailable, e.to_string())
+        }
         MetaError::Io { source, .. } if felix_storage::is_no_space(source) => {
             WireError::new(ErrorCode::StorageFull, DISK_FULL_MESSAGE)
         }

@@ -65,6 +65,12 @@ pub enum MetaError {
         /// Cores configured.
         wanted: usize,
     },
+    /// A stream of that name is being deleted: it can be created again once that is done.
+    #[error("stream {name} is being deleted; create it again once that is done")]
+    BeingDeleted {
+        /// The stream.
+        name: String,
+    },
     /// The tenant has as many streams as `--max-streams-per-tenant` allows.
     #[error("tenant {tenant} has {limit} streams, the most allowed (--max-streams-per-tenant)")]
     TooManyStreams {
@@ -84,12 +90,16 @@ pub enum MetaError {
 pub struct TenantQuota {
     max_streams: u32,
     counts: Mutex<Option<HashMap<String, u32>>>,
+    /// Streams being deleted ([`TenantQuota::begin_delete`]): not created again until done, so
+    /// that no core of this broker starts a new stream of the name while another still serves
+    /// the old one.
+    deleting: Mutex<std::collections::HashSet<String>>,
 }
 
 impl TenantQuota {
     /// A quota of `max_streams` streams per tenant.
     pub fn new(max_streams: u32) -> Self {
-        Self { max_streams, counts: Mutex::new(None) }
+        Self { max_streams, counts: Mutex::new(None), deleting: Mutex::default() }
     }
 
     /// Creates `meta` unless the stream exists (as [`create`] does), refusing with
@@ -102,6 +112,9 @@ impl TenantQuota {
     ) -> Result<(StreamMeta, bool), MetaError> {
         // A panic elsewhere while holding the lock leaves the counts as they were: still valid.
         let mut guard = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        if self.being_deleted(&meta.name) {
+            return Err(MetaError::BeingDeleted { name: meta.name.as_str().to_owned() });
+        }
         if let Some(found) = load(data_dir, &meta.name)? {
             return Ok((found, false));
         }
@@ -128,6 +141,10 @@ impl TenantQuota {
     /// Returns whether it was defined.
     pub fn begin_delete(&self, data_dir: &Path, name: &StreamName) -> Result<bool, MetaError> {
         let mut guard = self.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        self.deleting
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(name.as_str().to_owned());
         let removed = begin_delete(data_dir, name)?;
         if let (true, Some(counts)) = (removed, &mut *guard) {
             if let Some(n) = counts.get_mut(name.tenant()) {
@@ -210,6 +227,20 @@ pub fn incarnation(data_dir: &Path, name: &StreamName) -> Result<Option<i64>, Me
             .and_then(|v| v.trim().parse().ok())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(MetaError::Io { path, source: e }),
+    }
+}
+
+impl TenantQuota {
+    /// Ends a delete [`TenantQuota::begin_delete`] began (as [`finish_delete`] does): the name
+    /// may be created again.
+    pub fn finish_delete(&self, data_dir: &Path, name: &StreamName) -> Result<(), MetaError> {
+        let done = finish_delete(data_dir, name);
+        self.deleting.lock().unwrap_or_else(PoisonError::into_inner).remove(name.as_str());
+        done
+    }
+
+    fn being_deleted(&self, name: &StreamName) -> bool {
+        self.deleting.lock().unwrap_or_else(PoisonError::into_inner).contains(name.as_str())
     }
 }
 
@@ -462,9 +493,14 @@ mod tests {
             "a stream being deleted is not listed"
         );
         assert_eq!(incarnation(dir.path(), &altered.name).unwrap(), None);
-        // Until its logs are gone, a start-up finds the delete to finish.
+        // Until its logs are gone, a start-up finds the delete to finish, and the name is not
+        // created again.
         assert_eq!(interrupted_deletes(dir.path()).unwrap(), vec![altered.clone()]);
-        finish_delete(dir.path(), &altered.name).unwrap();
+        assert!(matches!(
+            quota.create(dir.path(), &altered, None),
+            Err(MetaError::BeingDeleted { .. })
+        ));
+        quota.finish_delete(dir.path(), &altered.name).unwrap();
         assert_eq!(interrupted_deletes(dir.path()).unwrap(), Vec::new());
         assert!(
             quota

@@ -619,11 +619,9 @@ impl CoreApp {
     async fn delete_local_copy(self: &Rc<Self>, name: &StreamName) -> Result<(), WireError> {
         let data_dir = &self.settings.data_dir;
         self.settings.quota.begin_delete(data_dir, name).map_err(|e| meta_error(&e))?;
-        let dropped = self.on_every_core(name.as_str(), StreamOp::Drop).await;
-        if dropped.is_err() {
-            // Set aside until a retry (or the next start) finishes it; the name stays taken.
-            return dropped;
-        }
+        // On a failure the definition stays set aside until the next start finishes the
+        // delete, and the name stays taken.
+        self.on_every_core(name.as_str(), StreamOp::Drop).await?;
         self.settings.quota.finish_delete(data_dir, name).map_err(|e| meta_error(&e))
     }
 

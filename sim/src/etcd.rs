@@ -171,6 +171,11 @@ impl Etcd {
         self.group.epoch > epoch && self.handed_on.get(&after) == Some(&leader)
     }
 
+    /// When `lease` expires, if etcd holds it.
+    pub fn lease_expiry(&self, lease: LeaseId) -> Option<Time> {
+        self.leases.get(&lease).map(|(_, expiry)| *expiry)
+    }
+
     /// Whether `lease` is live now.
     pub fn lease_live(&self, lease: LeaseId, now: Time) -> bool {
         self.leases.get(&lease).is_some_and(|(_, expiry)| *expiry > now)

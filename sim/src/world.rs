@@ -390,6 +390,12 @@ impl World {
                     node.agent.view_loaded();
                     if let (Some(lease), Some(until)) = (node.lease, node.agent.lease_valid_until())
                     {
+                        if std::env::var_os("FELIX_SIM_TRACE_LEASE").is_some() {
+                            eprintln!(
+                                "t={} {} lease {lease:?} valid until {until:?} (view loaded)",
+                                now.0, node.id
+                            );
+                        }
                         driver.handle_lease(now, Some((lease, until)));
                     }
                 }
@@ -414,8 +420,21 @@ impl World {
                     self.send(Addr::Node(id), Addr::Etcd, Packet::ReadGroup);
                     return self.drain(n);
                 }
+                // An answer to a keep-alive sent before this session started belongs to the
+                // connection the session replaced: the broker's agent never reads it on its new
+                // keep-alive stream, and crediting it to this session's oldest send would stretch
+                // the lease past etcd's expiry (seed 20,664,296: n1 acked 40 ms after etcd let its
+                // lease go).
+                if sent_at < node.session_at {
+                    return Ok(());
+                }
                 match node.agent.keepalive_answered(Some(ttl)) {
-                    Ok(Some(until)) => driver.handle_lease(now, Some((lease, until))),
+                    Ok(Some(until)) => {
+                        if std::env::var_os("FELIX_SIM_TRACE_LEASE").is_some() {
+                            eprintln!("t={} {} lease {lease:?} valid until {until:?} (answer to {sent_at:?})", now.0, node.id);
+                        }
+                        driver.handle_lease(now, Some((lease, until)))
+                    }
                     Ok(None) => {}
                     Err(_) => node.agent.session_ended(),
                 }
@@ -742,9 +761,11 @@ impl World {
         let live = node.lease.is_some_and(|l| self.etcd.lease_live(l, self.now));
         let current = group.leader == Some(node.id) && group.epoch == epoch;
         if !live || !(current || self.etcd.handed_on(epoch, node.id)) {
+            let expiry = node.lease.and_then(|l| self.etcd.lease_expiry(l));
             return Err(format!(
-                "{} acked in {epoch} at t={} ms but etcd has lease live {live}, leader {:?} in {}",
-                node.id, self.now.0, group.leader, group.epoch
+                "{} acked in {epoch} at t={} ms but etcd has lease live {live} ({:?}, expiring \
+                 {expiry:?}), leader {:?} in {}",
+                node.id, self.now.0, node.lease, group.leader, group.epoch
             ));
         }
         Ok(())

@@ -135,3 +135,12 @@ fn checker_catches_replicas_opened_before_the_placement() {
     // record names other replicas.
     find_violation(InjectedBugs { open_unplaced: true, ..InjectedBugs::default() }, 2_000);
 }
+
+#[test]
+fn an_answer_to_a_keepalive_of_the_replaced_connection_credits_nothing() {
+    // Seed 20,664,296 (the long run of 2026-12-07): an answer to a keep-alive sent before the
+    // session started was credited to the session's first send, stretching the lease 50 ms past
+    // etcd's expiry, and the leader acked after another was elected (the simulator's model of
+    // the agent, not the agent: its new keep-alive stream never reads the old one's answers).
+    sim::run_seed(20_664_296, &SimOptions::default()).expect("the seed passes");
+}

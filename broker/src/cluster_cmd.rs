@@ -256,28 +256,28 @@ fn owners(p: &StreamPlacement, st: &felix_cluster::StreamStatus) -> String {
 
 /// The cluster as the broker whose admin endpoint is `addr` sees it (`http://addr/cluster`).
 fn fetch_status(addr: &str) -> Result<ClusterStatus, String> {
+    let text = get_page(addr, "/cluster")?;
+    serde_json::from_str(&text).map_err(|e| format!("not a cluster status: {e}"))
+}
+
+/// `http://addr<path>` from a broker's admin endpoint, within [`SCRAPE_TIMEOUT_MS`] and
+/// [`SCRAPE_BYTES_MAX`].
+fn get_page(addr: &str, path: &str) -> Result<String, String> {
     let agent = ureq::AgentBuilder::new().timeout(Duration::from_millis(SCRAPE_TIMEOUT_MS)).build();
-    let resp = agent.get(&format!("http://{addr}/cluster")).call().map_err(|e| e.to_string())?;
+    let resp = agent.get(&format!("http://{addr}{path}")).call().map_err(|e| e.to_string())?;
     let mut text = String::new();
     std::io::Read::read_to_string(
         &mut std::io::Read::take(resp.into_reader(), SCRAPE_BYTES_MAX),
         &mut text,
     )
     .map_err(|e| e.to_string())?;
-    serde_json::from_str(&text).map_err(|e| format!("not a cluster status: {e}"))
+    Ok(text)
 }
 
 /// Reads the per-core counters and the replication lag the status shows from
 /// `http://addr/metrics`.
 fn scrape(addr: &str) -> Result<Scraped, String> {
-    let agent = ureq::AgentBuilder::new().timeout(Duration::from_millis(SCRAPE_TIMEOUT_MS)).build();
-    let resp = agent.get(&format!("http://{addr}/metrics")).call().map_err(|e| e.to_string())?;
-    let mut text = String::new();
-    std::io::Read::read_to_string(
-        &mut std::io::Read::take(resp.into_reader(), SCRAPE_BYTES_MAX),
-        &mut text,
-    )
-    .map_err(|e| e.to_string())?;
+    let text = get_page(addr, "/metrics")?;
     let mut cores: std::collections::BTreeMap<u16, CoreLoad> = Default::default();
     let mut lag: std::collections::BTreeMap<(String, u32, String), FollowerLag> =
         Default::default();

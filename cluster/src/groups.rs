@@ -268,7 +268,7 @@ pub async fn propose_isr(
 ) -> Result<ShardGroup, ClusterError> {
     let key = keys::group(cluster, stream, shard);
     let current = read(client, cluster, stream, shard).await?;
-    let mut next = isr_change(&current, proposer, lease, expected_version, epoch, isr)?;
+    let next = isr_change(&current, proposer, lease, expected_version, epoch, isr)?;
     let member = keys::member(cluster, proposer.as_str());
     let txn = Txn::new()
         .when([
@@ -276,16 +276,7 @@ pub async fn propose_isr(
             Compare::lease(member.as_str(), CompareOp::Equal, lease),
         ])
         .and_then([TxnOp::put(key.as_str(), next.to_json(), None)]);
-    let resp = client.txn(txn).await?;
-    if resp.succeeded() {
-        next.version = resp.header().map_or(0, |h| h.revision());
-        return Ok(next);
-    }
-    let now = read(client, cluster, stream, shard).await?;
-    if now.version != expected_version {
-        return Err(stale(expected_version, now.version));
-    }
-    Err(ClusterError::Fenced)
+    write_or_explain(client, cluster, stream, shard, txn, next, expected_version).await
 }
 
 /// `proposer` (holding etcd lease `lease`, the leader of `epoch`) hands the leadership of
@@ -316,7 +307,7 @@ pub async fn transfer_leadership(
         Some(kv) if kv.lease() != 0 => kv.lease(),
         _ => return Err(ClusterError::Fenced),
     };
-    let mut next = leadership_transfer(
+    let next = leadership_transfer(
         &current,
         proposer,
         lease,
@@ -334,6 +325,21 @@ pub async fn transfer_leadership(
             Compare::lease(target_member.as_str(), CompareOp::Equal, target_lease),
         ])
         .and_then([TxnOp::put(key.as_str(), next.to_json(), None)]);
+    write_or_explain(client, cluster, stream, shard, txn, next, expected_version).await
+}
+
+/// Runs a leader's compare-and-swap `txn` writing `next` over version `expected_version`:
+/// the new record (its version the write's revision), or why it failed: `Cas(StaleVersion)`
+/// when the record moved on, `Fenced` otherwise (a member key not on the lease compared).
+async fn write_or_explain(
+    client: &mut Client,
+    cluster: &str,
+    stream: &str,
+    shard: u32,
+    txn: Txn,
+    mut next: ShardGroup,
+    expected_version: i64,
+) -> Result<ShardGroup, ClusterError> {
     let resp = client.txn(txn).await?;
     if resp.succeeded() {
         next.version = resp.header().map_or(0, |h| h.revision());

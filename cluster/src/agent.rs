@@ -155,6 +155,17 @@ impl AgentClient {
         self.views.clone()
     }
 
+    /// Sends the agent's thread the command `make` builds around a reply channel, and waits
+    /// for the answer (`Stopped` once the agent has ended).
+    async fn ask<R>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<Result<R, ClusterError>>) -> Command,
+    ) -> Result<R, ClusterError> {
+        let (reply, rx) = oneshot::channel();
+        self.commands.send(make(reply)).await.map_err(|_| ClusterError::Stopped)?;
+        rx.await.map_err(|_| ClusterError::Stopped)?
+    }
+
     /// See [`AgentHandle::create_stream`].
     pub async fn create_stream(
         &self,
@@ -176,20 +187,15 @@ impl AgentClient {
         if replicas == 0 || replicas > placement::REPLICAS_MAX {
             return Err(PlacementError::BadReplicas(replicas).into());
         }
-        let (reply, rx) = oneshot::channel();
-        let cmd = Command::CreateStream { name: name.to_owned(), def, replicas, reply };
-        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
-        rx.await.map_err(|_| ClusterError::Stopped)?
+        self.ask(|reply| Command::CreateStream { name: name.to_owned(), def, replicas, reply })
+            .await
     }
 
     /// Deletes `name` cluster-wide: its definition, placement and replica groups go in one
     /// etcd transaction that writes its tombstone ([`crate::Tombstone`]); every broker then
     /// deletes its copy. Returns the definition it had.
     pub async fn delete_stream(&self, name: &str) -> Result<StreamDef, ClusterError> {
-        let (reply, rx) = oneshot::channel();
-        let cmd = Command::DeleteStream { name: name.to_owned(), reply };
-        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
-        rx.await.map_err(|_| ClusterError::Stopped)?
+        self.ask(|reply| Command::DeleteStream { name: name.to_owned(), reply }).await
     }
 
     /// Replaces `name`'s definition by `def` (shard count unchanged), a compare-and-swap on
@@ -199,10 +205,7 @@ impl AgentClient {
         name: &str,
         def: StreamDef,
     ) -> Result<StreamDef, ClusterError> {
-        let (reply, rx) = oneshot::channel();
-        let cmd = Command::AlterStream { name: name.to_owned(), def, reply };
-        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
-        rx.await.map_err(|_| ClusterError::Stopped)?
+        self.ask(|reply| Command::AlterStream { name: name.to_owned(), def, reply }).await
     }
 
     /// As the leader of `epoch` of the group of `shard` of `stream`, hands the next epoch to
@@ -217,8 +220,7 @@ impl AgentClient {
         isr: Vec<NodeId>,
         target: NodeId,
     ) -> Result<ShardGroup, ClusterError> {
-        let (reply, rx) = oneshot::channel();
-        let cmd = Command::TransferLeadership {
+        self.ask(|reply| Command::TransferLeadership {
             stream: stream.to_owned(),
             shard,
             expected_version,
@@ -226,17 +228,13 @@ impl AgentClient {
             isr,
             target,
             reply,
-        };
-        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
-        rx.await.map_err(|_| ClusterError::Stopped)?
+        })
+        .await
     }
 
     /// See [`AgentHandle::mark_peers_verified`].
     pub async fn mark_peers_verified(&self) -> Result<(), ClusterError> {
-        let (reply, rx) = oneshot::channel();
-        let cmd = Command::MarkPeersVerified { reply };
-        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
-        rx.await.map_err(|_| ClusterError::Stopped)?
+        self.ask(|reply| Command::MarkPeersVerified { reply }).await
     }
 
     /// As the leader of `epoch` of the group of `shard` of `stream`, changes its in-sync set
@@ -253,17 +251,15 @@ impl AgentClient {
         epoch: u64,
         isr: Vec<NodeId>,
     ) -> Result<ShardGroup, ClusterError> {
-        let (reply, rx) = oneshot::channel();
-        let cmd = Command::ProposeIsr {
+        self.ask(|reply| Command::ProposeIsr {
             stream: stream.to_owned(),
             shard,
             expected_version,
             epoch,
             isr,
             reply,
-        };
-        self.commands.send(cmd).await.map_err(|_| ClusterError::Stopped)?;
-        rx.await.map_err(|_| ClusterError::Stopped)?
+        })
+        .await
     }
 }
 

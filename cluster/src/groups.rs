@@ -159,24 +159,37 @@ pub fn isr_change(
     isr: &[NodeId],
 ) -> Result<ShardGroup, ClusterError> {
     let mut state = group.state()?;
-    let leader =
-        group.number(proposer).ok_or_else(|| ClusterError::NotReplica(proposer.clone()))?;
-    let isr = isr
-        .iter()
-        .map(|n| group.number(n).ok_or(ClusterError::Cas(CasError::InvalidIsr)))
-        .collect::<Result<BTreeSet<_>, _>>()?;
-    let proposal = IsrProposal {
-        expected_version: u64::try_from(expected_version).unwrap_or(0),
-        leader,
-        epoch: Epoch(epoch),
-        isr,
-        transfer_to: None,
-    };
+    let proposal = proposal_of(group, proposer, expected_version, epoch, isr, None)?;
     state.apply_isr(&proposal)?;
     if group.leader_lease != Some(lease) {
         return Err(ClusterError::Fenced);
     }
     Ok(group.with_state(&state))
+}
+
+/// `proposer`'s proposal against `group`, its brokers as the group's replica numbers: a
+/// broker outside the group is `NotReplica` (a member of `isr`: `Cas(InvalidIsr)`).
+fn proposal_of(
+    group: &ShardGroup,
+    proposer: &NodeId,
+    expected_version: i64,
+    epoch: u64,
+    isr: &[NodeId],
+    transfer_to: Option<&NodeId>,
+) -> Result<IsrProposal, ClusterError> {
+    let number = |n: &NodeId| group.number(n).ok_or_else(|| ClusterError::NotReplica(n.clone()));
+    let leader = number(proposer)?;
+    let isr = isr
+        .iter()
+        .map(|n| group.number(n).ok_or(ClusterError::Cas(CasError::InvalidIsr)))
+        .collect::<Result<BTreeSet<_>, _>>()?;
+    Ok(IsrProposal {
+        expected_version: u64::try_from(expected_version).unwrap_or(0),
+        leader,
+        epoch: Epoch(epoch),
+        isr,
+        transfer_to: transfer_to.map(number).transpose()?,
+    })
 }
 
 /// The pure leadership-transfer rule: `proposer` (the leader of `epoch`, holding `lease`)
@@ -196,18 +209,7 @@ pub fn leadership_transfer(
     target_lease: i64,
 ) -> Result<ShardGroup, ClusterError> {
     let mut state = group.state()?;
-    let number = |n: &NodeId| group.number(n).ok_or_else(|| ClusterError::NotReplica(n.clone()));
-    let isr = isr
-        .iter()
-        .map(|n| group.number(n).ok_or(ClusterError::Cas(CasError::InvalidIsr)))
-        .collect::<Result<BTreeSet<_>, _>>()?;
-    let proposal = IsrProposal {
-        expected_version: u64::try_from(expected_version).unwrap_or(0),
-        leader: number(proposer)?,
-        epoch: Epoch(epoch),
-        isr,
-        transfer_to: Some(number(target)?),
-    };
+    let proposal = proposal_of(group, proposer, expected_version, epoch, isr, Some(target))?;
     state.apply_transfer(&proposal, LeaseId(target_lease as u64))?;
     if group.leader_lease != Some(lease) {
         return Err(ClusterError::Fenced);

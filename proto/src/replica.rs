@@ -52,12 +52,16 @@ pub enum ReplicaBody {
         /// The follower's fdatasync'd end.
         durable_end: Offset,
     },
-    /// Leader → follower: the batches after `from` (possibly none) and the commit point.
+    /// Leader → follower: the batches after `from` (possibly none), the commit point and the
+    /// log start.
     FetchReply {
         /// The offset the batches continue from.
         from: Offset,
         /// The leader's committed offset (high watermark).
         committed: Offset,
+        /// The shard's log start as the leader decided it (retention): replicas may delete
+        /// what lies below it.
+        log_start: Offset,
         /// The batches, in offset order, each starting where the previous one ends.
         batches: Vec<ReplicaBatch>,
     },
@@ -113,10 +117,11 @@ pub(crate) fn encode_replicate(m: &Replicate, dst: &mut BytesMut) {
             dst.put_u64(from.0);
             dst.put_u64(durable_end.0);
         }
-        ReplicaBody::FetchReply { from, committed, batches } => {
+        ReplicaBody::FetchReply { from, committed, log_start, batches } => {
             dst.put_u8(KIND_FETCH_REPLY);
             dst.put_u64(from.0);
             dst.put_u64(committed.0);
+            dst.put_u64(log_start.0);
             dst.put_u32(u32::try_from(batches.len()).unwrap_or(u32::MAX));
             // Room for every batch at once: growing on the way would copy the payloads again.
             let room: usize = batches.iter().map(|b| BATCH_BYTES_MIN + 12 + b.payload.len()).sum();
@@ -167,6 +172,7 @@ pub(crate) fn decode_replicate(r: &mut Reader, limits: &Limits) -> Result<Replic
         KIND_FETCH_REPLY => {
             let from = Offset(r.u64("from")?);
             let committed = Offset(r.u64("committed")?);
+            let log_start = Offset(r.u64("log_start")?);
             let count = r.u32("batch count")? as usize;
             if count > MAX_REPLICA_BATCHES {
                 return Err(DecodeError::FieldTooLong {
@@ -182,7 +188,7 @@ pub(crate) fn decode_replicate(r: &mut Reader, limits: &Limits) -> Result<Replic
             for _ in 0..count {
                 batches.push(batch(r, limits)?);
             }
-            ReplicaBody::FetchReply { from, committed, batches }
+            ReplicaBody::FetchReply { from, committed, log_start, batches }
         }
         other => return Err(DecodeError::InvalidValue { what: "kind", value: u64::from(other) }),
     };
@@ -233,7 +239,12 @@ mod tests {
             shard: ShardId(1),
             from: 2,
             epoch: 5,
-            body: ReplicaBody::FetchReply { from: Offset(0), committed: Offset(0), batches },
+            body: ReplicaBody::FetchReply {
+                from: Offset(0),
+                committed: Offset(0),
+                log_start: Offset(0),
+                batches,
+            },
         })
     }
 
@@ -295,7 +306,7 @@ mod tests {
 
         // A batch count the body cannot hold allocates nothing: it is refused first.
         let mut huge = fetch_reply(vec![]).to_bytes().to_vec();
-        let count_at = KIND_AT + 1 + 8 + 8;
+        let count_at = KIND_AT + 1 + 8 + 8 + 8;
         huge[count_at..count_at + 4].copy_from_slice(&1000u32.to_be_bytes());
         assert_eq!(decode(Bytes::from(huge)), Err(DecodeError::Truncated { what: "batches" }));
         let mut many = fetch_reply(vec![]).to_bytes().to_vec();

@@ -171,6 +171,7 @@ fn vectors() -> Vec<(&'static str, Frame)> {
                 body: ReplicaBody::FetchReply {
                     from: Offset(10),
                     committed: Offset(9),
+                    log_start: Offset(4),
                     batches: vec![ReplicaBatch {
                         epoch: 3,
                         base: Offset(10),

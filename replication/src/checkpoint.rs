@@ -5,13 +5,14 @@
 //! Layout (integers big-endian):
 //!
 //! ```text
-//! "FXREPCK1"                      magic and version
+//! "FXREPCK2"                      magic and version (a replica reads its whole log
+//!                                 instead of a checkpoint of another version)
 //! u32 body length, body, u32 CRC32C of the body
 //! body:
-//!   u64 batches, u64 end, u64 payload bytes
+//!   u64 origin, u64 batches, u64 end, u64 payload bytes
 //!   u64 last base, u32 last records, u64 last epoch     (the last archived batch)
 //!   u32 n, n x (u64 epoch, u64 first offset)             (epoch boundaries)
-//!   u32 n, n x (u64 offset, u64 bytes before it)         (byte marks)
+//!   u32 n, n x (u64 offset, u64 bytes before it, u64 time ms)   (byte marks)
 //!   u64 expiry ms, u64 max producers, u64 stamps, u64 clock ms, u64 expired, u64 evicted
 //!   u32 n, n x (u64 producer, u64 stamp, u64 last ms,
 //!               u8 k, k x (u32 seq, u64 base, u32 records))
@@ -29,7 +30,7 @@ use crate::log::Archive;
 use crate::producers::{Entry, ProducerLimits, ProducerTable};
 use crate::types::{Epoch, Offset, ProducerId, Seq};
 
-const MAGIC: &[u8; 8] = b"FXREPCK1";
+const MAGIC: &[u8; 8] = b"FXREPCK2";
 
 /// Why a checkpoint was not used.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -49,9 +50,11 @@ pub enum CheckpointError {
 /// The checkpoint of `archive`.
 pub(crate) fn encode(archive: &Archive) -> Vec<u8> {
     let mut body = Vec::with_capacity(
-        96 + 16 * (archive.epochs.len() + archive.marks.len())
+        104 + 16 * archive.epochs.len()
+            + 24 * archive.marks.len()
             + archive.producers.producers.len() * (25 + 16 * PRODUCER_SEQ_WINDOW),
     );
+    body.put_u64(archive.origin.0);
     body.put_u64(archive.batches);
     body.put_u64(archive.end.0);
     body.put_u64(archive.bytes);
@@ -65,9 +68,10 @@ pub(crate) fn encode(archive: &Archive) -> Vec<u8> {
         body.put_u64(at.0);
     }
     body.put_u32(archive.marks.len() as u32);
-    for &(at, before) in &archive.marks {
+    for &(at, before, time_ms) in &archive.marks {
         body.put_u64(at.0);
         body.put_u64(before);
+        body.put_u64(time_ms);
     }
     let t = &archive.producers;
     body.put_u64(t.limits.expiry_ms);
@@ -117,7 +121,8 @@ pub(crate) fn decode(bytes: &[u8], limits: ProducerLimits) -> Result<Archive, Ch
     }
     let mut b = body;
     let need = |b: &[u8], n: usize| if b.len() < n { Err(Malformed("cut short")) } else { Ok(()) };
-    need(b, 24 + 20 + 4)?;
+    need(b, 32 + 20 + 4)?;
+    let origin = Offset(b.get_u64());
     let (batches, end, payload) = (b.get_u64(), Offset(b.get_u64()), b.get_u64());
     let last = (Offset(b.get_u64()), b.get_u32(), Epoch(b.get_u64()));
     let n = b.get_u32() as usize;
@@ -126,8 +131,9 @@ pub(crate) fn decode(bytes: &[u8], limits: ProducerLimits) -> Result<Archive, Ch
         (0..n).map(|_| (Epoch(b.get_u64()), Offset(b.get_u64()))).collect();
     need(b, 4)?;
     let n = b.get_u32() as usize;
-    need(b, n.saturating_mul(16))?;
-    let marks: Vec<(Offset, u64)> = (0..n).map(|_| (Offset(b.get_u64()), b.get_u64())).collect();
+    need(b, n.saturating_mul(24))?;
+    let marks: Vec<crate::log::Mark> =
+        (0..n).map(|_| (Offset(b.get_u64()), b.get_u64(), b.get_u64())).collect();
     need(b, 48 + 4)?;
     let stored = ProducerLimits { expiry_ms: b.get_u64(), max: b.get_u64() as usize };
     if stored != limits {
@@ -164,7 +170,13 @@ pub(crate) fn decode(bytes: &[u8], limits: ProducerLimits) -> Result<Archive, Ch
         return Err(Malformed("bytes after the producer table"));
     }
     let epochs_ordered = epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1);
-    if batches == 0 || last.0 .0 + u64::from(last.1) != end.0 || last.1 == 0 || !epochs_ordered {
+    let inside = last.0 >= origin && marks.iter().all(|&(at, _, _)| at >= origin && at < end);
+    if batches == 0
+        || last.0 .0 + u64::from(last.1) != end.0
+        || last.1 == 0
+        || !epochs_ordered
+        || !inside
+    {
         return Err(Malformed("inconsistent archive"));
     }
     if epochs.last().is_none_or(|&(e, _)| e != last.2) {
@@ -172,7 +184,16 @@ pub(crate) fn decode(bytes: &[u8], limits: ProducerLimits) -> Result<Archive, Ch
     }
     table.producers = producers;
     table.by_age = by_age;
-    Ok(Archive { batches, end, bytes: payload, epochs, marks, last: Some(last), producers: table })
+    Ok(Archive {
+        origin,
+        batches,
+        end,
+        bytes: payload,
+        epochs,
+        marks,
+        last: Some(last),
+        producers: table,
+    })
 }
 
 #[cfg(test)]

@@ -52,6 +52,18 @@ pub struct ReplicaConfig {
     pub preferred_leader_after_ms: Option<u64>,
 }
 
+/// A replicated shard's retention ([`crate::Replica::apply_retention`]): its leader starts the
+/// log where it would hold at most `bytes_max` payload bytes and no batch older than
+/// `age_ms_max`; replicas delete below that start. Both `None`: keep everything.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retention {
+    /// Payload bytes one shard's log keeps at most (about: judged at batch boundaries, and at
+    /// about every `ARCHIVE_MARK_BYTES` in the archived prefix).
+    pub bytes_max: Option<u64>,
+    /// A batch older than this (its time, ms, against the caller's clock) may go.
+    pub age_ms_max: Option<u64>,
+}
+
 /// How long a leader that is not its shard's preferred replica leads before it hands the
 /// shard back (the default of [`ReplicaConfig::preferred_leader_after_ms`]): a broker that
 /// rejoined is caught up and has been in sync a while before it leads again.
@@ -115,12 +127,16 @@ pub struct InjectedBugs {
     /// caught up, and the controller (the simulator's etcd) takes the transfer without its
     /// in-sync check.
     pub transfer_out_of_sync: bool,
+    /// A leader starts its log where retention says without waiting for its followers to hold
+    /// the log that far (it bounds the start by its own commit point and durable end only).
+    pub retention_past_followers: bool,
 }
 
 impl InjectedBugs {
     /// Parses a comma-separated list of flag names (`commit_without_quorum`, `skip_truncation`,
     /// `skip_dedup`, `ignore_lease`, `visible_past_written`, `tail_past_written`,
-    /// `truncate_below_fed`, `propose_unbounded`, `open_unplaced`, `transfer_out_of_sync`); the
+    /// `truncate_below_fed`, `propose_unbounded`, `open_unplaced`, `transfer_out_of_sync`,
+    /// `retention_past_followers`); the
     /// empty string is no bug.
     pub fn parse(names: &str) -> Result<InjectedBugs, String> {
         let mut bugs = InjectedBugs::default();
@@ -136,6 +152,7 @@ impl InjectedBugs {
                 "propose_unbounded" => bugs.propose_unbounded = true,
                 "open_unplaced" => bugs.open_unplaced = true,
                 "transfer_out_of_sync" => bugs.transfer_out_of_sync = true,
+                "retention_past_followers" => bugs.retention_past_followers = true,
                 other => return Err(format!("unknown injected bug {other:?}")),
             }
         }

@@ -174,6 +174,8 @@ pub enum Action<N> {
         upto: Offset,
         /// The leader's committed offset.
         committed: Offset,
+        /// The leader's log start.
+        log_start: Offset,
         /// Bytes of batches at most (at least one batch).
         bytes_max: u64,
     },
@@ -373,7 +375,7 @@ impl<N: Clone + PartialEq + Debug> ShardDriver<N> {
                         Action::Send { key: key.clone(), to: node, from, message }
                     });
                 }
-                Output::FetchFromLog { to, epoch, from, upto, committed, bytes_max } => {
+                Output::FetchFromLog { to, epoch, from, upto, committed, log_start, bytes_max } => {
                     let Some(node) = self.node(to) else { continue };
                     out.push_back(Action::SendFromLog {
                         key: key.clone(),
@@ -383,6 +385,7 @@ impl<N: Clone + PartialEq + Debug> ShardDriver<N> {
                         start: from,
                         upto,
                         committed,
+                        log_start,
                         bytes_max,
                     });
                 }
@@ -808,6 +811,26 @@ impl<N: Clone + PartialEq + Debug> Driver<N> {
                 }
             }
             self.with_shard(&key, |s| s.replica.handle_tick(now));
+        }
+    }
+
+    /// Retention of every shard this core leads, each with its stream's limits
+    /// (`retention_of`) at `now_ms` ([`Replica::apply_retention`]); followers take their
+    /// leaders' starts from fetch replies. Each replica's start is then
+    /// `shard(..).replica().log_start()`: storage may delete below it.
+    pub fn apply_retention(
+        &mut self,
+        now_ms: u64,
+        retention_of: impl Fn(&str) -> crate::config::Retention,
+    ) {
+        for key in self.keys() {
+            let retention = retention_of(&key.stream);
+            if retention == crate::config::Retention::default() {
+                continue;
+            }
+            self.with_shard(&key, |s| {
+                s.replica.apply_retention(retention, now_ms);
+            });
         }
     }
 

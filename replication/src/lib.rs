@@ -74,7 +74,7 @@ pub mod types;
 pub mod wire;
 
 pub use checkpoint::CheckpointError;
-pub use config::{InjectedBugs, ReplicaConfig};
+pub use config::{InjectedBugs, ReplicaConfig, Retention};
 pub use controller::{GroupState, IsrProposal};
 pub use disk::{DiskOp, DiskOpId};
 pub use driver::{Action, Driver, GroupView, ShardDriver, ShardKey, StopReason, Submitted};

@@ -2,7 +2,10 @@
 //! derived from them, and the idempotent-producer table rebuilt from them.
 //!
 //! This is the state machine's in-memory copy; the driver mirrors every change to storage
-//! through [`crate::DiskOp`]s. Offsets are dense from 0 (no retention yet).
+//! through [`crate::DiskOp`]s. Offsets are dense from the log's origin (0, or the offset storage
+//! started at when the log was recovered after retention). The log start
+//! ([`ReplicaLog::start`]) is retention's: storage may have deleted what lies below it, which is
+//! committed and durable, so no truncation reaches it and no follower fetches it.
 //!
 //! Memory stays bounded on a long log: the driver releases old payloads
 //! ([`ReplicaLog::release_payloads`]) and archives old batches ([`ReplicaLog::archive`]). The
@@ -32,12 +35,17 @@ pub struct ReplicaLog {
     /// ([`Self::release_payloads`]).
     released: usize,
     archive: Archive,
+    /// Storage may have deleted the batches below this (retention): [`Self::start`].
+    start: Offset,
 }
 
 /// What the log keeps of its archived prefix ([`ReplicaLog::archive`]); what a checkpoint
 /// holds (`crate::checkpoint`).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Archive {
+    /// Where the log's batches begin: 0, or where storage started when the log was recovered
+    /// after retention ([`ReplicaLog::starting_at`]). `batches` counts from here.
+    pub(crate) origin: Offset,
     /// Batches archived.
     pub(crate) batches: u64,
     /// Offset one past the last archived record.
@@ -46,15 +54,18 @@ pub(crate) struct Archive {
     pub(crate) bytes: u64,
     /// The first offset of each epoch in the archive, in order.
     pub(crate) epochs: Vec<(Epoch, Offset)>,
-    /// `(base, payload bytes before it)` of an archived batch, about every
-    /// [`ARCHIVE_MARK_BYTES`], the first at offset 0.
-    pub(crate) marks: Vec<(Offset, u64)>,
+    /// `(base, payload bytes before it, its time in ms)` of an archived batch, about every
+    /// [`ARCHIVE_MARK_BYTES`], the first at the origin.
+    pub(crate) marks: Vec<Mark>,
     /// The last archived batch: `(base, records, epoch)` (a checkpoint is checked against
     /// storage with it).
     pub(crate) last: Option<(Offset, u32, Epoch)>,
     /// The producer table as of `end` (a truncation rebuilds the table from it).
     pub(crate) producers: ProducerTable,
 }
+
+/// An archived batch's place: its base, the payload bytes before it, its time (ms).
+pub(crate) type Mark = (Offset, u64, u64);
 
 /// What the idempotence table says about an incoming producer batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,6 +95,17 @@ impl ReplicaLog {
             archive: Archive { producers: table, ..Archive::default() },
             ..ReplicaLog::default()
         }
+    }
+
+    /// An empty log whose first batch will be at `start`: storage's first offset when retention
+    /// deleted what lay below (a replica recovered from such storage appends what follows).
+    /// What the log knows of epochs and producers begins there.
+    pub fn starting_at(start: Offset, limits: ProducerLimits) -> ReplicaLog {
+        let mut log = ReplicaLog::with_producer_limits(limits);
+        log.archive.origin = start;
+        log.archive.end = start;
+        log.start = start;
+        log
     }
 
     /// A log holding `batches` (as recovered from disk). Fails if they are not dense from 0 or
@@ -122,8 +144,13 @@ impl ReplicaLog {
     ) -> Result<(ReplicaLog, (Offset, u32, Epoch)), crate::checkpoint::CheckpointError> {
         let archive = crate::checkpoint::decode(bytes, limits)?;
         let last = archive.last.ok_or(crate::checkpoint::CheckpointError::Malformed("empty"))?;
-        let log =
-            ReplicaLog { producers: archive.producers.clone(), archive, ..ReplicaLog::default() };
+        let start = archive.origin;
+        let log = ReplicaLog {
+            producers: archive.producers.clone(),
+            archive,
+            start,
+            ..ReplicaLog::default()
+        };
         Ok((log, last))
     }
 
@@ -193,9 +220,84 @@ impl ReplicaLog {
         &self.batches
     }
 
-    /// Where the archived prefix ends (0 while nothing is archived).
+    /// Where the archived prefix ends (the origin while nothing is archived).
     pub fn archived_end(&self) -> Offset {
         self.archive.end
+    }
+
+    /// Where its batches begin: 0, or the offset it was recovered from
+    /// ([`starting_at`](Self::starting_at)); batch `i` of the log (archived ones counted) is the
+    /// `i`-th from here.
+    pub fn origin(&self) -> Offset {
+        self.archive.origin
+    }
+
+    /// The log start: storage may have deleted the batches below it (retention). It only
+    /// grows, stays a batch boundary, and never passes what the caller knows is committed and
+    /// durable ([`raise_start`](Self::raise_start)).
+    pub fn start(&self) -> Offset {
+        self.start
+    }
+
+    /// Moves the log start up to `to`, a batch boundary the caller knows is committed and
+    /// durable here (a lower `to` changes nothing). Returns the start.
+    pub fn raise_start(&mut self, to: Offset) -> Offset {
+        debug_assert!(to <= self.end() && self.is_boundary(to), "log start {to} not a boundary");
+        self.start = self.start.max(to.min(self.end()));
+        self.start
+    }
+
+    /// Whether it holds no batch (archived or not).
+    pub fn is_empty(&self) -> bool {
+        self.archive.batches == 0 && self.batches.is_empty()
+    }
+
+    /// Where retention would start the log: the first batch boundary from which the log holds
+    /// at most `retention.bytes_max` payload bytes and whose batch is no older than
+    /// `retention.age_ms_max` before `now_ms` (whichever cuts more). Inside the archive it is
+    /// judged at its marks (about every [`ARCHIVE_MARK_BYTES`]), so it keeps up to that much
+    /// more. Never below the log start; the caller bounds it by what is committed and durable.
+    pub fn retention_point(&self, retention: crate::config::Retention, now_ms: u64) -> Offset {
+        let mut point = self.start;
+        let total = self.bytes_through.last().copied().unwrap_or(self.archive.bytes);
+        if let Some(max) = retention.bytes_max {
+            if let Some(floor) = total.checked_sub(max).filter(|&f| f > 0) {
+                point = point.max(self.first_boundary(|before, _| before >= floor));
+            }
+        }
+        if let Some(age) = retention.age_ms_max {
+            if let Some(cutoff) = now_ms.checked_sub(age) {
+                point = point.max(self.first_boundary(|_, time| time >= cutoff));
+            }
+        }
+        point
+    }
+
+    /// The first batch boundary (archive marks, then batches, then the end) where `keep(payload
+    /// bytes before it, its batch's time)` holds. The archive's boundaries between two marks
+    /// are not known: where the first that holds follows a mark, the mark is the answer (it
+    /// keeps more, never less).
+    fn first_boundary(&self, keep: impl Fn(u64, u64) -> bool) -> Offset {
+        // The previous candidate, and whether it was a mark.
+        let mut prev: Option<(Offset, bool)> = None;
+        let answer = |prev: Option<(Offset, bool)>, at: Offset| match prev {
+            Some((mark, true)) => mark,
+            _ => at,
+        };
+        for &(at, before, time) in &self.archive.marks {
+            if keep(before, time) {
+                return prev.map_or(at, |(mark, _)| mark);
+            }
+            prev = Some((at, true));
+        }
+        for (i, b) in self.batches.iter().enumerate() {
+            let before = i.checked_sub(1).map_or(self.archive.bytes, |i| self.bytes_through[i]);
+            if keep(before, b.time_ms) {
+                return answer(prev, b.base);
+            }
+            prev = Some((b.base, false));
+        }
+        answer(prev, self.end())
     }
 
     /// How many batches are archived: [`batches`](Self::batches)`()[i]` is the log's batch
@@ -234,8 +336,9 @@ impl ReplicaLog {
     /// and rebuilds the producer table from what is left. A `to` inside the archived prefix is
     /// refused and changes nothing.
     pub fn truncate(&mut self, to: Offset) -> Result<(), LogError> {
-        if to < self.archive.end {
-            return Err(LogError::TruncateBelowArchive { to, archived: self.archive.end });
+        if to < self.archive.end.max(self.start) {
+            let archived = self.archive.end.max(self.start);
+            return Err(LogError::TruncateBelowArchive { to, archived });
         }
         let keep = self.batches.partition_point(|b| b.base < to);
         if keep == self.batches.len() {
@@ -270,9 +373,9 @@ impl ReplicaLog {
         for (batch, through) in self.batches.drain(..k).zip(self.bytes_through.drain(..k)) {
             let before = archive.bytes;
             let mark_due =
-                archive.marks.last().is_none_or(|&(_, at)| before - at >= ARCHIVE_MARK_BYTES);
+                archive.marks.last().is_none_or(|&(_, at, _)| before - at >= ARCHIVE_MARK_BYTES);
             if mark_due {
-                archive.marks.push((batch.base, before));
+                archive.marks.push((batch.base, before, batch.time_ms));
             }
             if archive.epochs.last().is_none_or(|&(e, _)| e != batch.epoch) {
                 archive.epochs.push((batch.epoch, batch.base));
@@ -307,7 +410,7 @@ impl ReplicaLog {
     pub fn bytes_after(&self, from: Offset) -> u64 {
         let total = self.bytes_through.last().copied().unwrap_or(self.archive.bytes);
         if from < self.archive.end {
-            let i = self.archive.marks.partition_point(|&(at, _)| at <= from);
+            let i = self.archive.marks.partition_point(|&(at, _, _)| at <= from);
             let before = i.checked_sub(1).map_or(0, |i| self.archive.marks[i].1);
             return total.saturating_sub(before);
         }
@@ -340,20 +443,25 @@ impl ReplicaLog {
 
     /// The leader's side of the epoch handshake: the largest epoch `<= asked` this log has (the
     /// leader's `current` epoch counts even before its first batch) and the offset where that
-    /// epoch ends here; `(None, 0)` if there is none.
+    /// epoch ends here; `(None, start)` if there is none: the log start (0 without retention),
+    /// below which the asker's log is the committed history (no replica's log ends below a
+    /// leader's start, docs/replication.md "Retention").
     pub fn epoch_answer(&self, asked: Epoch, current: Epoch) -> (Option<Epoch>, Offset) {
         if asked >= current {
             return (Some(current), self.end());
         }
         let answer = self.largest_epoch_at_most(asked);
-        (answer, answer.map_or(Offset(0), |e| self.end_of_epoch(e)))
+        (answer, answer.map_or(self.start, |e| self.end_of_epoch(e)))
     }
 
     /// The follower's side: where to truncate given the leader's answer `(answer_epoch, end)`
-    /// about this log's last epoch. After truncating there, the handshake is done if the log is
-    /// empty or its last epoch is `answer_epoch`; otherwise ask again about the new last epoch.
+    /// about this log's last epoch (no further than its end). After truncating there, the
+    /// handshake is done if the log's last epoch is `answer_epoch`, or if the leader had no
+    /// such epoch and the log now ends at or below `end` (the leader's start: all of it is
+    /// committed); otherwise ask again about the new last epoch.
     pub fn truncation_point(&self, answer_epoch: Option<Epoch>, end: Offset) -> Offset {
-        answer_epoch.map_or(Offset(0), |a| end.min(self.end_of_epoch(a)))
+        let to = answer_epoch.map_or(end, |a| end.min(self.end_of_epoch(a)));
+        to.min(self.end())
     }
 
     /// Batches from offset `from` (a batch boundary) on, at least one and at most `bytes_max`
@@ -408,7 +516,7 @@ impl ReplicaLog {
 
     /// Panics (debug builds) if its bookkeeping disagrees with its batches: one byte count per
     /// batch, dense offsets from the archive's end, epochs never decreasing, released payloads
-    /// a prefix, the producer tables indexed.
+    /// a prefix, the start a boundary inside the log, the producer tables indexed.
     pub fn debug_assert_invariants(&self) {
         if !cfg!(debug_assertions) {
             return;
@@ -432,6 +540,12 @@ impl ReplicaLog {
             (end, epoch) = (b.end(), b.epoch);
         }
         assert!(self.bytes_through.windows(2).all(|w| w[0] <= w[1]), "byte counts decrease");
+        assert!(
+            self.archive.origin <= self.start && self.start <= end && self.is_boundary(self.start),
+            "log start {} outside the log ({}..{end}) or inside a batch",
+            self.start,
+            self.archive.origin
+        );
         assert!(self.archive.epochs.windows(2).all(|w| w[0].0 < w[1].0 && w[0].1 <= w[1].1));
         assert!(self.archive.last.is_none_or(|(base, records, _)| Offset(
             base.0 + u64::from(records)
@@ -473,6 +587,7 @@ impl ReplicaLog {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Retention;
     use crate::types::ProducerId;
     use bytes::Bytes;
 
@@ -667,6 +782,71 @@ mod tests {
         }
         assert_eq!(log.bytes_after(Offset(2900)), 100 * 1024);
         assert_eq!(log.bytes_after(Offset(0)), 3000 * 1024);
+    }
+
+    fn timed(epoch: u64, base: u64, records: u32, time_ms: u64) -> Batch {
+        Batch { time_ms, ..batch(epoch, base, records, None) }
+    }
+
+    #[test]
+    fn retention_starts_the_log_by_size_and_by_age() {
+        // Ten one-byte batches of 2 records, at times 100, 200, ..., 1000.
+        let mut log = ReplicaLog::default();
+        for i in 0..10u64 {
+            log.append(timed(1, 2 * i, 2, 100 * (i + 1))).unwrap();
+        }
+        let by_size = |n| Retention { bytes_max: Some(n), age_ms_max: None };
+        let by_age = |ms| Retention { bytes_max: None, age_ms_max: Some(ms) };
+        assert_eq!(log.retention_point(Retention::default(), 5_000), Offset(0));
+        assert_eq!(log.retention_point(by_size(4), 0), Offset(12), "the newest 4 bytes stay");
+        assert_eq!(log.retention_point(by_size(10), 0), Offset(0), "all of it fits");
+        // At 1050, an age of 500 keeps the batches of time 550 and later.
+        assert_eq!(log.retention_point(by_age(500), 1_050), Offset(10));
+        let both = Retention { bytes_max: Some(8), age_ms_max: Some(200) };
+        assert_eq!(log.retention_point(both, 1_050), Offset(16), "whichever cuts more");
+        // Archived, it is judged at the marks (every batch is one here: marks every MiB
+        // means only the first), so it keeps more, never less.
+        let mut archived = log.clone();
+        archived.archive(Offset(20));
+        assert!(archived.retention_point(by_size(4), 0) <= Offset(12));
+        // The start only grows, and a truncation below it is refused.
+        assert_eq!(log.raise_start(Offset(12)), Offset(12));
+        assert_eq!(log.raise_start(Offset(4)), Offset(12));
+        assert_eq!(log.retention_point(by_size(100), 0), Offset(12), "never below the start");
+        assert!(log.truncate(Offset(10)).is_err());
+        assert!(log.truncate(Offset(14)).is_ok());
+        log.debug_assert_invariants();
+    }
+
+    #[test]
+    fn a_log_recovered_past_retention_answers_from_its_start() {
+        // Storage kept the batches from offset 10 on (epochs 3 and 5).
+        let limits = ProducerLimits::default();
+        let mut log = ReplicaLog::starting_at(Offset(10), limits);
+        assert!(log.is_empty());
+        assert_eq!((log.end(), log.start(), log.origin()), (Offset(10), Offset(10), Offset(10)));
+        log.append(batch(3, 10, 2, None)).unwrap();
+        log.append(batch(5, 12, 1, None)).unwrap();
+        assert!(log.append(batch(5, 2, 1, None)).is_err(), "dense from the origin");
+        // An epoch it has: as before. One older than its first: the asker's log is the
+        // committed history below the start, so it truncates to the start at most.
+        assert_eq!(log.epoch_answer(Epoch(4), Epoch(6)), (Some(Epoch(3)), Offset(12)));
+        assert_eq!(log.epoch_answer(Epoch(2), Epoch(6)), (None, Offset(10)));
+        let follower =
+            ReplicaLog::from_batches(vec![batch(2, 0, 10, None), batch(2, 10, 4, None)]).unwrap();
+        assert_eq!(follower.truncation_point(None, Offset(10)), Offset(10));
+        let short = ReplicaLog::from_batches(vec![batch(2, 0, 10, None)]).unwrap();
+        assert_eq!(short.truncation_point(None, Offset(10)), Offset(10), "no further than its end");
+        // A checkpoint of it keeps its origin.
+        log.archive(Offset(12));
+        let bytes = log.checkpoint().expect("archived");
+        let (back, last) = ReplicaLog::from_checkpoint(&bytes, limits).unwrap();
+        assert_eq!(
+            (back.origin(), back.start(), back.archived_end()),
+            (Offset(10), Offset(10), Offset(12))
+        );
+        assert_eq!(last, (Offset(10), 2, Epoch(3)));
+        assert_eq!(back.archived_batches(), 1);
     }
 
     #[test]

@@ -42,7 +42,8 @@ pub enum Message {
         /// The follower's fdatasync'd end.
         durable_end: Offset,
     },
-    /// Leader -> follower: the batches after `from` (possibly none) and the commit point.
+    /// Leader -> follower: the batches after `from` (possibly none), the commit point and the
+    /// log start.
     FetchReply {
         /// The leader epoch.
         epoch: Epoch,
@@ -52,6 +53,8 @@ pub enum Message {
         batches: Vec<Batch>,
         /// The leader's committed offset (high watermark).
         committed: Offset,
+        /// The leader's log start (retention): the follower may delete below it.
+        log_start: Offset,
     },
 }
 
@@ -65,7 +68,8 @@ pub enum Output {
         /// The message.
         message: Message,
     },
-    /// Send replica `to` a [`Message::FetchReply`] of `epoch` and `committed` whose batches are
+    /// Send replica `to` a [`Message::FetchReply`] of `epoch`, `committed` and `log_start` whose
+    /// batches are
     /// read from this replica's stored log, because the state machine archived them
     /// ([`crate::ReplicaLog::archive`]; all are committed and durable here): the batches from
     /// `from` on that end at or below `upto`, at least one and at most `bytes_max` bytes
@@ -82,6 +86,8 @@ pub enum Output {
         upto: Offset,
         /// The leader's committed offset.
         committed: Offset,
+        /// The leader's log start.
+        log_start: Offset,
         /// Bytes of batches at most (at least one batch is sent).
         bytes_max: u64,
     },

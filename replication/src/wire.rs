@@ -27,11 +27,12 @@ pub fn to_frame(stream: &str, shard: ShardId, from: ReplicaNumber, message: &Mes
         Message::Fetch { epoch, from, durable_end } => {
             (*epoch, ReplicaBody::Fetch { from: *from, durable_end: *durable_end })
         }
-        Message::FetchReply { epoch, from, batches, committed } => (
+        Message::FetchReply { epoch, from, batches, committed, log_start } => (
             *epoch,
             ReplicaBody::FetchReply {
                 from: *from,
                 committed: *committed,
+                log_start: *log_start,
                 batches: batches.iter().map(batch_to_wire).collect(),
             },
         ),
@@ -53,11 +54,12 @@ pub fn from_frame(frame: Replicate) -> (String, ShardId, ReplicaNumber, Message)
             end,
         },
         ReplicaBody::Fetch { from, durable_end } => Message::Fetch { epoch, from, durable_end },
-        ReplicaBody::FetchReply { from, committed, batches } => Message::FetchReply {
+        ReplicaBody::FetchReply { from, committed, log_start, batches } => Message::FetchReply {
             epoch,
             from,
             batches: batches.into_iter().map(batch_from_wire).collect(),
             committed,
+            log_start,
         },
     };
     (frame.stream, frame.shard, ReplicaNumber(frame.from), message)
@@ -135,14 +137,22 @@ mod tests {
             (epoch.clone(), any::<u64>(), any::<u64>()).prop_map(|(epoch, from, durable)| {
                 Message::Fetch { epoch, from: Offset(from), durable_end: Offset(durable) }
             }),
-            (epoch, any::<u64>(), proptest::collection::vec(batch(), 0..5), any::<u64>()).prop_map(
-                |(epoch, from, batches, committed)| Message::FetchReply {
-                    epoch,
-                    from: Offset(from),
-                    batches,
-                    committed: Offset(committed),
-                }
-            ),
+            (
+                epoch,
+                any::<u64>(),
+                proptest::collection::vec(batch(), 0..5),
+                any::<u64>(),
+                any::<u64>()
+            )
+                .prop_map(|(epoch, from, batches, committed, log_start)| {
+                    Message::FetchReply {
+                        epoch,
+                        from: Offset(from),
+                        batches,
+                        committed: Offset(committed),
+                        log_start: Offset(log_start),
+                    }
+                }),
         ]
     }
 

@@ -188,7 +188,7 @@ impl Harness {
                 }
                 self.disk[i].push(op_id(&op))
             }
-            Output::FetchFromLog { to, epoch, from, upto, committed, bytes_max } => {
+            Output::FetchFromLog { to, epoch, from, upto, committed, log_start, bytes_max } => {
                 let (mut batches, mut bytes) = (Vec::new(), 0);
                 for b in self.stored[i].iter().filter(|b| b.base >= from && b.end() <= upto) {
                     bytes += b.size_bytes();
@@ -197,7 +197,7 @@ impl Harness {
                     }
                     batches.push(b.clone());
                 }
-                let message = Message::FetchReply { epoch, from, batches, committed };
+                let message = Message::FetchReply { epoch, from, batches, committed, log_start };
                 self.messages.push_back((ReplicaNumber(i as u32), to, message))
             }
             Output::Propose(proposal) => {

@@ -24,7 +24,11 @@
 //!     in order (nothing handed is ever truncated or changed), and readers never see past the
 //!     durable, committed end (7, with the driver's visible end);
 //! 11. bounded queues (checked in `world`): appends waiting for an answer, proposals on their
-//!     way to etcd (one per shard), disk operations queued, actions per input.
+//!     way to etcd (one per shard), disk operations queued, actions per input;
+//! 12. retention deletes nothing anyone needs (checked in `world`): no replica's log starts
+//!     past the durable end of any replica of the group, up or down; no replica reads for a
+//!     follower what its storage deleted; and a log recovered from where retention deleted to
+//!     still matches the committed history (1, numbered from its origin).
 //!
 //! Payloads a replica released from memory (empty) match any payload; the durable image fills
 //! them in.
@@ -45,7 +49,8 @@ struct Verified {
 /// The invariant checker of one simulation.
 pub struct Checker {
     truth: Vec<Batch>,
-    truth_tags: HashSet<ProducerSeq>,
+    /// Each producer tag in `truth`, with its batch's base.
+    truth_tags: HashMap<ProducerSeq, Offset>,
     /// Batches sent again after their producer may have expired (a retry later than the
     /// expiry after the first send): stored twice is the documented limit, not a violation.
     late: HashSet<ProducerSeq>,
@@ -63,7 +68,7 @@ impl Checker {
     pub fn new(nodes: usize) -> Checker {
         Checker {
             truth: Vec::new(),
-            truth_tags: HashSet::new(),
+            truth_tags: HashMap::new(),
             late: HashSet::new(),
             acked: HashMap::new(),
             ack_epochs: HashMap::new(),
@@ -78,6 +83,13 @@ impl Checker {
     /// be stored (and acked) twice.
     pub fn retried_after_expiry(&mut self, tag: ProducerSeq) {
         self.late.insert(tag);
+    }
+
+    /// Whether `tag`'s batch is committed below `offset`: a log recovered from there (after
+    /// retention) has forgotten the producer state of it, so a retry of it may be stored
+    /// again (the documented limit, as for a retry after the producer expiry).
+    pub fn committed_below(&self, tag: ProducerSeq, offset: Offset) -> bool {
+        self.truth_tags.get(&tag).is_some_and(|&base| base < offset)
     }
 
     /// Batches known committed.
@@ -105,16 +117,28 @@ impl Checker {
                 log.end()
             ));
         }
+        // A log recovered after retention numbers its batches from its origin: the history's
+        // batch there (the origin is committed, so the history reaches it).
+        let origin = log.origin();
+        let skip = self.truth.partition_point(|b| b.base < origin);
+        if origin > Offset(0) && self.truth.get(skip).is_none_or(|b| b.base != origin) {
+            let end = self.truth.last().map_or(Offset(0), Batch::end);
+            if origin != end {
+                return Err(format!(
+                    "{node}: its log starts at {origin}, not a batch of the committed history"
+                ));
+            }
+        }
         // Batches archived are committed and durable: those not checked yet (the driver
         // archives before this check) are checked in the durable image.
-        let archived = log.archived_batches() as usize;
+        let archived = skip + log.archived_batches() as usize;
         let batches = log.batches();
         let k = archived + batches.partition_point(|b| b.end() <= committed);
         let seen = &mut self.logs[node.0 as usize];
         if seen.generation != log.generation() {
             *seen = Verified { generation: log.generation(), batches: 0 };
         }
-        let from = seen.batches;
+        let from = seen.batches.max(skip);
         if from < archived && durable.len() < archived {
             return Err(format!(
                 "{node}: {archived} batches archived, its durable image holds {}",
@@ -276,7 +300,7 @@ fn fill(truth: &mut Batch, b: &Batch) {
 /// Appends `batch` to the committed history: dense offsets, no repeated producer tag.
 fn extend(
     truth: &mut Vec<Batch>,
-    tags: &mut HashSet<ProducerSeq>,
+    tags: &mut HashMap<ProducerSeq, Offset>,
     late: &HashSet<ProducerSeq>,
     batch: &Batch,
     node: ReplicaNumber,
@@ -286,7 +310,7 @@ fn extend(
         return Err(format!("{node}: committed batch at {} leaves a gap after {end}", batch.base));
     }
     if let Some(tag) = batch.producer {
-        if !tags.insert(tag) && !late.contains(&tag) {
+        if tags.insert(tag, batch.base).is_some() && !late.contains(&tag) {
             return Err(format!("{node}: {tag:?} committed twice (a retried batch stored again)"));
         }
     }

@@ -93,6 +93,10 @@ pub struct SeedReport {
     pub agent_giveups: u64,
     /// Leaderships handed to the preferred replica (leader balance).
     pub transfers: u64,
+    /// The furthest any node's storage deleted to (retention), an offset.
+    pub log_start_max: u64,
+    /// Replicas opened from storage retention had cut (their log's origin past 0).
+    pub recovered_past_deletion: u64,
 }
 
 /// A seed that broke an invariant (or did not finish after healing).
@@ -147,6 +151,10 @@ pub struct SweepReport {
     pub agent_giveups: u64,
     /// Leaderships handed to the preferred replica (leader balance).
     pub transfers: u64,
+    /// Seeds in which retention deleted something.
+    pub seeds_with_deletion: u64,
+    /// Replicas opened from storage retention had cut.
+    pub recovered_past_deletion: u64,
     /// Wall time.
     pub elapsed: Duration,
 }
@@ -236,6 +244,8 @@ impl SweepReport {
         self.checkpoint_restarts += report.checkpoint_restarts;
         self.agent_giveups += report.agent_giveups;
         self.transfers += report.transfers;
+        self.seeds_with_deletion += u64::from(report.log_start_max > 0);
+        self.recovered_past_deletion += report.recovered_past_deletion;
     }
 
     fn add(&mut self, other: &SweepReport) {
@@ -252,6 +262,8 @@ impl SweepReport {
         self.checkpoint_restarts += other.checkpoint_restarts;
         self.agent_giveups += other.agent_giveups;
         self.transfers += other.transfers;
+        self.seeds_with_deletion += other.seeds_with_deletion;
+        self.recovered_past_deletion += other.recovered_past_deletion;
     }
 }
 
@@ -263,7 +275,8 @@ impl fmt::Display for SweepReport {
             "{} seeds in {secs:.1} s ({:.0} seeds/s): {} events, {} durable acks, {} epochs, {} \
              crashes, {:.1} h simulated, {} ended unavailable (every in-sync replica lost), {} \
              producers expired in {} seeds, {} restarts from a checkpoint, {} agent sessions given up, \
-             {} leaderships handed to the preferred replica; {:?}",
+             {} leaderships handed to the preferred replica, retention deleted in {} seeds and {} \
+             replicas recovered from where it deleted to; {:?}",
             self.seeds,
             self.seeds as f64 / secs.max(1e-9),
             self.events,
@@ -277,6 +290,8 @@ impl fmt::Display for SweepReport {
             self.checkpoint_restarts,
             self.agent_giveups,
             self.transfers,
+            self.seeds_with_deletion,
+            self.recovered_past_deletion,
             self.stats
         )
     }
@@ -295,6 +310,7 @@ fn bug_env(bugs: InjectedBugs) -> String {
         (bugs.propose_unbounded, "propose_unbounded"),
         (bugs.open_unplaced, "open_unplaced"),
         (bugs.transfer_out_of_sync, "transfer_out_of_sync"),
+        (bugs.retention_past_followers, "retention_past_followers"),
     ];
     let names: Vec<&str> = flags.iter().filter(|(on, _)| *on).map(|(_, n)| *n).collect();
     if names.is_empty() {

@@ -16,7 +16,7 @@ use super::etcd::Etcd;
 use super::net::{Addr, Event, Faults, Packet, Scheduled};
 use super::producer::Producer;
 use super::{SeedReport, SimOptions};
-use felix_replication::config::ReplicaConfig;
+use felix_replication::config::{ReplicaConfig, Retention};
 use felix_replication::controller::IsrProposal;
 use felix_replication::driver::{
     Action, Driver, GroupView, Limits, ShardKey, StopReason, Submitted,
@@ -87,6 +87,10 @@ struct SimNode {
     /// The checkpoint of its log's archive the driver last asked to write: a restart starts
     /// from it half the time.
     checkpoint: Option<Vec<u8>>,
+    /// Retention deleted its stored batches below this (its replica's log start): reading
+    /// them is a violation, and a restart recovers the log from here. The image keeps them,
+    /// so the checker's batch numbering stays that of the whole history.
+    deleted_below: Offset,
 }
 
 /// The whole simulated cluster.
@@ -125,6 +129,10 @@ pub(super) struct World {
     retired: ReplicaStats,
     /// A node lost for good (crashed, never restarted), if any.
     lost: Option<usize>,
+    /// The stream's retention, chosen by the seed.
+    retention: Retention,
+    /// Replicas opened from storage retention had cut.
+    recovered_past_deletion: u64,
 }
 
 impl World {
@@ -143,7 +151,17 @@ impl World {
         // Keep 0 to 300 bytes of committed payloads in memory, chosen by the seed: fetches and
         // the tail then meet released payloads and archived batches.
         let limits = Limits { resident_bytes: (seed / 16 % 4) * 100, ..Limits::default() };
+        // Retention by size, by age, both or none, chosen by the seed: leaders start their
+        // logs past old batches and every replica deletes below the start.
+        let retention = match seed / 64 % 4 {
+            0 => Retention::default(),
+            1 => Retention { bytes_max: Some(200 + seed / 256 % 8 * 100), age_ms_max: None },
+            2 => Retention { bytes_max: None, age_ms_max: Some(100 + seed / 256 % 8 * 100) },
+            _ => Retention { bytes_max: Some(300), age_ms_max: Some(400) },
+        };
         let mut world = World {
+            retention,
+            recovered_past_deletion: 0,
             seed,
             config,
             limits,
@@ -198,6 +216,7 @@ impl World {
                 agent: AgentState::new(Duration::from_millis(LEASE_TTL_MS)),
                 session_at: Time(0),
                 paused_until: Time(0),
+                deleted_below: Offset(0),
             });
             world.start_node(id.0 as usize);
         }
@@ -261,6 +280,11 @@ impl World {
             agent_giveups: self.agent_giveups,
             transfers: self.etcd.transfers,
             unavailable: false,
+            log_start_max: (0..self.nodes.len())
+                .map(|n| self.nodes[n].deleted_below.0)
+                .max()
+                .unwrap_or(0),
+            recovered_past_deletion: self.recovered_past_deletion,
             producers_expired: (0..self.nodes.len())
                 .filter_map(|n| self.replica(n).map(|r| r.log().producers_forgotten().0))
                 .max()
@@ -451,6 +475,14 @@ impl World {
                         self.checker.retried_after_expiry(append.producer.expect("looked up"));
                     }
                 }
+                // A log recovered from where retention deleted to knows no producer state of
+                // the batches below: a retry of one of those may be stored again.
+                let origin = driver.shard(STREAM, 0).map(|s| s.replica().log().origin());
+                if let (Some(tag), Some(origin)) = (append.producer, origin) {
+                    if self.checker.committed_below(tag, origin) {
+                        self.checker.retried_after_expiry(tag);
+                    }
+                }
                 let (request, tag) = (append.request, append.producer);
                 let from = driver.shard(STREAM, 0).map(|s| s.replica().log().end());
                 let id = self.nodes[n].id;
@@ -548,14 +580,43 @@ impl World {
                     self.send(Addr::Node(id), Addr::Node(to), Packet::Replica(message))
                 }
                 Action::SendReadingPayloads { to, message, .. } => {
+                    let deleted = self.nodes[n].deleted_below;
+                    if let Message::FetchReply { batches, .. } = &message {
+                        if let Some(b) = batches.iter().find(|b| b.payload.is_empty()) {
+                            if b.base < deleted {
+                                return Err(format!(
+                                    "{id} reads the batch at {} for a follower, retention \
+                                     deleted below {deleted}",
+                                    b.base
+                                ));
+                            }
+                        }
+                    }
                     if let Some(message) = fill_payloads(self.nodes[n].disk.stored(), message) {
                         self.send(Addr::Node(id), Addr::Node(to), Packet::Replica(message))
                     }
                 }
-                Action::SendFromLog { to, epoch, start, upto, committed, bytes_max, .. } => {
+                Action::SendFromLog {
+                    to,
+                    epoch,
+                    start,
+                    upto,
+                    committed,
+                    log_start,
+                    bytes_max,
+                    ..
+                } => {
+                    let deleted = self.nodes[n].deleted_below;
+                    if start < deleted {
+                        return Err(format!(
+                            "{id} reads from {start} for a follower, retention deleted below \
+                             {deleted}"
+                        ));
+                    }
                     let batches = read_image(self.nodes[n].disk.durable(), start, upto, bytes_max)
                         .map_err(|e| format!("{id}: a fetch of its archived prefix: {e}"))?;
-                    let message = Message::FetchReply { epoch, from: start, batches, committed };
+                    let message =
+                        Message::FetchReply { epoch, from: start, batches, committed, log_start };
                     self.send(Addr::Node(id), Addr::Node(to), Packet::Replica(message))
                 }
                 Action::Disk { op, .. } => {
@@ -659,14 +720,29 @@ impl World {
         me: ReplicaNumber,
         nodes: Vec<ReplicaNumber>,
     ) -> Result<(), String> {
-        let image = self.nodes[n].disk.durable().to_vec();
-        let log = match self.nodes[n].from_checkpoint.take() {
-            Some(bytes) => {
+        // What storage holds: the image from where retention deleted to.
+        let deleted = self.nodes[n].deleted_below;
+        self.recovered_past_deletion += u64::from(deleted > Offset(0));
+        let image: Vec<Batch> =
+            self.nodes[n].disk.durable().iter().filter(|b| b.base >= deleted).cloned().collect();
+        let producers = self.config.producers;
+        let checkpoint = self.nodes[n].from_checkpoint.take();
+        let log = match checkpoint {
+            Some(bytes) if checkpoint_held(&bytes, producers, deleted) => {
                 self.checkpoint_restarts += 1;
-                log_from_checkpoint(n, &bytes, image, self.config.producers)?
+                let mut log = log_from_checkpoint(n, &bytes, image, producers)?;
+                log.raise_start(deleted);
+                log
             }
-            None => ReplicaLog::from_batches_with(image, self.config.producers)
-                .map_err(|e| format!("recovery of n{n}: {e}"))?,
+            // As the broker does when its checkpoint names a batch retention deleted, or it
+            // has none: the whole stored log, from where storage starts.
+            _ => {
+                let mut log = ReplicaLog::starting_at(deleted, producers);
+                for batch in image {
+                    log.append(batch).map_err(|e| format!("recovery of n{n}: {e}"))?;
+                }
+                log
+            }
         };
         let now = self.now;
         self.nodes[n].driver.as_mut().expect("it asked").opened(now, key, me, nodes, log);
@@ -711,6 +787,20 @@ impl World {
         let shard = node.driver.as_ref().and_then(|d| d.shard(STREAM, 0));
         if let Some(shard) = shard {
             let replica = shard.replica();
+            // Invariant 12: no replica's durable log (up or down) ends below this start, so
+            // none ever needs what retention deletes.
+            let start = replica.log_start();
+            let behind = self
+                .nodes
+                .iter()
+                .find(|o| o.disk.durable().last().map_or(Offset(0), Batch::end) < start);
+            if let Some(other) = behind {
+                return Err(format!(
+                    "{}: its log starts at {start}, {}'s durable log ends below (retention \
+                     would delete what a replica needs)",
+                    node.id, other.id
+                ));
+            }
             self.check_producers_agree(n)?;
             let durable = node.disk.durable();
             self.checker.check_committed(node.id, replica.log(), replica.committed(), durable)?;
@@ -733,6 +823,7 @@ impl World {
         for (i, other) in self.nodes.iter().enumerate() {
             let Some(theirs) = self.replica(i).map(Replica::log) else { continue };
             if other.id == self.nodes[n].id
+                || theirs.origin() != mine.origin()
                 || theirs.end() != mine.end()
                 || theirs.last_epoch() != mine.last_epoch()
             {
@@ -815,7 +906,13 @@ impl World {
         if node.paused_until > now {
             return Ok(());
         }
-        node.driver.as_mut().expect("checked above").handle_tick(now);
+        let driver = node.driver.as_mut().expect("checked above");
+        driver.handle_tick(now);
+        let retention = self.retention;
+        driver.apply_retention(now.0, |_| retention);
+        if let Some(start) = driver.shard(STREAM, 0).map(|s| s.replica().log_start()) {
+            node.deleted_below = node.deleted_below.max(start);
+        }
         // The agent gives a silent connection up (no answer for half the TTL): the next
         // keep-alive goes on a new one and starts a new session.
         if node.agent.overdue(now) {
@@ -1088,11 +1185,17 @@ fn log_from_checkpoint(
     Ok(log)
 }
 
+/// Whether the checkpoint `bytes` names a last batch storage still holds (at or above where
+/// retention deleted to): else the broker reads its whole stored log instead.
+fn checkpoint_held(bytes: &[u8], producers: ProducerLimits, deleted: Offset) -> bool {
+    ReplicaLog::from_checkpoint(bytes, producers).is_ok_and(|(_, (base, _, _))| base >= deleted)
+}
+
 /// A fetch reply with its released payloads read from the stored image, as the broker reads
 /// them from storage: each must be the same batch there (offsets, epoch, producer tag); the
 /// reply is cut at the first that is not. `None` if not even the first is.
 fn fill_payloads(stored: &[Batch], message: Message) -> Option<Message> {
-    let Message::FetchReply { epoch, from, batches, committed } = message else {
+    let Message::FetchReply { epoch, from, batches, committed, log_start } = message else {
         return Some(message);
     };
     let mut out = Vec::with_capacity(batches.len());
@@ -1116,7 +1219,7 @@ fn fill_payloads(stored: &[Batch], message: Message) -> Option<Message> {
     if out.is_empty() {
         return None;
     }
-    Some(Message::FetchReply { epoch, from, batches: out, committed })
+    Some(Message::FetchReply { epoch, from, batches: out, committed, log_start })
 }
 
 /// The durable batches from `from` on that end at or below `upto`, at least one and at most

@@ -130,6 +130,16 @@ fn checker_catches_a_leadership_handed_to_a_replica_out_of_sync() {
 }
 
 #[test]
+fn checker_catches_retention_past_a_followers_log() {
+    // Retention on replicated streams: a leader that starts its log past what a follower
+    // holds would delete what that follower still has to fetch.
+    find_violation(
+        InjectedBugs { retention_past_followers: true, ..InjectedBugs::default() },
+        2_000,
+    );
+}
+
+#[test]
 fn checker_catches_replicas_opened_before_the_placement() {
     // fa9b380: replicas started from a deposed controller's record and kept when the placed
     // record names other replicas.

@@ -300,7 +300,7 @@ impl CoreApp {
                     Some(def) => def,
                     None if create && self.settings.auto_create => {
                         let replicas = self.default_replicas();
-                        check_replicas(replicas, true, self.settings.retention)?;
+                        check_replicas(replicas, true)?;
                         let wanted =
                             cluster_def(self.settings.default_shards, self.settings.retention);
                         link.define(name, wanted, replicas).await?
@@ -366,7 +366,7 @@ impl CoreApp {
             ));
         }
         let replicas = asked_replicas.unwrap_or_else(|| self.default_replicas());
-        check_replicas(replicas, self.cluster.is_some(), m.retention)?;
+        check_replicas(replicas, self.cluster.is_some())?;
         let found = match meta::load(&self.settings.data_dir, &m.name) {
             Ok(Some(found)) => found,
             Ok(None) => match &self.cluster {
@@ -453,8 +453,8 @@ impl CoreApp {
     }
 
     /// Changes stream `name`'s settings: its retention (in a cluster, in etcd first; every
-    /// broker applies it from its view). A replication factor other than the stream's, and
-    /// retention on a replicated stream, are refused. Returns the settings in force.
+    /// broker applies it from its view; a replicated stream's leaders apply it). A replication
+    /// factor other than the stream's is refused. Returns the settings in force.
     pub async fn alter_stream(
         self: &Rc<Self>,
         name: &str,
@@ -473,7 +473,7 @@ impl CoreApp {
             ));
         }
         let retention = changes.apply(current.retention);
-        check_replicas(replicas, self.cluster.is_some(), retention)?;
+        check_replicas(replicas, self.cluster.is_some())?;
         let altered = StreamMeta { retention, ..current };
         if let Some(link) = &self.cluster {
             link.alter(name, cluster_def(altered.shards, retention)).await?;
@@ -521,7 +521,8 @@ impl CoreApp {
             StreamOp::SetRetention(retention) => {
                 if let Some(e) = self.streams.get(stream) {
                     e.retention.set(retention);
-                    if let Some(log) = &e.log {
+                    let log = e.log.as_ref().filter(|_| !self.is_replicated(stream));
+                    if let Some(log) = log {
                         log.set_retention(RetentionConfig {
                             bytes_max: retention.bytes_max,
                             age_ms_max: retention.age_max_ms,
@@ -642,9 +643,14 @@ impl CoreApp {
         let log = if owned.is_empty() {
             None
         } else {
-            let retention = RetentionConfig {
-                bytes_max: m.retention.bytes_max,
-                age_ms_max: m.retention.age_max_ms,
+            // A replicated stream's retention is its leaders' (the replication shell deletes
+            // below the log starts they decide): storage deletes nothing on its own.
+            let retention = match self.is_replicated(m.name.as_str()) {
+                true => RetentionConfig::default(),
+                false => RetentionConfig {
+                    bytes_max: m.retention.bytes_max,
+                    age_ms_max: m.retention.age_max_ms,
+                },
             };
             let (log, report) =
                 self.store.open_stream(m.name.as_str(), &owned, Some(retention)).await?;
@@ -675,6 +681,11 @@ impl CoreApp {
         });
         self.streams.insert(entry.clone());
         Ok(entry)
+    }
+
+    /// Whether `stream` is replicated (more than one replica in this broker's cluster).
+    fn is_replicated(&self, stream: &str) -> bool {
+        self.cluster.as_ref().is_some_and(|l| l.replicas_of(stream) > 1)
     }
 
     /// The shard an unkeyed batch goes to in a cluster: one of `owned` (the shards this
@@ -1057,8 +1068,8 @@ impl CoreApp {
 }
 
 /// A replication factor a stream may be created with: 1..=`REPLICAS_MAX`, above 1 only in a
-/// cluster and without retention (a replica's log starts at offset 0: docs/replication.md).
-fn check_replicas(replicas: u8, cluster: bool, retention: Retention) -> Result<(), WireError> {
+/// cluster.
+fn check_replicas(replicas: u8, cluster: bool) -> Result<(), WireError> {
     let most = felix_cluster::placement::REPLICAS_MAX;
     let bad = |why: String| Err(WireError::new(ErrorCode::InvalidArgument, why));
     if replicas == 0 || replicas > most {
@@ -1066,9 +1077,6 @@ fn check_replicas(replicas: u8, cluster: bool, retention: Retention) -> Result<(
     }
     if replicas > 1 && !cluster {
         return bad("replicas above 1 need a cluster (felix serve --cluster-etcd)".into());
-    }
-    if replicas > 1 && retention != Retention::default() {
-        return bad("retention on a replicated stream is not supported yet".into());
     }
     Ok(())
 }

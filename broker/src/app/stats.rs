@@ -89,6 +89,7 @@ counters! {
     replication_lease_refusals: "Appends refused by leaders on this core because their lease was not confirmed.",
     replication_batches_archived: "Batches replicas on this core moved out of memory (committed, durable, read from storage after).",
     replication_fetches_from_log: "Fetch replies leaders on this core read from storage (the follower asked for archived batches).",
+    replication_retention_bytes_deleted: "Log bytes retention deleted from replicated streams' logs on this core (below their shards' log starts).",
     replication_resident_batches: "Batches replicas on this core hold in memory (gauge).",
     replication_producers: "Idempotent producers the producer tables of replicas on this core remember (gauge).",
     replication_producers_expired: "Idempotent producers the producer tables of replicas on this core forgot after --producer-expiry (gauge: a truncation rebuilds a table, and its count, from the log).",

@@ -183,10 +183,11 @@ pub fn frame() -> impl Strategy<Value = Frame> {
                     from: Offset(from),
                     durable_end: Offset(durable_end),
                 }),
-                (any::<u64>(), any::<u64>(), vec(replica_batch(), 0..4)).prop_map(
-                    |(from, committed, batches)| ReplicaBody::FetchReply {
+                (any::<u64>(), any::<u64>(), any::<u64>(), vec(replica_batch(), 0..4)).prop_map(
+                    |(from, committed, log_start, batches)| ReplicaBody::FetchReply {
                         from: Offset(from),
                         committed: Offset(committed),
+                        log_start: Offset(log_start),
                         batches,
                     }
                 ),

@@ -25,7 +25,7 @@ enum Phase {
 
 impl Replica {
     pub(super) fn become_follower(&mut self, now: Time, leader: ReplicaNumber, epoch: Epoch) {
-        let phase = if self.bugs.skip_truncation || self.log.end() == Offset(0) {
+        let phase = if self.bugs.skip_truncation || self.log.is_empty() {
             Phase::Fetching
         } else {
             Phase::Truncating { asked: self.log.last_epoch() }
@@ -75,8 +75,12 @@ impl Replica {
             return;
         }
         // Converged when the logs agree on the last epoch (log matching: same epoch and offset,
-        // same batch and same prefix), else ask again about the now earlier last epoch.
-        let done = self.log.end() == Offset(0) || Some(self.log.last_epoch()) == answer_epoch;
+        // same batch and same prefix), or when the leader has no such epoch and the log ends
+        // at or below its start (committed history), else ask again about the now earlier
+        // last epoch.
+        let done = self.log.is_empty()
+            || Some(self.log.last_epoch()) == answer_epoch
+            || (answer_epoch.is_none() && self.log.end() <= end);
         if let Role::Follower(state) = &mut self.role {
             if done {
                 state.phase = Phase::Fetching;
@@ -108,7 +112,7 @@ impl Replica {
         epoch: Epoch,
         offset: Offset,
         batches: Vec<Batch>,
-        committed: Offset,
+        (committed, log_start): (Offset, Offset),
     ) {
         let Role::Follower(state) = &mut self.role else { return };
         let fetching = state.phase == Phase::Fetching;
@@ -129,6 +133,12 @@ impl Replica {
             self.sync_if_needed();
         }
         self.committed = self.committed.max(committed.min(self.log.end()));
+        // The leader's start, as far as this log is committed and durable (the rest follows
+        // with a later reply).
+        let start = log_start.min(self.committed).min(self.disk.durable_end());
+        if start > self.log.start() && self.log.is_boundary(start) {
+            self.log.raise_start(start);
+        }
         self.maybe_fetch(now);
     }
 

@@ -56,6 +56,12 @@ pub struct FollowerView {
 }
 
 impl LeaderState {
+    /// The smallest durable end the other replicas of the group reported this epoch (0 for one
+    /// not heard from); `None` without other replicas.
+    pub(super) fn followers_durable(&self) -> Option<Offset> {
+        self.followers.values().map(|p| p.durable_end).min()
+    }
+
     /// What this leader knows of each follower; `isr` is the controller's in-sync set.
     pub(super) fn follower_views(
         &self,
@@ -210,6 +216,12 @@ impl Replica {
         if offset > log_end || !self.log.is_boundary(offset) {
             return; // not a prefix of this log: a follower that skipped truncation, or stale
         }
+        if offset < self.log.start() {
+            // What it asks for may be deleted (retention). The protocol never lets this
+            // happen (`apply_retention`); count it rather than answer with a gap.
+            self.stats.fetches_below_start += 1;
+            return;
+        }
         let Role::Leader(state) = &mut self.role else { return };
         let Some(progress) = state.followers.get_mut(&from) else { return };
         if epoch != state.epoch {
@@ -253,11 +265,19 @@ impl Replica {
         if let Some(progress) = state.followers.get_mut(&node) {
             progress.answered_at.get_or_insert(now);
         }
-        let epoch = state.epoch;
+        let (epoch, log_start) = (state.epoch, self.log.start());
         if from < self.log.archived_end() {
             let (upto, committed) = (self.log.archived_end(), self.committed);
             let bytes_max = self.config.fetch_bytes_max;
-            let fetch = Output::FetchFromLog { to: node, epoch, from, upto, committed, bytes_max };
+            let fetch = Output::FetchFromLog {
+                to: node,
+                epoch,
+                from,
+                upto,
+                committed,
+                log_start,
+                bytes_max,
+            };
             self.outbox.push_back(fetch);
             self.stats.fetches_from_log += 1;
             return;
@@ -265,7 +285,7 @@ impl Replica {
         let batches = self.log.read_from(from, self.config.fetch_bytes_max);
         self.stats.fetch_bytes_sent += batches.iter().map(Batch::size_bytes).sum::<u64>();
         let committed = self.committed;
-        self.send(node, Message::FetchReply { epoch, from, batches, committed });
+        self.send(node, Message::FetchReply { epoch, from, batches, committed, log_start });
     }
 
     /// The in-sync replicas a commit needs now: the confirmed set, plus the proposed one while a

@@ -80,6 +80,10 @@ pub struct ReplicaStats {
     pub batches_archived: u64,
     /// Fetch replies the driver read from storage ([`Output::FetchFromLog`]).
     pub fetches_from_log: u64,
+    /// Fetches from below this leader's log start, left unanswered: stale ones (delayed or
+    /// repeated by the network). No live follower needs what lies there: no leader starts
+    /// its log past a replica's durable end (the simulator checks that none does).
+    pub fetches_below_start: u64,
 }
 
 impl std::ops::Add for ReplicaStats {
@@ -96,6 +100,7 @@ impl std::ops::Add for ReplicaStats {
             leaderships: self.leaderships + b.leaderships,
             batches_archived: self.batches_archived + b.batches_archived,
             fetches_from_log: self.fetches_from_log + b.fetches_from_log,
+            fetches_below_start: self.fetches_below_start + b.fetches_below_start,
         }
     }
 }
@@ -211,6 +216,12 @@ impl Replica {
             "{}: archived past the durable end",
             self.id
         );
+        assert!(
+            self.log.start() <= self.disk.durable_end().max(self.log.origin()),
+            "{}: log start {} past the durable end",
+            self.id,
+            self.log.start()
+        );
         if let Role::Leader(l) = &self.role {
             assert!(
                 l.epoch >= self.log.last_epoch(),
@@ -270,8 +281,8 @@ impl Replica {
             Message::EpochAnswer { epoch, asked, answer_epoch, end } => {
                 self.on_epoch_answer(now, from, epoch, asked, answer_epoch, end)
             }
-            Message::FetchReply { epoch, from: offset, batches, committed } => {
-                self.on_fetch_reply(now, from, epoch, offset, batches, committed)
+            Message::FetchReply { epoch, from: offset, batches, committed, log_start } => {
+                self.on_fetch_reply(now, from, epoch, offset, batches, (committed, log_start))
             }
         }
         self.debug_assert_invariants();
@@ -345,6 +356,33 @@ impl Replica {
         self.stats.batches_archived += archived as u64;
         self.debug_assert_invariants();
         archived
+    }
+
+    /// Retention: on a leader, moves the log start up to where `retention` would start it at
+    /// `now_ms` (the clock batch times are in), but never past the commit point, its own
+    /// durable end, or the durable end any other replica of the group reported to it this
+    /// epoch (one not heard from yet counts as 0): every replica holds the log from the start
+    /// on, so no follower ever needs what retention deleted. Followers take the start from
+    /// the leader's fetch replies. Returns the log start; storage may delete below it.
+    pub fn apply_retention(&mut self, retention: crate::config::Retention, now_ms: u64) -> Offset {
+        let Role::Leader(state) = &self.role else { return self.log.start() };
+        let mut bound = self.committed.min(self.disk.durable_end());
+        if let Some(others) =
+            state.followers_durable().filter(|_| !self.bugs.retention_past_followers)
+        {
+            bound = bound.min(others);
+        }
+        let point = self.log.retention_point(retention, now_ms).min(bound);
+        if point > self.log.start() {
+            self.log.raise_start(point);
+            self.debug_assert_invariants();
+        }
+        self.log.start()
+    }
+
+    /// The log start ([`ReplicaLog::start`]): storage may delete what lies below it.
+    pub fn log_start(&self) -> Offset {
+        self.log.start()
     }
 
     /// On a leader, what it knows of each follower (for lag metrics); empty otherwise.

@@ -28,8 +28,8 @@ use felix_proto::{CoreId, ErrorCode, Frame, Offset, ProducerTag, Record, ShardId
 use felix_replication::driver::Limits;
 use felix_replication::{
     wire, AckMode, Action, AppendError, AppendId, AppendRequest, Driver, GroupView, LeaseId,
-    Message, ProducerId, ProducerSeq, ReplicaConfig, ReplicaNumber, Seq, ShardKey, StopReason,
-    Submitted, Time,
+    Message, ProducerId, ProducerSeq, ReplicaConfig, ReplicaNumber, Retention, Seq, ShardKey,
+    StopReason, Submitted, Time,
 };
 use felix_storage::StreamLog;
 
@@ -119,6 +119,8 @@ pub struct ReplicationShell {
     peers: RefCell<HashMap<felix_cluster::NodeId, Rc<PeerLink>>>,
     /// The second of the last status report (metrics, and a debug line per replica).
     last_report: std::cell::Cell<u64>,
+    /// A retention pass's deletions are running (`retention_pass`).
+    deleting: Rc<std::cell::Cell<bool>>,
     stats: Arc<AppStats>,
 }
 
@@ -172,6 +174,7 @@ impl ReplicationShell {
             store: RefCell::default(),
             peers: RefCell::default(),
             last_report: std::cell::Cell::new(0),
+            deleting: Rc::default(),
             stats,
         }))
     }
@@ -350,10 +353,27 @@ impl ReplicationShell {
                 })
                 .detach();
             }
-            Action::SendFromLog { key, to, from, epoch, start, upto, committed, bytes_max } => {
+            Action::SendFromLog {
+                key,
+                to,
+                from,
+                epoch,
+                start,
+                upto,
+                committed,
+                log_start,
+                bytes_max,
+            } => {
                 let Some(shell) = self.shell(&key.stream, key.shard) else { return };
                 let (host, log) = (self.clone(), shell.log().clone());
-                let read = shard::ArchivedRead { epoch, from: start, upto, committed, bytes_max };
+                let read = shard::ArchivedRead {
+                    epoch,
+                    from: start,
+                    upto,
+                    committed,
+                    log_start,
+                    bytes_max,
+                };
                 glommio::spawn_local(async move {
                     let shard = ShardId(key.shard);
                     if let Some(message) = shard::read_archived(&log, shard, read).await {
@@ -594,6 +614,7 @@ impl ReplicationShell {
         });
         if now.0 / 1000 != self.last_report.replace(now.0 / 1000) {
             self.report(now, valid_until);
+            self.retention_pass(view);
         }
         let lease = lease.zip(valid_until).map(|(l, until)| (LeaseId(l as u64), until));
         let mine: Vec<(ShardKey, &felix_cluster::ShardGroup)> = view
@@ -610,6 +631,73 @@ impl ReplicationShell {
         });
         self.driver.borrow_mut().handle_view(now, lease, groups);
         self.run_actions();
+    }
+
+    /// Retention of the replicated streams (once a second): the leaders of this core's shards
+    /// start their logs where their streams' retention says (and every replica holds the log
+    /// from there on: `Replica::apply_retention`), followers take their leaders' starts, and
+    /// each stream's log on this core deletes the segments that lie wholly below its shards'
+    /// starts. A shard without a replica running here keeps what it has (its segments stay),
+    /// unless it holds nothing.
+    fn retention_pass(self: &Rc<Self>, view: &ClusterView) {
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        let retention_of = |stream: &str| {
+            view.streams.get(stream).map_or(Retention::default(), |d| Retention {
+                bytes_max: (d.retention_bytes != 0).then_some(d.retention_bytes),
+                age_ms_max: (d.retention_ms != 0).then_some(d.retention_ms),
+            })
+        };
+        self.driver.borrow_mut().apply_retention(now_ms, retention_of);
+        self.run_actions();
+        if self.deleting.get() {
+            return; // the previous pass still deletes; the next one catches up
+        }
+        let mut work = Vec::new();
+        {
+            let driver = self.driver.borrow();
+            let shells = self.shells.borrow();
+            for (stream, shards) in shells.iter() {
+                let Some(def) = view.streams.get(&**stream) else { continue };
+                if retention_of(stream) == Retention::default() {
+                    continue;
+                }
+                let Some(log) = shards.values().next().map(|s| s.log().clone()) else { continue };
+                let mut keep = Vec::new();
+                for shard in (0..def.shards).filter(|s| *s as usize % self.cores == usize::from(self.core.0)) {
+                    match driver.shard(stream, shard).filter(|_| shards.contains_key(&shard)) {
+                        Some(r) => keep.push((ShardId(shard), r.replica().log_start())),
+                        None if log.next_offset(ShardId(shard)).is_ok_and(|o| o == Offset(0)) => {
+                            keep.push((ShardId(shard), Offset(0)))
+                        }
+                        None => {}
+                    }
+                }
+                if keep.iter().any(|(_, start)| *start > Offset(0)) {
+                    work.push((stream.clone(), log, keep));
+                }
+            }
+        }
+        if work.is_empty() {
+            return;
+        }
+        self.deleting.set(true);
+        let (busy, stats) = (self.deleting.clone(), self.stats.clone());
+        glommio::spawn_local(async move {
+            for (stream, log, keep) in work {
+                match log.delete_below(&keep).await {
+                    Ok(done) if done.segments_deleted > 0 => {
+                        stats::add(&stats.counters.replication_retention_bytes_deleted, done.bytes_deleted);
+                        tracing::debug!(%stream, segments = done.segments_deleted, "replicated retention deleted segments");
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(%stream, error = %e, "replicated retention"),
+                }
+            }
+            busy.set(false);
+        })
+        .detach();
     }
 
     /// Publishes the replicas' state for the metrics page (once a second), with a debug line

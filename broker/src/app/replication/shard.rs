@@ -272,17 +272,18 @@ pub async fn recover(
     resident_bytes: u64,
     producers: felix_replication::ProducerLimits,
 ) -> Result<ReplicaLog, String> {
-    let mut at = log.start_offset(shard).map_err(|e| e.to_string())?;
-    if at.0 != 0 {
-        return Err(format!(
-            "{shard} starts at {} (retention): not supported on replicated streams",
-            at.0
-        ));
-    }
-    let mut recovered = ReplicaLog::with_producer_limits(producers);
-    if let Some(from_checkpoint) = from_checkpoint(log, shard, producers).await {
-        at = from_checkpoint.end();
-        recovered = from_checkpoint;
+    // Retention may have deleted the log's oldest segments: the log starts there, knowing
+    // epochs and producers from there on, unless the checkpoint (whose last batch storage
+    // still holds) knows them from further back.
+    let start = log.start_offset(shard).map_err(|e| e.to_string())?;
+    let mut at = start;
+    let mut recovered = ReplicaLog::starting_at(start, producers);
+    if let Some(mut from_checkpoint) = from_checkpoint(log, shard, producers).await {
+        if from_checkpoint.origin() <= start {
+            from_checkpoint.raise_start(start);
+            at = from_checkpoint.end();
+            recovered = from_checkpoint;
+        }
     }
     let mut out: Vec<(Batch, u64)> = Vec::new();
     let (mut resident, mut released) = (0u64, 0usize);
@@ -380,6 +381,7 @@ pub struct ArchivedRead {
     pub from: Offset,
     pub upto: Offset,
     pub committed: Offset,
+    pub log_start: Offset,
     pub bytes_max: u64,
 }
 
@@ -387,7 +389,7 @@ pub struct ArchivedRead {
 /// that end at or below `read.upto`, at least one and at most `read.bytes_max` bytes otherwise.
 /// `None` when storage has no batch starting at `read.from` (the follower asks again).
 pub async fn read_archived(log: &StreamLog, shard: ShardId, read: ArchivedRead) -> Option<Message> {
-    let ArchivedRead { epoch, from, upto, committed, bytes_max } = read;
+    let ArchivedRead { epoch, from, upto, committed, log_start, bytes_max } = read;
     let stored = match log.read(shard, from, bytes_max as usize).await {
         Ok(stored) => stored,
         Err(e) => {
@@ -414,7 +416,7 @@ pub async fn read_archived(log: &StreamLog, shard: ShardId, read: ArchivedRead) 
     if batches.is_empty() {
         return None;
     }
-    Some(Message::FetchReply { epoch, from, batches, committed })
+    Some(Message::FetchReply { epoch, from, batches, committed, log_start })
 }
 
 /// `message` (a fetch reply) with the payloads it lacks read from storage; cut short at the
@@ -425,7 +427,7 @@ pub async fn fill_from_storage(
     shard: ShardId,
     message: Message,
 ) -> Option<Message> {
-    let Message::FetchReply { epoch, from, batches, committed } = message else {
+    let Message::FetchReply { epoch, from, batches, committed, log_start } = message else {
         return Some(message);
     };
     let mut out = Vec::with_capacity(batches.len());
@@ -459,5 +461,5 @@ pub async fn fill_from_storage(
     if out.is_empty() {
         return None;
     }
-    Some(Message::FetchReply { epoch, from, batches: out, committed })
+    Some(Message::FetchReply { epoch, from, batches: out, committed, log_start })
 }

@@ -1079,3 +1079,153 @@ async fn leadership_returns_to_the_preferred_replicas_after_restarts() {
     drop(nodes);
     drop(etcd);
 }
+
+/// Bytes the files under `dir` whose path names `stream`'s log directory take on disk.
+fn stream_bytes_on_disk(dir: &std::path::Path, stream: &str) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    let name = felix_storage::stream_dir_name(stream).unwrap();
+    let (mut total, mut dirs) = (0, vec![(dir.to_path_buf(), false)]);
+    while let Some((d, inside)) = dirs.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            let inside = inside || p.file_name().is_some_and(|f| f.to_string_lossy() == name);
+            match e.metadata() {
+                Ok(m) if m.is_dir() => dirs.push((p, inside)),
+                Ok(m) if inside => total += m.blocks() * 512,
+                _ => {}
+            }
+        }
+    }
+    total
+}
+
+/// Retention on a replicated stream (RF 3, 2 MiB per shard, 4 MiB segments): about 70 MB
+/// published under a durable, idempotent publisher while the leader of shard 0 is killed
+/// (kill -9) and restarted mid-way. Every publish is acked; every broker's copy of the stream
+/// shrinks to within its shards' retention plus two segments per log; a reader from the
+/// earliest offset starts each shard past 0 (at its log start), reads densely to the last
+/// acked record, and finds every acked record from there on, with at least the retention's
+/// worth of each shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_on_a_replicated_stream_bounds_every_brokers_disk() {
+    const RETENTION: u64 = 2 << 20;
+    const SEGMENT: u64 = 4_198_400;
+    const RECORD: usize = 4096;
+    const RECORDS: u32 = 17_000;
+    let extra = ["--segment-bytes", "4198400", "--replica-resident-bytes", "262144"];
+    let hosts = std::rc::Rc::new(Hosts::new(3));
+    let Some(etcd) = Etcd::start_on(&hosts.test_ip().to_string()) else { return };
+    let url = etcd.client_url.clone();
+    let root = tempfile::tempdir().unwrap();
+    let mut nodes = start_first_with(&hosts, root.path(), &url, &extra);
+    for i in 1..3 {
+        start_next_with(&hosts, root.path(), &url, &mut nodes, i, &extra);
+    }
+    let client = connect(&nodes).await;
+    let retention = felix_proto::Retention { bytes_max: Some(RETENTION), age_max_ms: None };
+    client.create_stream_with(STREAM, SHARDS, retention, Some(3)).await.expect("create");
+    wait_healthy(&url, &nodes, "after creation").await;
+    let leader = groups(&url).await.into_iter().find(|g| g.0 == 0).map(|g| g.1).unwrap();
+    let victim = nodes.iter().position(|n| n.id == leader).unwrap();
+
+    let publisher = client.publisher(STREAM).await.unwrap();
+    let mut waiting = tokio::task::JoinSet::new();
+    let acked: Arc<Mutex<Vec<(u32, u64, u32)>>> = Arc::default();
+    let mut restarted = false;
+    for i in 0..RECORDS {
+        let mut value = vec![0u8; RECORD];
+        value[..4].copy_from_slice(&i.to_be_bytes());
+        let ticket = publisher.send(Record::keyed(format!("k{}", i % 12), value)).await.unwrap();
+        let acked = acked.clone();
+        waiting.spawn(async move {
+            let r = ticket.await;
+            match r {
+                Ok(Some(receipt)) => {
+                    acked.lock().unwrap().push((receipt.shard.0, receipt.offset.0, i));
+                    Ok(())
+                }
+                other => Err(format!("record {i}: {other:?}")),
+            }
+        });
+        while waiting.len() > 512 {
+            waiting.join_next().await.unwrap().unwrap().expect("acked");
+        }
+        if i == RECORDS / 2 {
+            nodes[victim].kill9();
+        }
+        if i == RECORDS * 3 / 4 && !restarted {
+            nodes[victim].spawn();
+            restarted = true;
+        }
+    }
+    while let Some(r) = waiting.join_next().await {
+        r.unwrap().expect("acked");
+    }
+    wait_healthy(&url, &nodes, "after the publishes").await;
+
+    // Every broker deletes its segments below the log starts within a few retention passes.
+    let bound = u64::from(SHARDS) * (RETENTION + (1 << 20)) + 2 * SEGMENT + (1 << 20);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let sizes: Vec<u64> = nodes.iter().map(|n| stream_bytes_on_disk(&n.dir, STREAM)).collect();
+        if sizes.iter().all(|s| *s <= bound) {
+            println!("the stream's bytes on each broker: {sizes:?} (bound {bound})");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the stream's bytes on the brokers {sizes:?}, over {bound}; logs:\n{}",
+            nodes.iter().map(|n| n.log_text()).collect::<Vec<_>>().join("\n----\n")
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let deleted = nodes
+        .iter()
+        .map(|n| n.metric_sum("felix_broker_replication_retention_bytes_deleted_total"))
+        .sum::<f64>();
+    assert!(deleted > 0.0, "no replicated retention deletion counted");
+
+    // Readers from the earliest offset start at each shard's log start and read densely.
+    let acked = acked.lock().unwrap().clone();
+    let reader = connect(&nodes).await;
+    for shard in 0..SHARDS {
+        let mut mine: Vec<(u64, u32)> =
+            acked.iter().filter(|a| a.0 == shard).map(|a| (a.1, a.2)).collect();
+        mine.sort_unstable();
+        let end = mine.last().map_or(0, |m| m.0 + 1);
+        let options = SubscribeOptions::new(STREAM)
+            .start(StartAt::Earliest)
+            .shards(vec![felix_proto::ShardId(shard)]);
+        let mut sub = reader.subscribe(options).await.expect("subscribe");
+        let mut first = None;
+        let mut next = 0;
+        let mut read = std::collections::HashMap::new();
+        while next < end {
+            let r = tokio::time::timeout(Duration::from_secs(30), sub.next())
+                .await
+                .expect("read-back stalled")
+                .expect("read-back")
+                .expect("ended");
+            let at = r.offset.0;
+            if first.is_none() {
+                first = Some(at);
+            } else {
+                assert_eq!(at, next, "shard {shard}: not dense after {first:?}");
+            }
+            read.insert(at, u32::from_be_bytes(r.value[..4].try_into().unwrap()));
+            next = at + 1;
+        }
+        let first = first.unwrap_or(end);
+        assert!(first > 0, "shard {shard}: retention deleted nothing");
+        for (offset, i) in mine.iter().filter(|m| m.0 >= first) {
+            assert_eq!(read.get(offset), Some(i), "shard {shard}: acked record {i} at {offset}");
+        }
+        let kept_bytes = (end - first) * RECORD as u64;
+        assert!(kept_bytes >= RETENTION, "shard {shard}: only {kept_bytes} bytes kept");
+        println!("shard {shard}: reads from {first} to {end} ({kept_bytes} bytes of records)");
+    }
+    reader.close();
+    client.close();
+    drop(nodes);
+    drop(etcd);
+}

@@ -474,14 +474,22 @@ impl ReplicaLog {
         let start = self.batches.partition_point(|b| b.base < from);
         let mut bytes = 0;
         let mut out = Vec::new();
-        for batch in &self.batches[start..] {
-            bytes += batch.size_bytes();
+        for (i, batch) in self.batches.iter().enumerate().skip(start) {
+            // A released payload (empty here) counts as what it was: the driver reads it back
+            // from storage before it sends the reply.
+            bytes += self.payload_bytes(i) + crate::config::BATCH_HEADER_BYTES;
             if !out.is_empty() && bytes > bytes_max {
                 break;
             }
             out.push(batch.clone());
         }
         out
+    }
+
+    /// Payload bytes of batch `i` after the archive, released or not.
+    fn payload_bytes(&self, i: usize) -> u64 {
+        let before = i.checked_sub(1).map_or(self.archive.bytes, |j| self.bytes_through[j]);
+        self.bytes_through[i] - before
     }
 
     /// Drops the payloads of the batches that end at or below `below` (keeping their offsets,
@@ -847,6 +855,21 @@ mod tests {
         );
         assert_eq!(last, (Offset(10), 2, Epoch(3)));
         assert_eq!(back.archived_batches(), 1);
+    }
+
+    #[test]
+    fn a_read_counts_released_payloads_as_they_were() {
+        // 100 batches of 1 KiB, their payloads released: a read of 10 KiB takes 10, not all.
+        let payload = Bytes::from(vec![0u8; 1024]);
+        let mut log = ReplicaLog::default();
+        for i in 0..100u64 {
+            log.append(Batch { payload: payload.clone(), ..batch(1, i, 1, None) }).unwrap();
+        }
+        log.release_payloads(Offset(100));
+        let per = 1024 + crate::config::BATCH_HEADER_BYTES;
+        let read = log.read_from(Offset(0), 10 * per);
+        assert_eq!(read.len(), 10);
+        assert!(read.iter().all(|b| b.payload.is_empty()), "released");
     }
 
     #[test]

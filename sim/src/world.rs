@@ -577,6 +577,7 @@ impl World {
                     }
                 },
                 Action::Send { to, message, .. } => {
+                    self.check_reply_size(n, &message)?;
                     self.send(Addr::Node(id), Addr::Node(to), Packet::Replica(message))
                 }
                 Action::SendReadingPayloads { to, message, .. } => {
@@ -593,6 +594,7 @@ impl World {
                         }
                     }
                     if let Some(message) = fill_payloads(self.nodes[n].disk.stored(), message) {
+                        self.check_reply_size(n, &message)?;
                         self.send(Addr::Node(id), Addr::Node(to), Packet::Replica(message))
                     }
                 }
@@ -666,6 +668,23 @@ impl World {
         self.check_acks(n, acks)?;
         self.checker.check_tail(id, &fed)?;
         self.check_bounds(n, actions)
+    }
+
+    /// A fetch reply carries `fetch_bytes_max` bytes of batches at most, or one batch (a peer
+    /// refuses a frame past its limit: released payloads once counted as nothing, and a
+    /// follower behind them was sent replies it refused, for ever).
+    fn check_reply_size(&self, n: usize, message: &Message) -> Result<(), String> {
+        let Message::FetchReply { batches, .. } = message else { return Ok(()) };
+        let bytes: u64 = batches.iter().map(Batch::size_bytes).sum();
+        if batches.len() > 1 && bytes > self.config.fetch_bytes_max {
+            return Err(format!(
+                "{} sent a fetch reply of {bytes} bytes in {} batches (at most {}, or one batch)",
+                self.nodes[n].id,
+                batches.len(),
+                self.config.fetch_bytes_max
+            ));
+        }
+        Ok(())
     }
 
     /// The bounds every queue of node `n` keeps: appends waiting for an answer, proposals on

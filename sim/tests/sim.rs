@@ -154,3 +154,12 @@ fn an_answer_to_a_keepalive_of_the_replaced_connection_credits_nothing() {
     // the agent, not the agent: its new keep-alive stream never reads the old one's answers).
     sim::run_seed(20_664_296, &SimOptions::default()).expect("the seed passes");
 }
+
+#[test]
+fn a_fetch_reply_counts_released_payloads_as_they_were() {
+    // Seed 15 (2026-12-08): a leader's fetch reply counted a released payload (empty in memory,
+    // read back from storage before sending) as nothing, and sent more than `fetch_bytes_max`.
+    // On brokers a follower far behind got replies of up to 12 MB, over the 4 MiB frame limit:
+    // its peer refused every one and it never caught up.
+    sim::run_seed(15, &SimOptions::default()).expect("the seed passes");
+}

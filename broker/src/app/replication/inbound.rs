@@ -43,6 +43,7 @@ pub async fn serve(
                 }
                 Err(e) => {
                     stats::add(&host.stats().counters.rejected_frames, 1);
+                    tracing::warn!(error = %e, fatal = e.fatal, "a replication peer's frame refused");
                     let answer = WireError::new(e.code(), e.to_string())
                         .into_answer(e.request_id.unwrap_or_default(), false);
                     if tx.send(ready(Some(answer))).await.is_err() || e.fatal {

@@ -665,7 +665,9 @@ impl ReplicationShell {
                 }
                 let Some(log) = shards.values().next().map(|s| s.log().clone()) else { continue };
                 let mut keep = Vec::new();
-                for shard in (0..def.shards).filter(|s| *s as usize % self.cores == usize::from(self.core.0)) {
+                for shard in
+                    (0..def.shards).filter(|s| *s as usize % self.cores == usize::from(self.core.0))
+                {
                     match driver.shard(stream, shard).filter(|_| shards.contains_key(&shard)) {
                         Some(r) => keep.push((ShardId(shard), r.replica().log_start())),
                         None if log.next_offset(ShardId(shard)).is_ok_and(|o| o == Offset(0)) => {

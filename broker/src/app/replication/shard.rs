@@ -414,6 +414,12 @@ pub async fn read_archived(log: &StreamLog, shard: ShardId, read: ArchivedRead) 
         batches.push(b);
     }
     if batches.is_empty() {
+        tracing::warn!(
+            shard = shard.0,
+            from = from.0,
+            upto = upto.0,
+            "the stored batch where a follower fetches ends past the archive"
+        );
         return None;
     }
     Some(Message::FetchReply { epoch, from, batches, committed, log_start })
@@ -453,7 +459,11 @@ pub async fn fill_from_storage(
                 {
                     b.payload = payload::encode(s.first_timestamp_ms, &s.records);
                 }
-                _ => break,
+                other => {
+                    tracing::warn!(shard = shard.0, base = b.base.0, records = b.records, epoch = b.epoch.0,
+                        stored = ?other.map(|s| (s.base_offset, s.records.len(), s.epoch)), "a released batch is not in storage as the log has it");
+                    break;
+                }
             }
         }
         out.push(b);

@@ -441,6 +441,12 @@ pub async fn fill_from_storage(
         if b.payload.is_empty() {
             let read = match log.read(shard, b.base, 1).await {
                 Ok(read) => read,
+                // Retention deleted it after the reply was made: the fetch was a stale one (a
+                // follower's log never ends below its leader's start); it asks again.
+                Err(e @ StorageError::OffsetBeforeStart { .. }) => {
+                    tracing::debug!(shard = shard.0, error = %e, "a stale fetch of deleted batches");
+                    break;
+                }
                 Err(e) => {
                     tracing::warn!(shard = shard.0, error = %e, "reading a batch for a follower");
                     break;

@@ -1,8 +1,12 @@
 //! The NATS JetStream peer row of `bench/run.sh`: a JetStream publisher for a running
 //! `nats-server -js`, measured the way felix-loadgen measures Felix.
 //!
-//! `nats_pub --server 127.0.0.1:4222 --server-pid PID [--subjects 12] [--payload-bytes 4096]
-//!  [--in-flight 1024] [--warmup-s 1] [--duration-s 2] [--stream BENCH] [--label L] [--json F]`
+//! `nats_pub --server 127.0.0.1:4222 --server-pid PID[,PID...] [--subjects 12]
+//!  [--payload-bytes 4096] [--in-flight 1024] [--warmup-s 1] [--duration-s 2] [--stream BENCH]
+//!  [--replicas 1] [--label L] [--json F]`
+//!
+//! `--replicas 3` makes the stream R3 (for a cluster of `nats-server`s; `bench/replication.sh`),
+//! and the server CPU is then the sum over every `--server-pid`.
 //!
 //! One current-thread tokio runtime (pin it with taskset): it creates a file-stored stream over
 //! `bench.<stream>.*` (the server's default store), then publishes `--payload-bytes` messages
@@ -59,7 +63,8 @@ fn main() -> anyhow::Result<()> {
 /// The command line.
 struct Args {
     server: String,
-    server_pid: Option<u32>,
+    server_pids: Vec<u32>,
+    replicas: usize,
     subjects: usize,
     payload_bytes: usize,
     in_flight: usize,
@@ -74,7 +79,8 @@ impl Args {
     fn parse(mut it: impl Iterator<Item = String>) -> anyhow::Result<Self> {
         let mut a = Args {
             server: "127.0.0.1:4222".into(),
-            server_pid: None,
+            server_pids: Vec::new(),
+            replicas: 1,
             subjects: 12,
             payload_bytes: 4096,
             in_flight: 1024,
@@ -88,7 +94,12 @@ impl Args {
             let value = it.next().ok_or_else(|| anyhow::anyhow!("{flag} needs a value"))?;
             match flag.as_str() {
                 "--server" => a.server = value,
-                "--server-pid" => a.server_pid = Some(value.parse()?),
+                "--server-pid" => {
+                    for pid in value.split(',') {
+                        a.server_pids.push(pid.parse()?);
+                    }
+                }
+                "--replicas" => a.replicas = value.parse()?,
                 "--subjects" => a.subjects = value.parse()?,
                 "--payload-bytes" => a.payload_bytes = value.parse()?,
                 "--in-flight" => a.in_flight = value.parse()?,
@@ -101,6 +112,7 @@ impl Args {
             }
         }
         anyhow::ensure!(a.subjects > 0, "--subjects must be at least 1");
+        anyhow::ensure!((1..=5).contains(&a.replicas), "--replicas must be 1..=5");
         anyhow::ensure!(a.in_flight > 0, "--in-flight must be at least 1");
         anyhow::ensure!(a.duration_s > 0.0, "--duration-s must be positive");
         Ok(a)
@@ -143,6 +155,7 @@ async fn run(args: &Args) -> anyhow::Result<serde_json::Value> {
         name: args.stream.clone(),
         subjects: vec![format!("{prefix}.*")],
         storage: jetstream::stream::StorageType::File,
+        num_replicas: args.replicas,
         ..Default::default()
     })
     .await?;
@@ -235,7 +248,7 @@ async fn edge(
         acked_bytes: acked.bytes.load(Ordering::Relaxed),
         errors: acked.errors.load(Ordering::Relaxed),
         stream_bytes: None,
-        server_cpu_us: args.server_pid.and_then(felix_bench::pid_cpu_us),
+        server_cpu_us: servers_cpu_us(&args.server_pids),
         own_cpu_us: felix_bench::process_cpu_us(),
         load_1m: load_average_1m(),
     };
@@ -262,7 +275,8 @@ fn report(
         (Some(a), Some(b)) => Some((b - a) as f64 / 1e6),
         _ => None,
     };
-    // The server is pinned to one CPU by bench/run.sh: its busy share is its CPU % of one core.
+    // The servers are pinned to one CPU by bench/run.sh and bench/replication.sh: their busy
+    // share is their CPU % of one core.
     let server_busy = server_cpu_s.map(|c| c / measured_s);
     let bound_by = server_busy.map(|sb| bound_of(100.0 * gen_busy, 100.0 * sb));
     let mut warnings = Vec::new();
@@ -294,6 +308,8 @@ fn report(
             "warmup_s": args.warmup_s,
             "duration_s": args.duration_s,
             "storage": "file",
+            "replicas": args.replicas,
+            "servers": args.server_pids.len(),
         },
         "measured_s": measured_s,
         "load_average_1m": [s.load_1m, e.load_1m],
@@ -345,6 +361,14 @@ fn bound_of(generator_busy_pct: f64, server_busy_pct: f64) -> &'static str {
     }
 }
 
+/// The CPU time of every server process, summed (`None` without any, or if one is gone).
+fn servers_cpu_us(pids: &[u32]) -> Option<u64> {
+    if pids.is_empty() {
+        return None;
+    }
+    pids.iter().map(|p| felix_bench::pid_cpu_us(*p)).sum()
+}
+
 /// The 1-minute load average, from `/proc/loadavg`.
 fn load_average_1m() -> Option<f64> {
     std::fs::read_to_string("/proc/loadavg").ok()?.split_whitespace().next()?.parse().ok()
@@ -366,7 +390,13 @@ mod tests {
     fn flags_parse_and_bad_ones_are_refused() {
         let args = |v: &[&str]| Args::parse(v.iter().map(|s| s.to_string()));
         let a = args(&["--subjects", "3", "--server-pid", "42", "--json", "r.json"]).unwrap();
-        assert_eq!((a.subjects, a.server_pid, a.json.as_deref()), (3, Some(42), Some("r.json")));
+        assert_eq!(
+            (a.subjects, &a.server_pids[..], a.json.as_deref()),
+            (3, &[42][..], Some("r.json"))
+        );
+        let r3 = args(&["--server-pid", "1,2,3", "--replicas", "3"]).unwrap();
+        assert_eq!((&r3.server_pids[..], r3.replicas), (&[1, 2, 3][..], 3));
+        assert!(args(&["--replicas", "0"]).is_err());
         assert_eq!((a.payload_bytes, a.in_flight), (4096, 1024));
         assert!(args(&["--subjects", "0"]).is_err());
         assert!(args(&["--in-flight"]).is_err());

@@ -676,6 +676,7 @@ impl ReplicationShell {
                         None => {}
                     }
                 }
+                tracing::debug!(%stream, ?keep, "replicated retention: the shards' log starts");
                 if keep.iter().any(|(_, start)| *start > Offset(0)) {
                     work.push((stream.clone(), log, keep));
                 }
@@ -747,6 +748,7 @@ impl ReplicationShell {
                 stream = %key.stream,
                 shard = key.shard,
                 role = ?replica.role(),
+                log_start = log.start().0,
                 log_end = log.end().0,
                 durable_end = replica.durable_end().0,
                 committed = replica.committed().0,

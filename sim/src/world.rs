@@ -407,9 +407,12 @@ impl World {
                 }
                 node.revision = revision;
                 let view = GroupView { key: &key, placed, replicas: &replicas, state: Some(state) };
-                driver.handle_group(now, view);
                 // A record etcd sent since the session started: the view is loaded for this
-                // session's lease, which the driver may now act on.
+                // session's lease, which the driver may now act on. The lease first, then the
+                // record, as the broker hands a view over (`Driver::handle_view`): a replica
+                // whose process moved to a new lease steps down before the record could let
+                // it commit (and ack) under the old one (seed 30,669,092 acked under lease 2 in
+                // the same input that then told it of lease 4).
                 if at >= node.session_at && node.agent.in_session() {
                     node.agent.view_loaded();
                     if let (Some(lease), Some(until)) = (node.lease, node.agent.lease_valid_until())
@@ -423,6 +426,7 @@ impl World {
                         driver.handle_lease(now, Some((lease, until)));
                     }
                 }
+                driver.handle_group(now, view);
             }
             (_, Packet::Lease { lease, sent_at }) => {
                 // One keep-alive stream: answers come in order, once (an older or repeated

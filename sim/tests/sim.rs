@@ -163,3 +163,12 @@ fn a_fetch_reply_counts_released_payloads_as_they_were() {
     // its peer refused every one and it never caught up.
     sim::run_seed(15, &SimOptions::default()).expect("the seed passes");
 }
+
+#[test]
+fn a_view_hands_the_lease_over_before_the_record() {
+    // Seed 30,669,092 (the long run of 2026-12-08): the simulator handed a node the group
+    // record, then the new lease its agent's session had moved to, in that order; the replica
+    // committed and acked under the old lease, then stepped down within the same input. The
+    // broker hands the lease over first (`Driver::handle_view`); the simulator now does too.
+    sim::run_seed(30_669_092, &SimOptions::default()).expect("the seed passes");
+}

@@ -133,6 +133,9 @@ pub(super) struct World {
     retention: Retention,
     /// Replicas opened from storage retention had cut.
     recovered_past_deletion: u64,
+    /// Each node's replica's role when its last input was done (an ack is checked against
+    /// the role it had when the input began, or has after).
+    roles: Vec<Option<RoleView>>,
 }
 
 impl World {
@@ -162,6 +165,7 @@ impl World {
         let mut world = World {
             retention,
             recovered_past_deletion: 0,
+            roles: vec![None; replicas],
             seed,
             config,
             limits,
@@ -409,10 +413,7 @@ impl World {
                 let view = GroupView { key: &key, placed, replicas: &replicas, state: Some(state) };
                 // A record etcd sent since the session started: the view is loaded for this
                 // session's lease, which the driver may now act on. The lease first, then the
-                // record, as the broker hands a view over (`Driver::handle_view`): a replica
-                // whose process moved to a new lease steps down before the record could let
-                // it commit (and ack) under the old one (seed 30,669,092 acked under lease 2 in
-                // the same input that then told it of lease 4).
+                // record, as the broker hands a view over (`Driver::handle_view`).
                 if at >= node.session_at && node.agent.in_session() {
                     node.agent.view_loaded();
                     if let (Some(lease), Some(until)) = (node.lease, node.agent.lease_valid_until())
@@ -671,6 +672,7 @@ impl World {
         self.check_node(n)?;
         self.check_acks(n, acks)?;
         self.checker.check_tail(id, &fed)?;
+        self.roles[n] = self.replica(n).map(Replica::role);
         self.check_bounds(n, actions)
     }
 
@@ -789,9 +791,17 @@ impl World {
         let id = self.nodes[n].id;
         for (request, epoch, base, records) in acks {
             let Some(&(p, seq)) = self.requests.get(&request) else { continue };
+            // It leads `epoch`, or led it when this input began: one input may let it commit
+            // and then step down (a newer record or lease in the same view); the acks are
+            // still fenced in time (below).
             let replica = self.replica(n).expect("it just acked");
-            if replica.role() != (RoleView::Leader { epoch }) {
-                return Err(format!("{id} acked in {epoch} while {:?}", replica.role()));
+            let leads = RoleView::Leader { epoch };
+            if replica.role() != leads && self.roles[n] != Some(leads) {
+                return Err(format!(
+                    "{id} acked in {epoch} while {:?} (and {:?} before)",
+                    replica.role(),
+                    self.roles[n]
+                ));
             }
             self.check_fenced_in_time(n, epoch)?;
             self.checker.check_ack_epoch(id, epoch)?;
@@ -1049,6 +1059,7 @@ impl World {
     /// Starts node `n`'s process: a driver with no replica and no lease, which reads the group
     /// record; its replica opens (recovering the durable image) when the record adopts it.
     fn start_node(&mut self, n: usize) {
+        self.roles[n] = None;
         let node = &mut self.nodes[n];
         let mut driver = Driver::new(node.id, self.config.clone(), self.limits.clone());
         driver.inject_bugs(self.opts.bugs);

@@ -42,8 +42,10 @@ pub const PLACEMENT_CACHE_STREAMS_MAX: usize = 1024;
 /// A cached placement older than this is refreshed in the background on its next use, in
 /// milliseconds (a refused request refreshes it at once).
 pub const PLACEMENT_MAX_AGE_MS: u64 = 30_000;
-/// The most `NotOwner` redirects one operation follows before it fails with
-/// `ClientError::NotOwner`.
+/// The most `NotOwner` redirects one operation follows in a row; past it, brokers disagree
+/// about the owner (a leadership being handed on reaches one broker's view before another's),
+/// and the operation pauses ([`SHARD_UNAVAILABLE_RETRY_MS`]) before following again, until
+/// its patience runs out: then it fails with `ClientError::NotOwner`.
 pub const NOT_OWNER_REDIRECTS_MAX: u32 = 4;
 /// How long one operation retries a shard that is unavailable (its owner down or fenced)
 /// before it fails with `ClientError::ShardUnavailable`, in milliseconds.
@@ -661,7 +663,8 @@ impl Cluster {
     }
 
     /// Completes an operation whose first answer was `first`: a `NotOwner` answer sends it
-    /// (through `attempt`) to the named owner, at most [`NOT_OWNER_REDIRECTS_MAX`] times; a
+    /// (through `attempt`) to the named owner, [`NOT_OWNER_REDIRECTS_MAX`] times in a row,
+    /// then after a pause again, until the patience below runs out; a
     /// `ShardUnavailable` answer, or an owner that cannot be reached, makes it wait
     /// [`SHARD_UNAVAILABLE_RETRY_MS`], refresh the placement and try the shard's owner again,
     /// until [`SHARD_UNAVAILABLE_DEADLINE_MS`] have passed; `OutOfOrderSequence` sends it
@@ -702,7 +705,13 @@ impl Cluster {
                     redirects += 1;
                     self.learn(&s, refused, &owner);
                     if redirects > NOT_OWNER_REDIRECTS_MAX {
-                        return Err(ClientError::NotOwner { stream: s, shard: refused, owner });
+                        // The brokers disagree about the owner, as while a leadership is
+                        // handed on (each names the other until both views have the record):
+                        // pause, then follow again, within the operation's patience.
+                        if patience.wait(stream, Some(refused)).await.is_err() {
+                            return Err(ClientError::NotOwner { stream: s, shard: refused, owner });
+                        }
+                        redirects = 0;
                     }
                     shard = Some(refused);
                     tracing::debug!(stream, shard = refused.0, owner = %owner.address, "NotOwner: resending to the owner");

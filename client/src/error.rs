@@ -153,8 +153,9 @@ pub enum ClientError {
     Closed,
     /// In a cluster: the broker does not own the shard and named its owner. The client follows
     /// such answers itself (refreshing its placement and resending to the owner: nothing was
-    /// stored); it returns this error only after `cluster::NOT_OWNER_REDIRECTS_MAX` redirects
-    /// in a row, when the placement keeps changing under it.
+    /// stored); it returns this error only when the brokers kept naming other owners
+    /// (`cluster::NOT_OWNER_REDIRECTS_MAX` redirects in a row, paused and followed again) until
+    /// the operation's patience ran out.
     #[error("shard {} of {stream} is owned by {} ({}); gave up after redirects", shard.0, owner.node, owner.address)]
     NotOwner {
         /// The stream.

@@ -135,6 +135,32 @@ async fn unkeyed_publishes_spread_over_the_owners_and_are_stored_once() {
     }
 }
 
+/// While a leadership is handed on, two brokers may each name the other as the owner (one view
+/// has the new record, the other not yet). A publish follows the redirects, pauses once they
+/// ping-pong, and is stored once the views agree; before, it failed with `NotOwner` after four
+/// redirects (bench/failover.sh's isolate trials lost a record so, 2026-12-08).
+#[tokio::test]
+async fn owners_naming_each_other_during_a_hand_over_cost_a_pause_not_the_record() {
+    let cluster = MockCluster::start(2).await;
+    cluster.create_stream(STREAM, &[0]);
+    cluster.table.set_view(&node(0), STREAM, Some(vec![node(1)]));
+    cluster.table.set_view(&node(1), STREAM, Some(vec![node(0)]));
+    let client = Client::connect(cluster.client_config(&[0])).await.unwrap();
+    let publisher = client.publisher(STREAM).await.unwrap();
+    let ticket = publisher.send(Record::unkeyed("handed over")).await.unwrap();
+    // Long enough for several rounds of redirects.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let refused = (0..2).map(|i| cluster.broker(i).state.lock().not_owner_sent).sum::<usize>();
+    assert!(refused > 4, "the brokers redirected {refused} times");
+    // b0's view catches up: it owns the shard.
+    cluster.table.set_view(&node(0), STREAM, None);
+    cluster.table.set_view(&node(1), STREAM, None);
+    let receipt =
+        tokio::time::timeout(WAIT, ticket).await.unwrap().expect("stored").expect("acked");
+    assert_eq!(receipt.shard, ShardId(0));
+    assert_eq!(cluster.stored(0, STREAM)[0].len(), 1, "stored once, at the owner");
+}
+
 #[tokio::test]
 async fn a_stale_placement_is_corrected_by_not_owner_without_loss_or_duplicates() {
     let cluster = MockCluster::start(3).await;

@@ -29,6 +29,9 @@ struct Table {
     nodes: BTreeMap<String, (String, bool)>,
     /// stream -> owner node of each shard (`None`: defined, not placed yet)
     streams: BTreeMap<String, Option<Vec<String>>>,
+    /// (member, stream) -> the owners that member believes in, when its view lags the table
+    /// (`ClusterTable::set_view`).
+    views: BTreeMap<(String, String), Vec<String>>,
 }
 
 /// What the table says about a stream.
@@ -58,14 +61,26 @@ impl ClusterTable {
         self.lock().streams.insert(stream.to_owned(), Some(owners));
     }
 
+    /// Makes member `node` believe `stream`'s shards are on `owners` (a view lagging the
+    /// table), or the table again (`None`).
+    pub fn set_view(&self, node: &str, stream: &str, owners: Option<Vec<String>>) {
+        let key = (node.to_owned(), stream.to_owned());
+        match owners {
+            Some(o) => self.lock().views.insert(key, o),
+            None => self.lock().views.remove(&key),
+        };
+    }
+
     /// Defines `stream` without placing it.
     pub fn define(&self, stream: &str) {
         self.lock().streams.insert(stream.to_owned(), None);
     }
 
-    fn lookup(&self, stream: &str) -> Lookup {
+    /// What member `me` believes about `stream`: its own view if it lags, else the table.
+    fn lookup_as(&self, me: &str, stream: &str) -> Lookup {
         let t = self.lock();
-        match t.streams.get(stream) {
+        let view = t.views.get(&(me.to_owned(), stream.to_owned())).cloned();
+        match view.map(Some).or_else(|| t.streams.get(stream).cloned()) {
             None => Lookup::Unknown,
             Some(None) => Lookup::Unplaced,
             Some(Some(owners)) => Lookup::Placed(
@@ -178,7 +193,7 @@ fn me(ctx: &ConnCtx) -> String {
 
 fn lookup(ctx: &ConnCtx, stream: &str) -> Lookup {
     match &ctx.options.cluster {
-        Some(role) => role.table.lookup(stream),
+        Some(role) => role.table.lookup_as(&role.node, stream),
         // A cluster of one: this broker owns every shard of the streams it has.
         None => match ctx.state.lock().streams.get(stream) {
             None => Lookup::Unknown,
